@@ -1,0 +1,20 @@
+"""aibro-jupyter: train a Keras model on a remote machine straight from a notebook cell."""
+
+from __future__ import annotations
+
+from .errors import AibroError, ApiError, AuthError, BackendUnreachable, JobFailed, ValidationError
+from .training import Training, available_machines, get_tensorboard_logs, replay_job
+
+__version__ = "0.1.0"
+__all__ = [
+    "AibroError",
+    "ApiError",
+    "AuthError",
+    "BackendUnreachable",
+    "JobFailed",
+    "Training",
+    "ValidationError",
+    "available_machines",
+    "get_tensorboard_logs",
+    "replay_job",
+]

@@ -1,0 +1,235 @@
+"""Model and data → content-addressed files for upload; trained artifacts → the same model object, in place.
+
+Every check here runs before anything is uploaded, and each error names the problem and the fix."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ValidationError
+
+TRAVELLING_CALLBACKS = {
+    "EarlyStopping": ("monitor", "min_delta", "patience", "mode", "baseline", "restore_best_weights", "start_from_epoch"),
+    "ReduceLROnPlateau": ("monitor", "factor", "patience", "mode", "min_delta", "cooldown", "min_lr"),
+    "TerminateOnNaN": (),
+}
+
+
+@dataclass
+class Bundle:
+    """Files to upload (sha → path) and the job-spec pieces that point at them."""
+
+    workdir: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    model_sha: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.files.values())
+
+    def add_file(self, path: Path) -> str:
+        sha = _sha256(path)
+        self.files.setdefault(sha, path)
+        return sha
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- model -------------------------------------------------------------------------------------------
+def check_model(model: Any, safe_mode: bool = True) -> list[str]:
+    """Refuse what cannot train remotely; return the modules the worker must import for custom layers."""
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise ValidationError(
+            f"expected a Keras model (keras.Model), got {type(model).__module__}.{type(model).__name__}: "
+            "pass the model object whose .fit you want to run remotely"
+        )
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise ValidationError(
+            f"model '{model.name}' is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) first"
+        )
+    modules: list[str] = []
+    for layer in _all_layers(model):
+        cls = type(layer)
+        if isinstance(layer, keras.layers.Lambda) and safe_mode:
+            raise ValidationError(
+                f"layer '{layer.name}' is a Lambda layer, whose Python code cannot be loaded with safe_mode=True on "
+                "the worker: replace it with a registered custom layer, or opt out with safe_mode=False "
+                "(`--unsafe` in %%cloud_fit) if you trust this code"
+            )
+        if cls.__module__.startswith("keras"):
+            continue
+        registered = keras.saving.get_registered_object(keras.saving.get_registered_name(cls))
+        if registered is not cls:
+            raise ValidationError(
+                f"custom layer class {cls.__name__} ({cls.__module__}) is not registered, so the worker cannot "
+                "rebuild it: decorate it with @keras.saving.register_keras_serializable(package='...') in an "
+                "importable module"
+            )
+        if cls.__module__ == "__main__":
+            raise ValidationError(
+                f"custom layer class {cls.__name__} is defined in __main__ (a notebook or script), which the worker "
+                "cannot import: move it into a module on the Python path and import it from there"
+            )
+        if cls.__module__ not in modules:
+            modules.append(cls.__module__)
+    return modules
+
+
+def _all_layers(model: Any) -> list[Any]:
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def save_model(model: Any, bundle: Bundle) -> str:
+    path = bundle.workdir / "model.keras"
+    model.save(path)
+    bundle.model_sha = bundle.add_file(path)
+    return bundle.model_sha
+
+
+# -- data --------------------------------------------------------------------------------------------
+def as_array(value: Any, name: str) -> np.ndarray:
+    if hasattr(value, "element_spec"):
+        raise ValidationError(
+            f"{name} is a tf.data.Dataset: pass numpy arrays (x and y) for now; Dataset support is not built yet"
+        )
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # noqa: BLE001
+        raise ValidationError(f"{name} cannot be turned into a numpy array: {exc}") from None
+    if arr.dtype == object:
+        raise ValidationError(
+            f"{name} has dtype=object (ragged lists or mixed Python objects), which cannot travel without pickle: "
+            "convert it to a numeric array, e.g. np.asarray(value, dtype='float32')"
+        )
+    if arr.dtype.kind not in "biufcUSM?" :
+        raise ValidationError(f"{name} has unsupported dtype {arr.dtype}: use a numeric dtype")
+    if arr.ndim == 0:
+        raise ValidationError(f"{name} is a scalar: pass an array with one row per sample")
+    return arr
+
+
+def encode_tree(value: Any, name: str, bundle: Bundle) -> tuple[dict[str, Any] | None, int | None]:
+    """Arrays (or lists/dicts of arrays) → data tree of blobs; returns (tree, number of samples)."""
+    if value is None:
+        return None, None
+    if isinstance(value, dict):
+        items = {str(k): encode_tree(val, f"{name}[{k!r}]", bundle) for k, val in value.items()}
+        return {"dict": {k: t for k, (t, _) in items.items()}}, _same_len(name, [n for _, n in items.values()])
+    if isinstance(value, (list, tuple)) and value and all(hasattr(v, "shape") for v in value):
+        items_l = [encode_tree(val, f"{name}[{i}]", bundle) for i, val in enumerate(value)]
+        return {"list": [t for t, _ in items_l]}, _same_len(name, [n for _, n in items_l])
+    arr = as_array(value, name)
+    path = bundle.workdir / f"{name.replace('[', '_').replace(']', '').replace(chr(39), '')}-{len(bundle.files)}.npy"
+    np.save(path, np.ascontiguousarray(arr), allow_pickle=False)
+    return {"blob": bundle.add_file(path), "shape": list(arr.shape), "dtype": str(arr.dtype)}, int(arr.shape[0])
+
+
+def _same_len(name: str, lengths: list[int | None]) -> int | None:
+    known = {n for n in lengths if n is not None}
+    if len(known) > 1:
+        raise ValidationError(f"the arrays in {name} have different numbers of samples: {sorted(known)}")
+    return known.pop() if known else None
+
+
+def encode_data(
+    bundle: Bundle,
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    validation_data: Any = None,
+) -> dict[str, Any]:
+    if x is None:
+        raise ValidationError("train_X is None: pass the training inputs")
+    tx, nx = encode_tree(x, "x", bundle)
+    ty, ny = encode_tree(y, "y", bundle)
+    tw, nw = encode_tree(sample_weight, "sample_weight", bundle)
+    for label, n in (("y", ny), ("sample_weight", nw)):
+        if n is not None and nx is not None and n != nx:
+            raise ValidationError(
+                f"x has {nx} samples but {label} has {n}: they must have the same length (one row per sample)"
+            )
+    data: dict[str, Any] = {"x": tx, "y": ty, "sample_weight": tw, "validation": None}
+    if validation_data is not None:
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+            raise ValidationError("validation_data must be a tuple (x_val, y_val) or (x_val, y_val, sample_weight)")
+        parts = list(validation_data) + [None] * (3 - len(validation_data))
+        vx, nvx = encode_tree(parts[0], "x_val", bundle)
+        vy, nvy = encode_tree(parts[1], "y_val", bundle)
+        vw, _ = encode_tree(parts[2], "w_val", bundle)
+        if nvx is not None and nvy is not None and nvx != nvy:
+            raise ValidationError(f"validation x has {nvx} samples but validation y has {nvy}: they must match")
+        data["validation"] = {"x": vx, "y": vy, "sample_weight": vw}
+    bundle.data = data
+    return data
+
+
+def encode_callbacks(callbacks: list[Any] | None) -> list[dict[str, Any]]:
+    """Callbacks that can be rebuilt on the worker travel; the rest are named in a warning."""
+    out, dropped = [], []
+    for cb in callbacks or []:
+        name = type(cb).__name__
+        if name in TRAVELLING_CALLBACKS and type(cb).__module__.startswith("keras"):
+            config = {}
+            for attr in TRAVELLING_CALLBACKS[name]:
+                if hasattr(cb, attr):
+                    val = getattr(cb, attr)
+                    config[attr] = val.item() if hasattr(val, "item") else val
+            if name == "ReduceLROnPlateau" and hasattr(cb, "min_delta"):
+                config["min_delta"] = float(cb.min_delta)
+            out.append({"class": name, "config": _jsonable(config)})
+        else:
+            dropped.append(name)
+    if dropped:
+        warnings.warn(
+            f"these callbacks cannot travel to the remote worker and will not run there: {', '.join(dropped)}. "
+            f"Callbacks that travel: {', '.join(TRAVELLING_CALLBACKS)}",
+            stacklevel=3,
+        )
+    return out
+
+
+def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
+    clean = {}
+    for k, val in config.items():
+        if isinstance(val, (bool, int, float, str)) or val is None:
+            clean[k] = val
+    return clean
+
+
+def new_bundle() -> Bundle:
+    return Bundle(Path(tempfile.mkdtemp(prefix="aibro-bundle-")))
+
+
+# -- back into the kernel ------------------------------------------------------------------------------
+def load_into(model: Any, path: Path, safe_mode: bool = True) -> Any:
+    """Copy trained weights and optimizer state from a .keras file into `model`, in place."""
+    import keras
+
+    trained = keras.saving.load_model(path, safe_mode=safe_mode)
+    model.set_weights(trained.get_weights())
+    src_opt, dst_opt = getattr(trained, "optimizer", None), getattr(model, "optimizer", None)
+    if src_opt is not None and dst_opt is not None:
+        if not dst_opt.built:
+            dst_opt.build(model.trainable_variables)
+        if len(src_opt.variables) == len(dst_opt.variables):
+            for dst, src in zip(dst_opt.variables, src_opt.variables):
+                dst.assign(src)
+        else:
+            warnings.warn("optimizer state has a different layout; only the weights were copied back", stacklevel=2)
+    return model

@@ -1,0 +1,130 @@
+"""`aibro`: jobs, machines, login and the backend itself, from a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import config
+from .client import BackendClient
+from .errors import AibroError
+
+
+def _client() -> BackendClient:
+    target = config.resolve()
+    return BackendClient(target.url, target.token)
+
+
+def cmd_backend(args: argparse.Namespace) -> int:
+    if args.action == "serve":
+        from aibro_backend.app import main as serve_main
+
+        serve_main(["--home", str(config.home()), "--host", args.host, "--port", str(args.port)])
+        return 0
+    if args.action == "start":
+        t = config.resolve()
+        print(f"aibro backend running at {t.url}")
+        return 0
+    if args.action == "stop":
+        print("stopped" if config.stop_embedded() else "no embedded backend was running")
+        return 0
+    target = config.configured_target() or config.embedded_target()
+    if target is None:
+        print("no backend running (the first client starts the embedded one; or `aibro backend start`)")
+        return 3
+    info = BackendClient(target.url, target.token).health()
+    kind = "embedded" if target.embedded else "configured"
+    print(f"{kind} backend at {target.url}: ok, user {info['user']}, version {info['version']}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs = _client().jobs()
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    print(f"{'job_id':<24} {'status':<10} {'substatus':<22} {'epochs':>7} {'machine':<12} description")
+    for j in jobs:
+        ep = f"{j['epochs_done']}/{j['epochs']}"
+        print(
+            f"{j['job_id']:<24} {j['status']:<10} {j['substatus']:<22} {ep:>7} "
+            f"{j['machine_id'] or '-':<12} {j['description']}"
+        )
+    return 0
+
+
+def cmd_machines(args: argparse.Namespace) -> int:
+    from .training import format_machines
+
+    print(format_machines(_client().machines()))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = _client().cancel(args.job_id)
+    print(f"{job['job_id']}: cancel requested ({job['status']} · {job['substatus']})")
+    return 0
+
+
+def cmd_instances(args: argparse.Namespace) -> int:
+    client = _client()
+    if args.terminate:
+        client.terminate(args.terminate)
+    for i in client.instances():
+        extra = f" cooling {i['cooling_left_s']:.0f}s" if i["status"] == "COOLING" else ""
+        print(f"{i['id']:<18} {i['machine_id']:<12} {i['status']:<10} {i['substatus']:<12}{extra}")
+    return 0
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    BackendClient(args.url, args.token).health()
+    config.write_private(config.login_file(), {"url": args.url, "token": args.token})
+    print(f"logged in to {args.url}; saved in {config.login_file()} (mode 0600)")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from aibro_backend.worker.agent import main as worker_main
+
+    worker_main()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aibro", description="Train Keras models on remote machines.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    be = sub.add_parser("backend", help="start, stop or inspect the backend")
+    be.add_argument("action", choices=["start", "status", "stop", "serve"])
+    be.add_argument("--host", default="127.0.0.1")
+    be.add_argument("--port", type=int, default=0)
+    be.set_defaults(fn=cmd_backend)
+    j = sub.add_parser("jobs", help="list your jobs")
+    j.add_argument("--json", action="store_true")
+    j.set_defaults(fn=cmd_jobs)
+    sub.add_parser("machines", help="list the machines you can train on").set_defaults(fn=cmd_machines)
+    c = sub.add_parser("cancel", help="cancel a job")
+    c.add_argument("job_id")
+    c.set_defaults(fn=cmd_cancel)
+    i = sub.add_parser("instances", help="list your instances")
+    i.add_argument("--terminate", metavar="INSTANCE", help="close a cooling instance now")
+    i.set_defaults(fn=cmd_instances)
+    lg = sub.add_parser("login", help="use a shared or cloud backend")
+    lg.add_argument("url")
+    lg.add_argument("--token", required=True)
+    lg.set_defaults(fn=cmd_login)
+    sub.add_parser("worker", help="run the worker agent (started by providers)").set_defaults(fn=cmd_worker)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except AibroError as exc:
+        print(f"aibro: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

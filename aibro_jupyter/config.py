@@ -1,0 +1,160 @@
+"""Where the backend is and who the user is: AIBRO_BACKEND_URL/AIBRO_TOKEN, `aibro login`, or the embedded
+daemon, which the first client starts (detached, so it outlives the kernel) and every later client reuses."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import AibroError, BackendUnreachable
+
+
+def home() -> Path:
+    return Path(os.environ.get("AIBRO_HOME") or Path.home() / ".aibro")
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    token: str
+    embedded: bool
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_private(path: Path, data: dict) -> None:
+    """Secrets under ~/.aibro are 0600 from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def login_file() -> Path:
+    return home() / "login.json"
+
+
+def configured_target() -> Target | None:
+    """A shared or cloud backend named by the environment or by `aibro login`."""
+    url = os.environ.get("AIBRO_BACKEND_URL")
+    if url:
+        token = os.environ.get("AIBRO_TOKEN")
+        if not token:
+            raise AibroError("AIBRO_BACKEND_URL is set but AIBRO_TOKEN is not: set both, or run `aibro login`")
+        return Target(url, token, False)
+    saved = _read_json(login_file())
+    if saved and saved.get("url") and saved.get("token"):
+        return Target(saved["url"], saved["token"], False)
+    return None
+
+
+def embedded_target() -> Target | None:
+    """The running embedded daemon, if its files say where it is and it still runs."""
+    info = _read_json(home() / "backend.json")
+    cred = _read_json(home() / "credentials.json")
+    if not info or not cred:
+        return None
+    if not _pid_alive(int(info.get("pid", 0))):
+        return None
+    return Target(info["url"], cred["token"], True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@contextmanager
+def _start_lock() -> Iterator[None]:
+    home().mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(home() / "start.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def start_embedded(timeout: float = 60.0) -> Target:
+    """Start the embedded backend as a detached daemon (own session), unless one already runs."""
+    with _start_lock():
+        found = embedded_target()
+        if found:
+            return found
+        h = home()
+        h.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (h / "backend.json").unlink(missing_ok=True)
+        log = open(h / "backend.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aibro_backend", "--home", str(h)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = embedded_target()
+            if found:
+                return found
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise BackendUnreachable(f"the embedded aibro backend did not start; see {h / 'backend.log'}")
+
+
+def resolve(start: bool = True) -> Target:
+    """The backend every client uses: configured first, else the embedded daemon (started if needed)."""
+    target = configured_target()
+    if target:
+        return target
+    found = embedded_target()
+    if found:
+        return found
+    if not start:
+        raise BackendUnreachable("no embedded aibro backend is running: start one with `aibro backend start`")
+    return start_embedded()
+
+
+def stop_embedded(timeout: float = 15.0) -> bool:
+    """Stop the embedded daemon (SIGTERM, then SIGKILL); True if one was running."""
+    info = _read_json(home() / "backend.json")
+    if not info or not _pid_alive(int(info.get("pid", 0))):
+        return False
+    pid = int(info["pid"])
+    os.kill(pid, 15)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        os.kill(pid, 9)
+    (home() / "backend.json").unlink(missing_ok=True)
+    return True

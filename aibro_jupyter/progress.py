@@ -1,0 +1,72 @@
+"""Turns a job's event stream into the picture a user watches: text lines here; widgets reuse JobView."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from aibro_backend import vocabulary as v
+
+
+@dataclass
+class JobView:
+    """Everything a watcher knows about a job, rebuilt from its events (any watcher can start at seq 0)."""
+
+    job_id: str
+    status: str = v.QUEUING
+    substatus: str = v.REQUESTING_SERVER
+    epochs: int | None = None
+    history: dict[int, dict[str, Any]] = field(default_factory=dict)
+    last_batch: dict[str, Any] | None = None
+    errors: list[str] = field(default_factory=list)
+    last_seq: int = 0
+
+    def apply(self, ev: dict[str, Any]) -> None:
+        self.last_seq = max(self.last_seq, ev["seq"])
+        d = ev["data"]
+        if ev["type"] == v.EV_STATUS:
+            self.status = d.get("status", self.status)
+            self.substatus = d.get("substatus", self.substatus)
+        elif ev["type"] == v.EV_EPOCH:
+            self.epochs = d.get("epochs", self.epochs)
+            self.history[int(d["epoch"])] = d
+        elif ev["type"] == v.EV_BATCH:
+            self.last_batch = d
+        elif ev["type"] == v.EV_ERROR:
+            self.errors.append(d.get("message", ""))
+
+    @property
+    def final(self) -> bool:
+        return self.status in v.JOB_FINAL
+
+    def history_dict(self) -> dict[str, list[Any]]:
+        keys: list[str] = []
+        for e in sorted(self.history):
+            keys += [k for k in self.history[e]["logs"] if k not in keys]
+        return {k: [self.history[e]["logs"].get(k) for e in sorted(self.history)] for k in keys}
+
+
+def format_logs(logs: dict[str, Any]) -> str:
+    return " - ".join(f"{k}: {val:.4f}" if isinstance(val, float) else f"{k}: {val}" for k, val in logs.items())
+
+
+class TextProgress:
+    """Prints status changes and one line per epoch, like Keras' own verbose=2."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def __call__(self, view: JobView, ev: dict[str, Any]) -> None:
+        d = ev["data"]
+        if ev["type"] == v.EV_STATUS:
+            msg = f" ({d['message']})" if d.get("message") else ""
+            print(f"[{view.job_id}] {d.get('status')} · {d.get('substatus')}{msg}", file=self.out, flush=True)
+        elif ev["type"] == v.EV_EPOCH:
+            print(
+                f"Epoch {d['epoch'] + 1}/{d.get('epochs')} - {d.get('seconds', 0):.2f}s - {format_logs(d['logs'])}",
+                file=self.out,
+                flush=True,
+            )
+        elif ev["type"] in (v.EV_ERROR, v.EV_LOG) and d.get("message") and ev["type"] == v.EV_ERROR:
+            print(f"[{view.job_id}] error: {d['message']}", file=self.out, flush=True)

@@ -1,0 +1,313 @@
+"""`Training.online_fit` and friends: the seed product's Python API on top of the client and the bundle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aibro_backend import vocabulary as v
+
+from . import bundle as b
+from .client import BackendClient
+from .config import resolve
+from .errors import ApiError, JobFailed, ValidationError
+from .progress import JobView, TextProgress
+
+Watcher = Callable[[JobView, dict[str, Any]], None]
+
+
+def connect() -> BackendClient:
+    """A client for the configured backend, or the embedded one (started on first use)."""
+    target = resolve()
+    client = BackendClient(target.url, target.token)
+    client.health()
+    return client
+
+
+def _machine_list(machine_ids: str | list[str] | None, offers: list[dict[str, Any]]) -> list[str]:
+    known = [o["machine_id"] for o in offers]
+    if machine_ids is None or machine_ids == []:
+        return [known[0]]
+    ids = [m.strip() for m in machine_ids.split(",")] if isinstance(machine_ids, str) else list(machine_ids)
+    for m in ids:
+        if m not in known:
+            raise ValidationError(f"unknown machine '{m}': available machines are {known} (see available_machines())")
+    return ids
+
+
+def _check_epochs(epochs: Any) -> int:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
+        raise ValidationError(f"epochs must be a positive integer, got {epochs!r}")
+    return epochs
+
+
+def _check_fit_kwargs(fit_kwargs: dict[str, Any]) -> None:
+    allowed = set(v.FIT_KWARGS) | {"callbacks", "sample_weight", "verbose"}
+    bad = sorted(set(fit_kwargs) - allowed)
+    if bad:
+        raise ValidationError(f"fit arguments {bad} are not supported remotely; supported: {sorted(allowed)}")
+
+
+def history_from(view: JobView, params: dict[str, Any], model: Any = None) -> Any:
+    import keras
+
+    hist = keras.callbacks.History()
+    hist.history = view.history_dict()
+    hist.epoch = sorted(view.history)
+    hist.params = params
+    if model is not None:
+        hist.set_model(model)
+    return hist
+
+
+class Training:
+    """Train a Keras model on a remote machine: submit, watch live, and get the trained model back."""
+
+    def __init__(self, client: BackendClient | None = None) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> BackendClient:
+        if self._client is None:
+            self._client = connect()
+        return self._client
+
+    # -- submit -----------------------------------------------------------------------------------
+    def submit(
+        self,
+        model: Any,
+        train_X: Any,
+        train_Y: Any = None,
+        machine_ids: str | list[str] | None = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        validation_data: Any = None,
+        description: str = "",
+        cool_down_period_s: float = 0,
+        fit_kwargs: dict[str, Any] | None = None,
+        wait_request_s: float = 60,
+        wait_new_job_create_s: float = 0,
+        wait_new_job_create_interval: float = 5,
+        record: bool = True,
+        safe_mode: bool = True,
+    ) -> dict[str, Any]:
+        """Validate everything, upload what the backend lacks, and create the job; returns the job."""
+        fit_kwargs = dict(fit_kwargs or {})
+        _check_fit_kwargs(fit_kwargs)
+        epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
+        modules = b.check_model(model, safe_mode)
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        client = self.client
+        machines = _machine_list(machine_ids, client.machines())
+        bundle = b.new_bundle()
+        try:
+            b.encode_data(
+                bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data
+            )
+            callbacks = b.encode_callbacks(fit_kwargs.pop("callbacks", None))
+            fit_kwargs.pop("verbose", None)
+            if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:
+                fit_kwargs["class_weight"] = {int(k): float(w) for k, w in fit_kwargs["class_weight"].items()}
+            limit = client.policy()["max_job_bytes"]
+            data_bytes = bundle.total_bytes
+            if data_bytes > limit:
+                raise ValidationError(
+                    f"this job's data is {data_bytes} bytes, over the {limit}-byte limit per job: "
+                    "train on a sample, or use lower precision (float32/uint8)"
+                )
+            b.save_model(model, bundle)
+            for sha, path in bundle.files.items():
+                client.upload_blob(path, sha)
+            fit = {"epochs": epochs, **fit_kwargs}
+            if batch_size is not None:
+                fit["batch_size"] = batch_size
+            spec = {
+                "model": bundle.model_sha,
+                "safe_mode": safe_mode,
+                "custom_modules": modules,
+                "data": bundle.data,
+                "fit": fit,
+                "callbacks": callbacks,
+                "machines": machines,
+                "description": description,
+                "cool_down_s": cool_down_period_s,
+                "wait_request_s": wait_request_s,
+                "record": record,
+            }
+            return self._create(spec, wait_new_job_create_s, wait_new_job_create_interval)
+        finally:
+            shutil.rmtree(bundle.workdir, ignore_errors=True)
+
+    def _create(self, spec: dict[str, Any], wait_s: float, interval: float) -> dict[str, Any]:
+        deadline = time.monotonic() + max(0.0, wait_s)
+        while True:
+            try:
+                return self.client.submit(spec)
+            except ApiError as exc:
+                if exc.status != 429 or time.monotonic() >= deadline:
+                    raise
+                print(f"waiting for a job slot: {exc}", file=sys.stderr, flush=True)
+                time.sleep(max(0.1, interval))
+
+    # -- watch ------------------------------------------------------------------------------------
+    def watch(self, job_id: str, watchers: list[Watcher] | None = None, after: int = 0) -> JobView:
+        """Follow a job's events from `after` until it is final, feeding each to the watchers."""
+        view = JobView(job_id)
+        for ev in self.client.follow(job_id, after):
+            view.apply(ev)
+            for w in watchers or []:
+                w(view, ev)
+        return view
+
+    def collect(
+        self,
+        view: JobView,
+        model: Any = None,
+        safe_mode: bool = True,
+        directory_to_save_ckpt: str | None = None,
+        directory_to_save_log: str | None = None,
+    ) -> tuple[Any, Any]:
+        """After a job ends: the trained model (into `model` in place if given) and its History."""
+        if view.status != v.COMPLETED:
+            why = view.errors[-1] if view.errors else "it was canceled"
+            raise JobFailed(f"job {view.job_id} did not complete: {why}")
+        with tempfile.TemporaryDirectory(prefix="aibro-result-") as d:
+            path = self.client.download_artifact(view.job_id, "model.keras", Path(d) / "model.keras")
+            if model is None:
+                import keras
+
+                model = keras.saving.load_model(path, safe_mode=safe_mode)
+            else:
+                b.load_into(model, path, safe_mode)
+        if directory_to_save_ckpt:
+            for art in self.client.artifacts(view.job_id):
+                if art["name"].startswith("checkpoints/"):
+                    self.client.download_artifact(
+                        view.job_id, art["name"], Path(directory_to_save_ckpt) / view.job_id / art["name"]
+                    )
+        if directory_to_save_log:
+            self.get_tensorboard_logs(view.job_id, directory_to_save_log)
+        return model, history_from(view, {"epochs": view.epochs}, model)
+
+    # -- the seed API -----------------------------------------------------------------------------
+    @classmethod
+    def online_fit(
+        cls,
+        model: Any,
+        train_X: Any,
+        train_Y: Any = None,
+        machine_ids: str | list[str] | None = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        validation_data: Any = None,
+        description: str = "",
+        cool_down_period_s: float = 0,
+        fit_kwargs: dict[str, Any] | None = None,
+        directory_to_save_ckpt: str | None = None,
+        directory_to_save_log: str | None = None,
+        wait_request_s: float = 60,
+        wait_new_job_create_s: float = 0,
+        wait_new_job_create_interval: float = 5,
+        record: bool = True,
+        safe_mode: bool = True,
+        verbose: bool = True,
+    ) -> tuple[str, Any, Any]:
+        """Train `model` remotely; returns (job_id, trained_model, history). The trained weights and optimizer
+        state land in the same `model` object. Ctrl-C detaches: the job goes on, `Training.attach` resumes."""
+        self = cls()
+        job = self.submit(
+            model, train_X, train_Y, machine_ids, batch_size, epochs, validation_data, description,
+            cool_down_period_s, fit_kwargs, wait_request_s, wait_new_job_create_s, wait_new_job_create_interval,
+            record, safe_mode,
+        )
+        job_id = job["job_id"]
+        if verbose:
+            print(f"[{job_id}] submitted to {', '.join(job['machines'])}", flush=True)
+        try:
+            view = self.watch(job_id, [TextProgress()] if verbose else [])
+        except KeyboardInterrupt:
+            print(f"\nDetached; {job_id} keeps training. Attach with Training.attach('{job_id}', model)", flush=True)
+            raise
+        trained, history = self.collect(view, model, safe_mode, directory_to_save_ckpt, directory_to_save_log)
+        if verbose and history.history:
+            last = {k: vals[-1] for k, vals in history.history.items()}
+            print(f"[{job_id}] done: " + " - ".join(f"{k}: {val:.4f}" for k, val in last.items()), flush=True)
+        return job_id, trained, history
+
+    @classmethod
+    def attach(cls, job_id: str, model: Any = None, verbose: bool = True, safe_mode: bool = True) -> tuple[Any, Any]:
+        """Rebuild a job's progress from its full event history, follow it live, and return (model, history)."""
+        self = cls()
+        view = self.watch(job_id, [TextProgress()] if verbose else [])
+        return self.collect(view, model, safe_mode)
+
+    @classmethod
+    def available_machines(cls, verbose: bool = True) -> list[dict[str, Any]]:
+        """The marketplace: every machine the backend can start, with GPU, vCPU, memory and price."""
+        offers = cls().client.machines()
+        if verbose:
+            print(format_machines(offers), flush=True)
+        return offers
+
+    @classmethod
+    def get_tensorboard_logs(cls, job_id: str, directory: str = ".") -> Path:
+        """Download a job's TensorBoard logs into `{directory}/logs/{job_id}/`."""
+        self = cls()
+        dest = Path(directory) / "logs" / job_id
+        for art in self.client.artifacts(job_id):
+            if art["name"].startswith("tensorboard/"):
+                self.client.download_artifact(job_id, art["name"], dest / art["name"].removeprefix("tensorboard/"))
+        return dest
+
+    @classmethod
+    def replay_job(
+        cls, job_id: str, machine_ids: str | list[str] | None = None, verbose: bool = True
+    ) -> tuple[str, Any, Any]:
+        """Run a recorded job again with the same model, data and fit arguments; returns like online_fit."""
+        self = cls()
+        overrides: dict[str, Any] = {}
+        if machine_ids:
+            overrides["machines"] = _machine_list(machine_ids, self.client.machines())
+        job = self.client.replay(job_id, **overrides)
+        new_id = job["job_id"]
+        if verbose:
+            print(f"[{new_id}] replaying {job_id}", flush=True)
+        view = self.watch(new_id, [TextProgress()] if verbose else [])
+        model, history = self.collect(view)
+        return new_id, model, history
+
+    @classmethod
+    def cancel(cls, job_id: str) -> dict[str, Any]:
+        return cls().client.cancel(job_id)
+
+    @classmethod
+    def job_history(cls, job_id: str) -> dict[str, Any]:
+        """The job's history.json artifact (continuous across worker restarts)."""
+        self = cls()
+        with tempfile.TemporaryDirectory() as d:
+            path = self.client.download_artifact(job_id, "history.json", Path(d) / "h.json")
+            return json.loads(path.read_text())
+
+
+def format_machines(offers: list[dict[str, Any]]) -> str:
+    head = f"{'machine_id':<16} {'provider':<8} {'gpu':<22} {'vcpus':>5} {'mem GiB':>8} {'$/h':>7} {'avail':<10}"
+    rows = [head, "-" * len(head)]
+    for o in offers:
+        gpu = f"{o['gpu_count']}x {o['gpu_type']}" if o.get("gpu_count") else "-"
+        rows.append(
+            f"{o['machine_id']:<16} {o['provider']:<8} {gpu:<22} {o['vcpus']:>5} {o['memory_gib']:>8} "
+            f"{o['price_per_hour']:>7.3f} {o['availability']:<10}"
+        )
+    return "\n".join(rows)
+
+
+available_machines = Training.available_machines
+get_tensorboard_logs = Training.get_tensorboard_logs
+replay_job = Training.replay_job

@@ -1,0 +1,1 @@
+"""HTTP routes of the backend: the user API, the worker API and the OpenAPI document."""

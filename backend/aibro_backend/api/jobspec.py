@@ -1,0 +1,99 @@
+"""Validation of a submitted job spec, so a bad job is refused before any instance is started."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .. import vocabulary as v
+from ..blobs import SHA_RE
+from .base import ApiError
+
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+TRAVELLING_CALLBACKS = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN")
+
+
+def tree_blobs(tree: Any, where: str) -> list[str]:
+    """The blob digests of a data tree: {"blob": sha, ...} | {"list": [...]} | {"dict": {...}}."""
+    if tree is None:
+        return []
+    if not isinstance(tree, dict):
+        raise ApiError(400, f"{where} must be an object")
+    if "blob" in tree:
+        if not isinstance(tree["blob"], str) or not SHA_RE.match(tree["blob"]):
+            raise ApiError(400, f"{where}.blob must be a sha256 hex digest")
+        return [tree["blob"]]
+    if "list" in tree and isinstance(tree["list"], list):
+        return [s for i, t in enumerate(tree["list"]) for s in tree_blobs(t, f"{where}[{i}]")]
+    if "dict" in tree and isinstance(tree["dict"], dict):
+        return [s for k, t in tree["dict"].items() for s in tree_blobs(t, f"{where}[{k!r}]")]
+    raise ApiError(400, f"{where} must hold 'blob', 'list' or 'dict'")
+
+
+def spec_blobs(spec: dict[str, Any]) -> list[str]:
+    data = spec.get("data") or {}
+    out = [spec["model"]]
+    for key in ("x", "y", "sample_weight"):
+        out += tree_blobs(data.get(key), f"data.{key}")
+    val = data.get("validation")
+    if val is not None:
+        for key in ("x", "y", "sample_weight"):
+            out += tree_blobs(val.get(key), f"data.validation.{key}")
+    return out
+
+
+def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, Any]:
+    """Check and normalise a job spec; raise ApiError(400) naming the problem and the fix."""
+    if not isinstance(spec.get("model"), str) or not SHA_RE.match(spec["model"]):
+        raise ApiError(400, "'model' must be the sha256 of an uploaded .keras file")
+    if not isinstance(spec.get("data"), dict) or spec["data"].get("x") is None:
+        raise ApiError(400, "'data.x' is required: the training inputs")
+    fit = spec.get("fit") or {}
+    if not isinstance(fit, dict):
+        raise ApiError(400, "'fit' must be an object of model.fit keyword arguments")
+    unknown = sorted(set(fit) - set(v.FIT_KWARGS))
+    if unknown:
+        raise ApiError(400, f"fit arguments {unknown} cannot travel; allowed: {list(v.FIT_KWARGS)}")
+    epochs = fit.get("epochs", 1)
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs <= 0:
+        raise ApiError(400, f"epochs must be a positive integer, got {epochs!r}")
+    fit["epochs"] = epochs
+    requested = spec.get("machines")
+    if not isinstance(requested, list) or not requested or not all(isinstance(m, str) for m in requested):
+        raise ApiError(400, "'machines' must be a non-empty list of machine ids (see GET /machines)")
+    if len(requested) > 16:
+        raise ApiError(400, "at most 16 machines may be listed for one job")
+    unknown_m = [m for m in requested if m not in machines]
+    if unknown_m:
+        raise ApiError(400, f"unknown machine {unknown_m[0]!r}; available: {sorted(machines)}")
+    desc = spec.get("description", "")
+    if not isinstance(desc, str) or len(desc) > 500:
+        raise ApiError(400, "'description' must be a string of at most 500 characters")
+    cool = spec.get("cool_down_s", 0)
+    if not isinstance(cool, (int, float)) or cool < 0 or cool > 7 * 24 * 3600:
+        raise ApiError(400, "'cool_down_s' must be a number of seconds between 0 and one week")
+    modules = spec.get("custom_modules", [])
+    if not isinstance(modules, list) or not all(isinstance(m, str) and MODULE_RE.match(m) for m in modules):
+        raise ApiError(400, "'custom_modules' must be a list of importable module names")
+    callbacks = spec.get("callbacks", [])
+    if not isinstance(callbacks, list):
+        raise ApiError(400, "'callbacks' must be a list")
+    for cb in callbacks:
+        if not isinstance(cb, dict) or cb.get("class") not in TRAVELLING_CALLBACKS:
+            raise ApiError(400, f"callbacks that can travel: {list(TRAVELLING_CALLBACKS)}")
+        if not isinstance(cb.get("config", {}), dict):
+            raise ApiError(400, "a callback's config must be an object")
+    spec_blobs(spec)
+    return {
+        "model": spec["model"],
+        "safe_mode": bool(spec.get("safe_mode", True)),
+        "custom_modules": modules,
+        "data": spec["data"],
+        "fit": fit,
+        "callbacks": callbacks,
+        "machines": requested,
+        "description": desc,
+        "cool_down_s": float(cool),
+        "wait_request_s": float(spec.get("wait_request_s", 60) or 0),
+        "record": bool(spec.get("record", True)),
+    }

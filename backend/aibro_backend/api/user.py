@@ -1,0 +1,274 @@
+"""The user API: machines, blobs, jobs, events, artifacts, instances."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from .. import vocabulary as v
+from ..blobs import BlobError, check_artifact_name, check_sha
+from .base import ApiError, UserHandler
+from .jobspec import spec_blobs, validate_spec
+
+MAX_WAIT_S = 60.0
+
+
+def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
+    """What a client sees of a job: states, progress, timeline and cost, never other users' data."""
+    spec = job["spec"]
+    timeline = [
+        {"status": e["data"].get("status"), "substatus": e["data"].get("substatus"), "ts": e["ts"]}
+        for e in store.events(job["id"])
+        if e["type"] == v.EV_STATUS
+    ]
+    return {
+        "job_id": job["id"],
+        "status": job["status"],
+        "substatus": job["substatus"],
+        "description": job["description"],
+        "machine_id": job["machine_id"],
+        "instance_id": job["instance_id"],
+        "machines": spec["machines"],
+        "epochs": spec["fit"]["epochs"],
+        "epochs_done": job["epochs_done"],
+        "attempt": job["attempt"],
+        "created": job["created"],
+        "updated": job["updated"],
+        "cancel_requested": job["cancel_requested"],
+        "replay_of": job["replay_of"],
+        "record": spec.get("record", True),
+        "cost": 0.0,
+        "timeline": timeline,
+    }
+
+
+class HealthHandler(UserHandler):
+    def get(self) -> None:
+        from .. import __version__
+
+        self.send({"ok": True, "user": self.user["name"], "version": __version__})
+
+
+class MachinesHandler(UserHandler):
+    def get(self) -> None:
+        self.send({"machines": [offer for _, offer in self.backend.scheduler.machine_index().values()]})
+
+
+class PolicyHandler(UserHandler):
+    def get(self) -> None:
+        self.send(self.backend.policy.as_dict())
+
+
+class StatsHandler(UserHandler):
+    def get(self) -> None:
+        self.send({"counters": self.backend.store.counters(self.uid)})
+
+
+class TokensHandler(UserHandler):
+    def post(self) -> None:
+        self.send({"token": self.backend.store.new_token(self.uid)}, 201)
+
+
+class BlobHandler(UserHandler):
+    def head(self, sha: str) -> None:
+        check = self._sha(sha)
+        size = self.backend.store.blob_size(check, self.uid)
+        if size is not None:
+            self.set_header("X-Blob-Size", str(size))
+            self.set_status(200)
+        elif self.backend.blobs.has_blob(check):
+            self.set_header("X-Received", "0")
+            self.set_status(404)
+        else:
+            self.set_header("X-Received", str(self.backend.blobs.received(check)))
+            self.set_status(404)
+        self.finish()
+
+    def put(self, sha: str) -> None:
+        check = self._sha(sha)
+        try:
+            offset = int(self.get_query_argument("offset", "0"))
+            total = int(self.get_query_argument("total"))
+        except (ValueError, TypeError):
+            raise ApiError(400, "PUT /blobs/{sha} needs integer ?offset=&total= query arguments") from None
+        if total > self.backend.policy.max_job_bytes:
+            raise ApiError(413, f"a blob of {total} bytes is over the {self.backend.policy.max_job_bytes}-byte limit")
+        body = self.request.body
+        store = self.backend.store
+        if store.blob_size(check, self.uid) is not None:
+            self.send({"complete": True, "received": total})
+            return
+        if self.backend.blobs.has_blob(check):
+            # Someone else uploaded the same bytes: this user must still send them once to prove possession.
+            done = self._verify_existing(check, offset, body, total)
+        else:
+            try:
+                done = self.backend.blobs.write_chunk(check, offset, body, total)
+            except BlobError as exc:
+                raise ApiError(409, str(exc)) from None
+        store.bump(self.uid, "blob_bytes_received", len(body))
+        if done:
+            store.add_blob(check, self.uid, total)
+        self.send({"complete": done, "received": offset + len(body)})
+
+    def _verify_existing(self, sha: str, offset: int, body: bytes, total: int) -> bool:
+        path = self.backend.blobs.blob_path(sha)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            if f.read(len(body)) != body:
+                raise ApiError(409, "uploaded bytes do not match the digest: upload the blob again from offset 0")
+        return offset + len(body) == total == path.stat().st_size
+
+    @staticmethod
+    def _sha(sha: str) -> str:
+        try:
+            return check_sha(sha)
+        except BlobError as exc:
+            raise ApiError(400, str(exc)) from None
+
+
+class JobsHandler(UserHandler):
+    def get(self) -> None:
+        store = self.backend.store
+        self.send({"jobs": [job_view(j, store) for j in store.jobs(self.uid)]})
+
+    def post(self) -> None:
+        spec = self.body_json()
+        job = submit_job(self, spec)
+        self.send(job, 201)
+
+
+def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None = None) -> dict[str, Any]:
+    backend = handler.backend
+    spec = validate_spec(raw, backend.scheduler.machine_index())
+    total = 0
+    for sha in set(spec_blobs(spec)):
+        size = backend.store.blob_size(sha, handler.uid)
+        if size is None:
+            raise ApiError(400, f"blob {sha} was not uploaded by this user: PUT /blobs/{sha} first")
+        total += size
+    if total > backend.policy.max_job_bytes:
+        raise ApiError(413, f"this job's data is {total} bytes, over the {backend.policy.max_job_bytes}-byte limit")
+    active = backend.store.jobs(handler.uid, v.JOB_ACTIVE)
+    if len(active) >= backend.policy.max_active_jobs:
+        raise ApiError(
+            429,
+            f"{len(active)} jobs are active, the limit is {backend.policy.max_active_jobs}: "
+            "wait for one to end or cancel one (`aibro cancel JOB`)",
+        )
+    job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
+    backend.store.create_job(job_id, handler.uid, spec, replay_of=replay_of)
+    backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
+    backend.scheduler.tick()
+    return job_view(backend.store.job(job_id), backend.store)
+
+
+class JobHandler(UserHandler):
+    def get(self, job_id: str) -> None:
+        self.send(job_view(self.own_job(job_id), self.backend.store))
+
+
+class CancelHandler(UserHandler):
+    def post(self, job_id: str) -> None:
+        job = self.own_job(job_id)
+        if job["status"] in v.JOB_ACTIVE and not job["cancel_requested"]:
+            self.backend.store.update_job(job_id, cancel_requested=1)
+            self.backend.scheduler.emit(job_id, v.EV_LOG, {"message": "cancel requested"})
+            self.backend.scheduler.tick()
+        self.send(job_view(self.backend.store.job(job_id), self.backend.store))
+
+
+class ReplayHandler(UserHandler):
+    def post(self, job_id: str) -> None:
+        job = self.own_job(job_id)
+        if not job["spec"].get("record", True):
+            raise ApiError(409, f"job {job_id} was not recorded (record=False), so it cannot be replayed")
+        spec = dict(job["spec"])
+        overrides = self.body_json()
+        if overrides.get("machines"):
+            spec["machines"] = overrides["machines"]
+        if overrides.get("description") is not None:
+            spec["description"] = overrides["description"]
+        self.send(submit_job(self, spec, replay_of=job_id), 201)
+
+
+class JobEventsHandler(UserHandler):
+    async def get(self, job_id: str) -> None:
+        self.own_job(job_id)
+        after, wait = _after_wait(self)
+        store = self.backend.store
+        deadline = time.monotonic() + wait
+        events = store.events(job_id, after)
+        while not events and time.monotonic() < deadline:
+            await self.backend.bus.wait(deadline - time.monotonic())
+            events = store.events(job_id, after)
+        job = store.job(job_id)
+        self.send({"events": events, "status": job["status"], "substatus": job["substatus"]})
+
+
+class UserEventsHandler(UserHandler):
+    async def get(self) -> None:
+        after, wait = _after_wait(self)
+        store = self.backend.store
+        deadline = time.monotonic() + wait
+        events = store.user_events(self.uid, after)
+        while not events and time.monotonic() < deadline:
+            await self.backend.bus.wait(deadline - time.monotonic())
+            events = store.user_events(self.uid, after)
+        cursor = events[-1]["gid"] if events else after
+        self.send({"events": events, "cursor": cursor})
+
+
+def _after_wait(handler: UserHandler) -> tuple[int, float]:
+    try:
+        after = int(handler.get_query_argument("after", "0"))
+        wait = float(handler.get_query_argument("wait", "0"))
+    except ValueError:
+        raise ApiError(400, "'after' must be an integer and 'wait' a number of seconds") from None
+    return max(0, after), min(max(0.0, wait), MAX_WAIT_S)
+
+
+class ArtifactsHandler(UserHandler):
+    def get(self, job_id: str) -> None:
+        self.own_job(job_id)
+        self.send({"artifacts": self.backend.store.artifacts(job_id)})
+
+
+class ArtifactHandler(UserHandler):
+    def get(self, job_id: str, name: str) -> None:
+        self.own_job(job_id)
+        try:
+            path = self.backend.blobs.artifact_path(job_id, check_artifact_name(name))
+        except BlobError as exc:
+            raise ApiError(400, str(exc)) from None
+        if not path.is_file():
+            raise ApiError(404, f"job {job_id} has no artifact '{name}' (GET /jobs/{job_id}/artifacts lists them)")
+        self.set_header("Content-Type", "application/octet-stream")
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                self.write(chunk)
+        self.finish()
+
+
+class InstancesHandler(UserHandler):
+    def get(self) -> None:
+        now = time.time()
+        out = []
+        for inst in self.backend.store.instances(self.uid):
+            inst.pop("pid", None)
+            inst["cooling_left_s"] = max(0.0, (inst["cooling_until"] or now) - now) if inst["status"] == v.COOLING else 0
+            out.append(inst)
+        self.send({"instances": out})
+
+
+class TerminateHandler(UserHandler):
+    def post(self, instance_id: str) -> None:
+        inst = self.backend.store.instance(instance_id, self.uid)
+        if inst is None:
+            raise ApiError(404, f"no instance '{instance_id[:80]}' for this user (GET /instances lists them)")
+        if inst["status"] == v.EXECUTING:
+            raise ApiError(409, f"{instance_id} is running job {inst['job_id']}: cancel the job first")
+        if inst["status"] in v.INSTANCE_LIVE:
+            self.backend.scheduler.close_instance(inst)
+        self.send({"instance": self.backend.store.instance(instance_id, self.uid)})

@@ -1,0 +1,172 @@
+"""Moves jobs through their states: assignment to cooling or new instances, worker loss and retry,
+cancel deadlines and cool-down expiry. Runs as a periodic callback on the backend's IOLoop."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any, Callable
+
+from . import vocabulary as v
+from .policy import Policy
+from .providers.base import Provider
+from .store import Store
+
+log = logging.getLogger("aibro.scheduler")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        providers: dict[str, Provider],
+        policy: Policy,
+        worker_url: Callable[[], str],
+        on_event: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.store = store
+        self.providers = providers
+        self.policy = policy
+        self.worker_url = worker_url
+        self.on_event = on_event
+
+    # -- helpers used by the API too --------------------------------------------------------------
+    def machine_index(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        return {o["machine_id"]: (name, o) for name, p in self.providers.items() for o in p.offers()}
+
+    def emit(self, job_id: str, type_: str, data: dict[str, Any]) -> None:
+        ev = self.store.append_event(job_id, type_, data)
+        if ev:
+            self.on_event(ev)
+
+    def set_status(self, job_id: str, status: str, substatus: str, message: str = "") -> None:
+        data = {"status": status, "substatus": substatus}
+        if message:
+            data["message"] = message
+        self.emit(job_id, v.EV_STATUS, data)
+
+    def fail(self, job_id: str, message: str) -> None:
+        """A failed job is CANCELED with an error event that says why."""
+        self.emit(job_id, v.EV_ERROR, {"message": message})
+        self.set_status(job_id, v.CANCELED, v.SUB_CANCELED, message)
+
+    def release_instance(self, inst: dict[str, Any], cool: bool = True) -> None:
+        """After a job: keep the instance warm for its cool-down, or close it."""
+        if cool and inst["cool_down_s"] > 0 and inst["status"] in (v.EXECUTING, v.LAUNCHING):
+            self.store.set_instance_state(
+                inst["id"], v.COOLING, "", job_id=None, cooling_until=time.time() + inst["cool_down_s"]
+            )
+        else:
+            self.close_instance(inst)
+
+    def close_instance(self, inst: dict[str, Any]) -> None:
+        self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
+
+    # -- the periodic tick --------------------------------------------------------------------------
+    def tick(self) -> None:
+        try:
+            self._check_instances()
+            self._check_cancels()
+            self._assign_queued()
+        except Exception:  # the loop must survive one bad row
+            log.exception("scheduler tick failed")
+
+    def _check_instances(self) -> None:
+        now = time.time()
+        for inst in self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)):
+            provider = self.providers[inst["provider"]]
+            if not provider.alive(inst):
+                self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+                if inst["job_id"]:
+                    self._worker_lost(inst)
+            elif inst["status"] == v.COOLING and (inst["cooling_until"] or 0) <= now:
+                self.close_instance(inst)
+            elif inst["status"] == v.CLOSING and now - inst["updated"] > 10:
+                provider.terminate(inst)
+
+    def _worker_lost(self, inst: dict[str, Any]) -> None:
+        job = self.store.job(inst["job_id"])
+        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+            return
+        if job["cancel_requested"]:
+            self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled")
+            return
+        attempt = job["attempt"] + 1
+        if attempt >= self.policy.max_attempts:
+            self.fail(job["id"], f"the worker was lost {attempt} times; giving up. See the worker log of {inst['id']}.")
+            return
+        self.store.update_job(job["id"], attempt=attempt, instance_id=None)
+        done = job["epochs_done"]
+        self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} was lost; resuming from epoch {done}"})
+        self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
+
+    def _check_cancels(self) -> None:
+        now = time.time()
+        for job in self.store.jobs(statuses=v.JOB_ACTIVE):
+            if not job["cancel_requested"]:
+                continue
+            if job["status"] == v.QUEUING and not job["instance_id"]:
+                self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled before it started")
+            elif now - job["updated"] > self.policy.cancel_grace_s and job["instance_id"]:
+                inst = self.store.instance(job["instance_id"])
+                if inst:
+                    self.providers[inst["provider"]].terminate(inst)
+                    self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+                self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled; the worker did not stop in time")
+
+    def _assign_queued(self) -> None:
+        for job in self.store.jobs(statuses=(v.QUEUING,)):
+            if job["instance_id"] or job["cancel_requested"]:
+                continue
+            self._assign(job)
+
+    def _assign(self, job: dict[str, Any]) -> None:
+        spec = job["spec"]
+        index = self.machine_index()
+        for machine_id in spec["machines"]:
+            warm = [
+                i
+                for i in self.store.instances(job["user_id"], (v.COOLING,))
+                if i["machine_id"] == machine_id
+            ]
+            if warm:
+                inst = warm[0]
+                self.store.set_instance_state(
+                    inst["id"], v.EXECUTING, "", job_id=job["id"], cool_down_s=spec["cool_down_s"], cooling_until=None
+                )
+                self._bind(job, inst["id"], machine_id, f"reusing warm instance {inst['id']}")
+                return
+            if machine_id not in index:
+                continue
+            provider_name, offer = index[machine_id]
+            live_user = self.store.instances(job["user_id"], v.INSTANCE_LIVE)
+            live_machine = [i for i in self.store.instances(None, v.INSTANCE_LIVE) if i["machine_id"] == machine_id]
+            if len(live_user) >= self.policy.max_active_instances or len(live_machine) >= offer["capacity"]:
+                cooling = [i for i in live_user if i["status"] == v.COOLING]
+                if cooling and len(live_user) >= self.policy.max_active_instances:
+                    self.close_instance(cooling[0])
+                continue
+            self._launch(job, provider_name, machine_id)
+            return
+
+    def _launch(self, job: dict[str, Any], provider_name: str, machine_id: str) -> None:
+        instance_id = "inst-" + secrets.token_hex(6)
+        token = secrets.token_urlsafe(32)
+        self.store.create_instance(
+            instance_id, job["user_id"], provider_name, machine_id, token, job["spec"]["cool_down_s"]
+        )
+        env = {"AIBRO_WORKER_URL": self.worker_url(), "AIBRO_WORKER_TOKEN": token, "AIBRO_INSTANCE_ID": instance_id}
+        try:
+            pid = self.providers[provider_name].launch(instance_id, machine_id, env)
+        except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
+            self.store.set_instance_state(instance_id, v.CLOSED, v.TERMINATED)
+            self.emit(job["id"], v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})
+            return
+        self.store.update_instance(instance_id, pid=pid)
+        self.store.set_instance_state(instance_id, v.LAUNCHING, "", job_id=job["id"])
+        self._bind(job, instance_id, machine_id, f"started instance {instance_id}")
+
+    def _bind(self, job: dict[str, Any], instance_id: str, machine_id: str, message: str) -> None:
+        self.store.update_job(job["id"], instance_id=instance_id, machine_id=machine_id)
+        self.set_status(job["id"], v.QUEUING, v.CONNECTING_SERVER, f"{message} ({machine_id})")

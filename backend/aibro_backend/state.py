@@ -1,0 +1,28 @@
+"""The running backend's parts, handed to every request handler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .blobs import BlobStore
+from .bus import EventBus
+from .policy import Policy
+from .scheduler import Scheduler
+from .store import Store
+
+
+@dataclass
+class Backend:
+    home: Path
+    store: Store
+    blobs: BlobStore
+    policy: Policy
+    bus: EventBus
+    scheduler: Scheduler
+    url: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def on_event(self, _event: dict[str, Any]) -> None:
+        self.bus.publish()

@@ -1,0 +1,324 @@
+"""SQLite (WAL) persistence for users, tokens, blobs index, jobs, the event log, instances and artifacts.
+
+The backend is the only process that opens this database; everything else reaches it through the REST API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from . import vocabulary as v
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (sha TEXT NOT NULL, user_id INTEGER NOT NULL, size INTEGER NOT NULL,
+    created REAL NOT NULL, PRIMARY KEY (sha, user_id));
+CREATE TABLE IF NOT EXISTS counters (user_id INTEGER NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
+    PRIMARY KEY (user_id, name));
+CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
+    substatus TEXT NOT NULL, spec TEXT NOT NULL, description TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, updated REAL NOT NULL, machine_id TEXT, instance_id TEXT,
+    attempt INTEGER NOT NULL DEFAULT 0, cancel_requested INTEGER NOT NULL DEFAULT 0,
+    epochs_done INTEGER NOT NULL DEFAULT 0, replay_of TEXT);
+CREATE TABLE IF NOT EXISTS events (gid INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL,
+    user_id INTEGER NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, ts REAL NOT NULL, data TEXT NOT NULL,
+    attempt INTEGER, wseq INTEGER, UNIQUE (job_id, seq));
+CREATE UNIQUE INDEX IF NOT EXISTS events_worker_seq ON events (job_id, attempt, wseq) WHERE wseq IS NOT NULL;
+CREATE INDEX IF NOT EXISTS events_user ON events (user_id, gid);
+CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, provider TEXT NOT NULL,
+    machine_id TEXT NOT NULL, status TEXT NOT NULL, substatus TEXT NOT NULL DEFAULT '', pid INTEGER,
+    token_hash TEXT NOT NULL, job_id TEXT, cool_down_s REAL NOT NULL DEFAULT 0, cooling_until REAL,
+    created REAL NOT NULL, updated REAL NOT NULL, last_seen REAL, history TEXT NOT NULL DEFAULT '[]');
+CREATE TABLE IF NOT EXISTS artifacts (job_id TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
+    sha TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (job_id, name));
+"""
+
+
+def hash_token(token: str) -> str:
+    """Tokens are stored hashed so a copy of the database grants nothing."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Store:
+    """All persistent state of the backend, one SQLite file in WAL mode."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    # -- users and tokens -------------------------------------------------------------------------
+    def ensure_user(self, name: str) -> int:
+        row = self.db.execute("SELECT id FROM users WHERE name=?", (name,)).fetchone()
+        if row:
+            return int(row["id"])
+        cur = self.db.execute("INSERT INTO users (name, created) VALUES (?, ?)", (name, time.time()))
+        return int(cur.lastrowid)
+
+    def new_token(self, user_id: int) -> str:
+        token = secrets.token_urlsafe(32)
+        self.db.execute(
+            "INSERT INTO tokens (hash, user_id, created) VALUES (?, ?, ?)", (hash_token(token), user_id, time.time())
+        )
+        return token
+
+    def user_for_token(self, token: str) -> dict[str, Any] | None:
+        row = self.db.execute(
+            "SELECT users.id, users.name FROM tokens JOIN users ON users.id = tokens.user_id WHERE tokens.hash=?",
+            (hash_token(token),),
+        ).fetchone()
+        return dict(row) if row else None
+
+    # -- counters ---------------------------------------------------------------------------------
+    def bump(self, user_id: int, name: str, amount: int) -> None:
+        self.db.execute(
+            "INSERT INTO counters (user_id, name, value) VALUES (?, ?, ?) "
+            "ON CONFLICT (user_id, name) DO UPDATE SET value = value + excluded.value",
+            (user_id, name, amount),
+        )
+
+    def counters(self, user_id: int) -> dict[str, int]:
+        rows = self.db.execute("SELECT name, value FROM counters WHERE user_id=?", (user_id,)).fetchall()
+        return {r["name"]: int(r["value"]) for r in rows}
+
+    # -- blobs index ------------------------------------------------------------------------------
+    def add_blob(self, sha: str, user_id: int, size: int) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO blobs (sha, user_id, size, created) VALUES (?, ?, ?, ?)",
+            (sha, user_id, size, time.time()),
+        )
+
+    def blob_size(self, sha: str, user_id: int) -> int | None:
+        row = self.db.execute("SELECT size FROM blobs WHERE sha=? AND user_id=?", (sha, user_id)).fetchone()
+        return int(row["size"]) if row else None
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def create_job(self, job_id: str, user_id: int, spec: dict[str, Any], replay_of: str | None = None) -> None:
+        now = time.time()
+        self.db.execute(
+            "INSERT INTO jobs (id, user_id, status, substatus, spec, description, created, updated, replay_of) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                user_id,
+                v.QUEUING,
+                v.REQUESTING_SERVER,
+                json.dumps(spec),
+                spec.get("description", ""),
+                now,
+                now,
+                replay_of,
+            ),
+        )
+
+    def job(self, job_id: str, user_id: int | None = None) -> dict[str, Any] | None:
+        if user_id is None:
+            row = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        else:
+            row = self.db.execute("SELECT * FROM jobs WHERE id=? AND user_id=?", (job_id, user_id)).fetchone()
+        return _job_row(row) if row else None
+
+    def jobs(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT * FROM jobs WHERE 1=1", []
+        if user_id is not None:
+            sql += " AND user_id=?"
+            args.append(user_id)
+        if statuses:
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
+            args.extend(statuses)
+        sql += " ORDER BY created"
+        return [_job_row(r) for r in self.db.execute(sql, args).fetchall()]
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
+
+    # -- events -----------------------------------------------------------------------------------
+    def append_event(
+        self,
+        job_id: str,
+        type_: str,
+        data: dict[str, Any],
+        *,
+        attempt: int | None = None,
+        wseq: int | None = None,
+        ts: float | None = None,
+    ) -> dict[str, Any] | None:
+        """Append one event with the next gap-free seq; a worker event already stored returns None.
+
+        A status event also moves the job's status/substatus, in the same transaction.
+        """
+        job = self.job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        ts = time.time() if ts is None else ts
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            if wseq is not None:
+                dup = self.db.execute(
+                    "SELECT 1 FROM events WHERE job_id=? AND attempt=? AND wseq=?", (job_id, attempt, wseq)
+                ).fetchone()
+                if dup:
+                    self.db.execute("ROLLBACK")
+                    return None
+            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?", (job_id,)).fetchone()[0]
+            cur = self.db.execute(
+                "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
+                (job_id, job["user_id"], seq, type_, ts, json.dumps(data), attempt, wseq),
+            )
+            if type_ == v.EV_STATUS:
+                self.db.execute(
+                    "UPDATE jobs SET status=?, substatus=?, updated=? WHERE id=?",
+                    (data.get("status", job["status"]), data.get("substatus", job["substatus"]), ts, job_id),
+                )
+            elif type_ == v.EV_EPOCH:
+                self.db.execute(
+                    "UPDATE jobs SET epochs_done=?, updated=? WHERE id=?", (int(data["epoch"]) + 1, ts, job_id)
+                )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return {
+            "gid": cur.lastrowid,
+            "job_id": job_id,
+            "seq": seq,
+            "type": type_,
+            "ts": ts,
+            "data": data,
+            "user_id": job["user_id"],
+        }
+
+    def events(self, job_id: str, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?", (job_id, after, limit)
+        ).fetchall()
+        return [_event_row(r) for r in rows]
+
+    def user_events(self, user_id: int, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM events WHERE user_id=? AND gid>? ORDER BY gid LIMIT ?", (user_id, after, limit)
+        ).fetchall()
+        return [_event_row(r) for r in rows]
+
+    def max_wseq(self, job_id: str, attempt: int) -> int:
+        row = self.db.execute(
+            "SELECT COALESCE(MAX(wseq), 0) FROM events WHERE job_id=? AND attempt=?", (job_id, attempt)
+        ).fetchone()
+        return int(row[0])
+
+    # -- instances --------------------------------------------------------------------------------
+    def create_instance(
+        self, instance_id: str, user_id: int, provider: str, machine_id: str, token: str, cool_down_s: float
+    ) -> None:
+        now = time.time()
+        self.db.execute(
+            "INSERT INTO instances (id, user_id, provider, machine_id, status, token_hash, cool_down_s, created, "
+            "updated, history) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                instance_id,
+                user_id,
+                provider,
+                machine_id,
+                v.LAUNCHING,
+                hash_token(token),
+                cool_down_s,
+                now,
+                now,
+                json.dumps([[v.LAUNCHING, "", now]]),
+            ),
+        )
+
+    def instance(self, instance_id: str, user_id: int | None = None) -> dict[str, Any] | None:
+        if user_id is None:
+            row = self.db.execute("SELECT * FROM instances WHERE id=?", (instance_id,)).fetchone()
+        else:
+            row = self.db.execute(
+                "SELECT * FROM instances WHERE id=? AND user_id=?", (instance_id, user_id)
+            ).fetchone()
+        return _instance_row(row) if row else None
+
+    def instance_for_token(self, token: str) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT * FROM instances WHERE token_hash=?", (hash_token(token),)).fetchone()
+        return _instance_row(row) if row else None
+
+    def instances(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT * FROM instances WHERE 1=1", []
+        if user_id is not None:
+            sql += " AND user_id=?"
+            args.append(user_id)
+        if statuses:
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
+            args.extend(statuses)
+        sql += " ORDER BY created"
+        return [_instance_row(r) for r in self.db.execute(sql, args).fetchall()]
+
+    def set_instance_state(self, instance_id: str, status: str, substatus: str = "", **fields: Any) -> None:
+        """Move an instance to a new state and timestamp the transition in its history."""
+        inst = self.instance(instance_id)
+        if inst is None:
+            raise KeyError(instance_id)
+        now = time.time()
+        history = inst["history"]
+        if not history or history[-1][0] != status or history[-1][1] != substatus:
+            history.append([status, substatus, now])
+        fields.update(status=status, substatus=substatus, updated=now, history=json.dumps(history))
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE instances SET {cols} WHERE id=?", (*fields.values(), instance_id))
+
+    def update_instance(self, instance_id: str, **fields: Any) -> None:
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE instances SET {cols} WHERE id=?", (*fields.values(), instance_id))
+
+    # -- artifacts --------------------------------------------------------------------------------
+    def add_artifact(self, job_id: str, name: str, size: int, sha: str) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO artifacts (job_id, name, size, sha, created) VALUES (?, ?, ?, ?, ?)",
+            (job_id, name, size, sha, time.time()),
+        )
+
+    def artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT name, size, sha, created FROM artifacts WHERE job_id=? ORDER BY name", (job_id,)
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _job_row(row: sqlite3.Row) -> dict[str, Any]:
+    d = dict(row)
+    d["spec"] = json.loads(d["spec"])
+    d["cancel_requested"] = bool(d["cancel_requested"])
+    return d
+
+
+def _event_row(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "gid": row["gid"],
+        "job_id": row["job_id"],
+        "seq": row["seq"],
+        "type": row["type"],
+        "ts": row["ts"],
+        "data": json.loads(row["data"]),
+    }
+
+
+def _instance_row(row: sqlite3.Row) -> dict[str, Any]:
+    d = dict(row)
+    d["history"] = json.loads(d["history"])
+    d.pop("token_hash", None)
+    return d

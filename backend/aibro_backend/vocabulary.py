@@ -1,0 +1,64 @@
+"""The one event and state vocabulary shared by the backend, the worker and every client."""
+
+from __future__ import annotations
+
+# Job states (seed vocabulary).
+QUEUING = "QUEUING"
+TRAINING = "TRAINING"
+COMPLETED = "COMPLETED"
+CANCELED = "CANCELED"
+JOB_ACTIVE = (QUEUING, TRAINING)
+JOB_FINAL = (COMPLETED, CANCELED)
+
+# Job substatuses, in the order a job normally walks through them.
+REQUESTING_SERVER = "REQUESTING SERVER"
+CONNECTING_SERVER = "CONNECTING SERVER"
+GEARING_UP_ENV = "GEARING UP ENV"
+SENDING_MODEL_DATA = "SENDING MODEL & DATA"
+SUB_TRAINING = "TRAINING"
+RETURNING = "RETURNING"
+SUB_COMPLETED = "COMPLETED"
+SUB_CANCELED = "CANCELED"
+SUBSTATUS_ORDER = (
+    REQUESTING_SERVER,
+    CONNECTING_SERVER,
+    GEARING_UP_ENV,
+    SENDING_MODEL_DATA,
+    SUB_TRAINING,
+    RETURNING,
+    SUB_COMPLETED,
+)
+
+# Instance states.
+LAUNCHING = "LAUNCHING"
+EXECUTING = "EXECUTING"
+COOLING = "COOLING"
+CLOSING = "CLOSING"
+CLOSED = "CLOSED"
+INSTANCE_LIVE = (LAUNCHING, EXECUTING, COOLING)
+STOPPING, STOPPED = "STOPPING", "STOPPED"
+TERMINATING, TERMINATED = "TERMINATING", "TERMINATED"
+
+# Event types.
+EV_STATUS = "status"
+EV_EPOCH = "epoch"
+EV_BATCH = "batch"
+EV_LOG = "log"
+EV_ERROR = "error"
+EV_ARTIFACT = "artifact"
+EVENT_TYPES = (EV_STATUS, EV_EPOCH, EV_BATCH, EV_LOG, EV_ERROR, EV_ARTIFACT)
+WORKER_EVENT_TYPES = (EV_STATUS, EV_EPOCH, EV_BATCH, EV_LOG, EV_ERROR)
+
+# Fit keyword arguments that travel to the worker as they are.
+FIT_KWARGS = (
+    "epochs",
+    "batch_size",
+    "shuffle",
+    "class_weight",
+    "initial_epoch",
+    "steps_per_epoch",
+    "validation_steps",
+    "validation_batch_size",
+    "validation_freq",
+    "validation_split",
+)

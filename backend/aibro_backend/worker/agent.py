@@ -1,0 +1,222 @@
+"""The worker's main loop: assignment → gear up → fetch model & data → fit → return → cool."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from aibro_backend import vocabulary as v
+from aibro_jupyter.client import Transport
+from aibro_jupyter.errors import ApiError, AuthError, BackendUnreachable
+
+from .outbox import Outbox
+
+log = logging.getLogger("aibro.worker")
+POLL_S = 0.2
+BACKEND_GONE_S = 900.0
+
+
+def retrying(fn: Callable[[], Any], what: str) -> Any:
+    """Call `fn` until the backend answers; the backend may be restarting."""
+    start = time.monotonic()
+    delay = 0.2
+    while True:
+        try:
+            return fn()
+        except BackendUnreachable:
+            if time.monotonic() - start > BACKEND_GONE_S:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+class Worker:
+    def __init__(self, url: str, token: str, instance_id: str, workdir: Path) -> None:
+        self.t = Transport(url, token, timeout=60)
+        self.instance_id = instance_id
+        self.workdir = workdir
+        self.cache = workdir / "cache"
+        self.cache.mkdir(parents=True, exist_ok=True)
+        self.keras: Any = None
+
+    def run(self) -> None:
+        while True:
+            try:
+                a = retrying(lambda: self.t.json("GET", "/worker/assignment"), "assignment")
+            except (AuthError, BackendUnreachable) as exc:
+                log.info("leaving: %s", exc)
+                return
+            if a["action"] == "exit":
+                log.info("instance closing; exiting")
+                return
+            if a["action"] == "train":
+                self.run_job(a)
+            else:
+                time.sleep(POLL_S)
+
+    # -- one job ----------------------------------------------------------------------------------
+    def run_job(self, a: dict[str, Any]) -> None:
+        job_id, attempt, spec = a["job_id"], a["attempt"], a["spec"]
+        outbox = Outbox(self.t, job_id, attempt)
+        try:
+            outcome, error = self._train(outbox, job_id, attempt, spec, a.get("resume"), a.get("cancel"))
+        except Exception as exc:  # noqa: BLE001 - any failure is reported to the user, the worker lives on
+            log.exception("job %s failed", job_id)
+            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
+            outbox.put(v.EV_LOG, {"message": traceback.format_exc()[-4000:]})
+        if outbox.stale.is_set():
+            outbox.close()
+            return
+        outbox.flush()
+        outbox.close()
+        body = {"attempt": attempt, "outcome": outcome, "error": error}
+        try:
+            retrying(lambda: self.t.json("POST", f"/worker/jobs/{job_id}/finish", json=body), "finish")
+        except ApiError as exc:
+            log.info("finish of %s refused: %s", job_id, exc)
+
+    def _status(self, outbox: Outbox, substatus: str) -> None:
+        outbox.put(v.EV_STATUS, {"status": v.TRAINING, "substatus": substatus})
+
+    def _train(
+        self, outbox: Outbox, job_id: str, attempt: int, spec: dict, resume: dict | None, cancel: bool
+    ) -> tuple[str, str | None]:
+        if cancel:
+            return "canceled", None
+        self._status(outbox, v.GEARING_UP_ENV)
+        keras = self._gear_up(spec)
+        self._status(outbox, v.SENDING_MODEL_DATA)
+        from .datatree import load_tree
+
+        data = spec["data"]
+        x = load_tree(data.get("x"), self.fetch_blob)
+        y = load_tree(data.get("y"), self.fetch_blob)
+        sw = load_tree(data.get("sample_weight"), self.fetch_blob)
+        val = data.get("validation")
+        validation_data = None
+        if val:
+            parts = [load_tree(val.get(k), self.fetch_blob) for k in ("x", "y", "sample_weight")]
+            validation_data = tuple(p for p in parts if p is not None)
+        fit = dict(spec["fit"])
+        if resume:
+            model_path = self.fetch_artifact(job_id, resume["checkpoint"])
+            fit["initial_epoch"] = resume["epoch"]
+            outbox.put(v.EV_LOG, {"message": f"resuming from {resume['checkpoint']} at epoch {resume['epoch']}"})
+        else:
+            model_path = self.workdir / "model.keras"
+            model_path.unlink(missing_ok=True)
+            model_path.symlink_to(self.fetch_blob(spec["model"]))
+        model = self._load_model(keras, model_path, spec["safe_mode"])
+        self._status(outbox, v.SUB_TRAINING)
+        tb_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=self.workdir))
+        samples = _samples(x)
+
+        def save_checkpoint(epoch: int) -> None:
+            from aibro_backend.api.worker import checkpoint_name
+
+            self._upload_model(model, job_id, attempt, checkpoint_name(epoch))
+
+        from .callbacks import EventCallback
+
+        callbacks = [
+            EventCallback(outbox, int(fit.get("epochs", 1)), save_checkpoint, samples),
+            keras.callbacks.TensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0),
+        ]
+        for cb in spec.get("callbacks", []):
+            callbacks.append(getattr(keras.callbacks, cb["class"])(**cb.get("config", {})))
+        model.fit(x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit)
+        if outbox.cancel.is_set():
+            return "canceled", None
+        self._status(outbox, v.RETURNING)
+        self._upload_model(model, job_id, attempt, "model.keras")
+        for path in sorted(tb_dir.rglob("*")):
+            if path.is_file():
+                name = "tensorboard/" + path.relative_to(tb_dir).as_posix()
+                self._put_artifact(job_id, attempt, name, path.read_bytes())
+        return "completed", None
+
+    def _gear_up(self, spec: dict) -> Any:
+        if self.keras is None:
+            import keras
+
+            self.keras = keras
+        for mod in spec.get("custom_modules", []):
+            importlib.import_module(mod)
+        return self.keras
+
+    def _load_model(self, keras: Any, path: Path, safe_mode: bool) -> Any:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if len(gpus) > 1:
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                return keras.saving.load_model(path, safe_mode=safe_mode)
+        return keras.saving.load_model(path, safe_mode=safe_mode)
+
+    # -- transfers --------------------------------------------------------------------------------
+    def fetch_blob(self, sha: str) -> Path:
+        """A content-addressed cache: a warm worker never downloads the same data twice."""
+        dest = self.cache / sha
+        if dest.exists():
+            return dest
+        resp = retrying(lambda: self.t.request("GET", f"/worker/blobs/{sha}", stream=True), "blob")
+        tmp = dest.with_suffix(".part")
+        h = hashlib.sha256()
+        with open(tmp, "wb") as f:
+            for chunk in resp.iter_content(1 << 20):
+                h.update(chunk)
+                f.write(chunk)
+        if h.hexdigest() != sha:
+            tmp.unlink()
+            raise RuntimeError(f"blob {sha} arrived corrupted")
+        os.replace(tmp, dest)
+        return dest
+
+    def fetch_artifact(self, job_id: str, name: str) -> Path:
+        resp = retrying(lambda: self.t.request("GET", f"/worker/jobs/{job_id}/artifacts/{name}"), "artifact")
+        dest = self.workdir / "resume.keras"
+        dest.write_bytes(resp.content)
+        return dest
+
+    def _upload_model(self, model: Any, job_id: str, attempt: int, name: str) -> None:
+        with tempfile.TemporaryDirectory(dir=self.workdir) as d:
+            path = Path(d) / "model.keras"
+            model.save(path)
+            self._put_artifact(job_id, attempt, name, path.read_bytes())
+
+    def _put_artifact(self, job_id: str, attempt: int, name: str, data: bytes) -> None:
+        retrying(
+            lambda: self.t.request(
+                "PUT", f"/worker/jobs/{job_id}/artifacts/{name}", params={"attempt": attempt}, data=data
+            ),
+            "artifact upload",
+        )
+
+
+def _samples(x: Any) -> int | None:
+    first = x
+    while isinstance(first, (list, tuple)):
+        first = first[0] if first else None
+    if isinstance(first, dict):
+        first = next(iter(first.values()), None)
+    return int(first.shape[0]) if hasattr(first, "shape") else None
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    url = os.environ["AIBRO_WORKER_URL"]
+    token = os.environ["AIBRO_WORKER_TOKEN"]
+    instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")
+    workdir = Path(os.environ.get("AIBRO_WORKER_DIR") or tempfile.mkdtemp(prefix="aibro-worker-"))
+    Worker(url, token, instance_id, workdir).run()

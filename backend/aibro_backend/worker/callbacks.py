@@ -1,0 +1,79 @@
+"""The Keras callback that turns training into events, checkpoints and cancel checks."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from aibro_backend import vocabulary as v
+
+from .outbox import Outbox
+
+BATCH_EVENT_INTERVAL_S = 0.25
+
+
+def clean_logs(logs: dict[str, Any] | None) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for k, val in (logs or {}).items():
+        try:
+            f = float(val)
+        except (TypeError, ValueError):
+            continue
+        out[k] = f if math.isfinite(f) else None
+    return out
+
+
+class EventCallback(keras.callbacks.Callback):
+    """Per-epoch events with all Keras logs, throttled batch events, a checkpoint every epoch, and a stop
+    at the next batch boundary when the job is canceled."""
+
+    def __init__(self, outbox: Outbox, epochs: int, save_checkpoint: Callable[[int], None], samples: int | None) -> None:
+        super().__init__()
+        self.outbox = outbox
+        self.epochs = epochs
+        self.save_checkpoint = save_checkpoint
+        self.samples = samples
+        self._last_batch = 0.0
+        self._epoch_start = 0.0
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+        self._epoch_start = time.monotonic()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.outbox.cancel.is_set():
+            self.model.stop_training = True
+            return
+        now = time.monotonic()
+        if now - self._last_batch >= BATCH_EVENT_INTERVAL_S:
+            self._last_batch = now
+            steps = (self.params or {}).get("steps")
+            self.outbox.put(
+                v.EV_BATCH, {"epoch": self._epoch, "batch": batch, "steps": steps, "logs": clean_logs(logs)}
+            )
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        seconds = time.monotonic() - self._epoch_start
+        ended = time.time()
+        if self.outbox.cancel.is_set():
+            self.model.stop_training = True
+            return
+        # Batch events of this epoch go first; the checkpoint is stored before the epoch event, so an epoch
+        # in the log always has its checkpoint to resume from.
+        self.outbox.flush()
+        self.save_checkpoint(epoch)
+        data = {
+            "epoch": epoch,
+            "epochs": self.epochs,
+            "logs": clean_logs(logs),
+            "seconds": round(seconds, 4),
+            "samples_per_s": round(self.samples / seconds, 2) if self.samples and seconds > 0 else None,
+            "ended": ended,
+        }
+        self.outbox.put(v.EV_EPOCH, data)
+        self.outbox.flush()

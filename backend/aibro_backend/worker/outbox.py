@@ -1,0 +1,93 @@
+"""The worker's event outbox: numbered events, resent until the backend acknowledges them, so a dropped
+connection or a backend restart loses and duplicates nothing. Its replies also carry the cancel flag."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from aibro_jupyter.client import Transport
+from aibro_jupyter.errors import ApiError, BackendUnreachable
+
+HEARTBEAT_S = 0.5
+
+
+class Outbox:
+    def __init__(self, transport: Transport, job_id: str, attempt: int) -> None:
+        self.t = transport
+        self.job_id = job_id
+        self.attempt = attempt
+        self.pending: list[dict[str, Any]] = []
+        self.next_wseq = 1
+        self.acked = 0
+        self.cancel = threading.Event()
+        self.stale = threading.Event()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="aibro-outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, type_: str, data: dict[str, Any]) -> int:
+        with self._cond:
+            wseq = self.next_wseq
+            self.next_wseq += 1
+            self.pending.append({"wseq": wseq, "type": type_, "data": data, "ts": time.time()})
+            self._cond.notify_all()
+            return wseq
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Block until every event put so far is acknowledged (or the job went stale)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self.next_wseq - 1
+            self._cond.notify_all()
+            while self.acked < target and not self.stale.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(0.1 if left is None else min(0.1, left))
+        return not self.stale.is_set()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            with self._cond:
+                if not self.pending and not self._stop:
+                    self._cond.wait(HEARTBEAT_S)
+                if self._stop and not self.pending:
+                    return
+                batch = list(self.pending[:500])
+            try:
+                reply = self.t.json(
+                    "POST",
+                    f"/worker/jobs/{self.job_id}/events",
+                    json={"attempt": self.attempt, "events": batch},
+                    timeout=30,
+                )
+            except BackendUnreachable:
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            except ApiError as exc:
+                if exc.status == 409:
+                    self.stale.set()
+                    self.cancel.set()
+                    with self._cond:
+                        self._cond.notify_all()
+                    return
+                time.sleep(backoff)
+                continue
+            backoff = 0.2
+            if reply.get("cancel"):
+                self.cancel.set()
+            with self._cond:
+                self.acked = max(self.acked, int(reply["acked"]))
+                self.pending = [e for e in self.pending if e["wseq"] > self.acked]
+                self._cond.notify_all()
