@@ -15,10 +15,13 @@ import tornado.httpserver
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
+from aibro_jupyter.config import write_private
+
 from .api import user, worker
 from .api.base import BaseHandler
 from .api.openapi import OpenApiHandler
 from .blobs import BlobStore
+from .vocabulary import CLOSING, INSTANCE_LIVE
 from .bus import EventBus
 from .policy import Policy
 from .providers.local import LocalProvider
@@ -92,16 +95,6 @@ def ensure_local_user(backend: Backend) -> None:
     write_private(cred, {"user": "local", "token": backend.store.new_token(uid)})
 
 
-def write_private(path: Path, data: dict) -> None:
-    """Write a secret-bearing JSON file with mode 0600, atomically."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
 async def serve(home: Path, host: str, port: int) -> None:
     backend = build_backend(home)
     ensure_local_user(backend)
@@ -134,6 +127,7 @@ async def serve(home: Path, host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     ticker.stop()
+    shutdown_instances(backend)
     server.stop()
     try:
         info = json.loads((home / "backend.json").read_text())
@@ -142,6 +136,14 @@ async def serve(home: Path, host: str, port: int) -> None:
     except (OSError, ValueError):
         pass
     backend.store.close()
+
+
+def shutdown_instances(backend: Backend) -> None:
+    """A clean stop takes this host's workers with it; a job they ran resumes from its checkpoint next start."""
+    for inst in backend.store.instances(statuses=(*INSTANCE_LIVE, CLOSING)):
+        provider = backend.scheduler.providers[inst["provider"]]
+        if inst["provider"] == "local":
+            provider.terminate(inst)
 
 
 def main(argv: list[str] | None = None) -> None:
