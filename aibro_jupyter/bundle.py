@@ -5,8 +5,10 @@ Every check here runs before anything is uploaded, and each error names the prob
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,8 +100,25 @@ def _all_layers(model: Any) -> list[Any]:
 def save_model(model: Any, bundle: Bundle) -> str:
     path = bundle.workdir / "model.keras"
     model.save(path)
+    canonicalize_keras(path)
     bundle.model_sha = bundle.add_file(path)
     return bundle.model_sha
+
+
+def canonicalize_keras(path: Path) -> None:
+    """Drop the save time from a .keras file so an unchanged model has the same digest and uploads once."""
+    with zipfile.ZipFile(path) as z:
+        entries = [(info, z.read(info)) for info in z.infolist()]
+    with zipfile.ZipFile(path, "w") as out:
+        for info, data in entries:
+            if info.filename == "metadata.json":
+                meta = json.loads(data)
+                meta.pop("date_saved", None)
+                data = json.dumps(meta).encode()
+            fixed = zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0))
+            fixed.compress_type = info.compress_type
+            fixed.external_attr = info.external_attr
+            out.writestr(fixed, data)
 
 
 # -- data --------------------------------------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Small helpers shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aibro_jupyter.client import BackendClient
+
+
+def instance_pid(home: Path, instance_id: str) -> int:
+    """The worker's pid, read from the backend's own database (the API never shows pids)."""
+    db = sqlite3.connect(str(home / "state" / "aibro.db"))
+    try:
+        return int(db.execute("SELECT pid FROM instances WHERE id=?", (instance_id,)).fetchone()[0])
+    finally:
+        db.close()
+
+
+def wait_for(client: BackendClient, job_id: str, pred: Any, timeout: float = 300) -> list[dict[str, Any]]:
+    """Follow a job's events until `pred(events)` holds; returns the events seen so far."""
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        after = events[-1]["seq"] if events else 0
+        page = client.events(job_id, after, wait=2)
+        events += page["events"]
+        if pred(events):
+            return events
+    raise AssertionError(f"condition not reached for {job_id}; last events: {events[-3:]}")
+
+
+def epochs_seen(events: list[dict[str, Any]]) -> list[int]:
+    return [e["data"]["epoch"] for e in events if e["type"] == "epoch"]
+
+
+def slow_data(n: int = 6000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic but learnable data, sized so one epoch at batch 16 takes about a second here."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 64)).astype("float32")
+    w = rng.normal(size=(64, 10)).astype("float32")
+    y = np.argmax(x @ w, axis=1).astype("int32")
+    return x, y

@@ -1,0 +1,159 @@
+"""End to end on the embedded backend: online_fit, events, artifacts, warm reuse, cancel, replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_model
+from helpers import slow_data, wait_for
+
+from aibro_backend import vocabulary as v
+from aibro_jupyter import Training, bundle
+from aibro_jupyter.client import BackendClient
+
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def first_job(client: BackendClient, digits):  # noqa: ANN001
+    x, y, xv, yv = digits
+    model = make_model()
+    before = [w.copy() for w in model.get_weights()]
+    job_id, trained, history = Training.online_fit(
+        model, x, y, machine_ids="local-cpu", batch_size=32, epochs=EPOCHS, validation_data=(xv, yv),
+        description="e2e digits", cool_down_period_s=600,
+    )
+    return {"job_id": job_id, "model": model, "trained": trained, "history": history, "before": before,
+            "data": digits}
+
+
+def test_online_fit_returns_the_same_model_trained(first_job) -> None:  # noqa: ANN001
+    model, trained, history = first_job["model"], first_job["trained"], first_job["history"]
+    assert trained is model
+    assert any(not np.allclose(a, b) for a, b in zip(first_job["before"], model.get_weights()))
+    assert history.epoch == list(range(EPOCHS))
+    assert set(history.history) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+    _, _, xv, yv = first_job["data"]
+    loss, acc = model.evaluate(xv, yv, verbose=0)
+    assert acc == pytest.approx(history.history["val_accuracy"][-1], abs=1e-4)
+    assert loss == pytest.approx(history.history["val_loss"][-1], rel=1e-3)
+    assert acc > 0.8
+    # optimizer state came back too: Adam's iteration count equals the steps trained remotely
+    steps = int(np.ceil(len(first_job["data"][0]) / 32)) * EPOCHS
+    assert int(model.optimizer.iterations.numpy()) == steps
+
+
+def test_online_fit_prints_progress(client: BackendClient, digits, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    x, y, xv, yv = digits
+    Training.online_fit(make_model(1), x[:300], y[:300], machine_ids="local-cpu", epochs=2,
+                        validation_data=(xv, yv), cool_down_period_s=600)
+    out = capsys.readouterr().out
+    assert "Epoch 1/2" in out and "Epoch 2/2" in out and "val_accuracy" in out
+    assert "TRAINING · TRAINING" in out and "COMPLETED · COMPLETED" in out
+
+
+def test_states_and_events(client: BackendClient, first_job) -> None:  # noqa: ANN001
+    job = client.job(first_job["job_id"])
+    assert job["status"] == v.COMPLETED and job["epochs_done"] == EPOCHS
+    events = client.events(first_job["job_id"])["events"]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), "seq must be gap-free"
+    subs = [e["data"]["substatus"] for e in events if e["type"] == "status"]
+    order = [s for s in v.SUBSTATUS_ORDER if s in subs]
+    assert order == list(v.SUBSTATUS_ORDER), subs
+    ts = [t["ts"] for t in job["timeline"]]
+    assert ts == sorted(ts)
+    epoch_events = [e["data"] for e in events if e["type"] == "epoch"]
+    assert [d["epoch"] for d in epoch_events] == list(range(EPOCHS))
+    for d in epoch_events:
+        assert set(d["logs"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+        assert d["seconds"] > 0 and d["samples_per_s"] > 0
+    batch_ts = [e["ts"] for e in events if e["type"] == "batch"]
+    assert batch_ts, "batch events are expected"
+    assert all(b - a >= 0.2 for a, b in zip(batch_ts, batch_ts[1:])), "batch events must be throttled"
+
+
+def test_artifacts_and_tensorboard_logs(client: BackendClient, first_job, tmp_path: Path) -> None:  # noqa: ANN001
+    job_id = first_job["job_id"]
+    names = {a["name"] for a in client.artifacts(job_id)}
+    assert {"model.keras", "history.json"} <= names
+    assert {f"checkpoints/epoch-{i:04d}.keras" for i in range(1, EPOCHS + 1)} <= names
+    assert any(n.startswith("tensorboard/train/events.out.tfevents") for n in names)
+    history = Training.job_history(job_id)
+    assert history["epoch"] == list(range(EPOCHS))
+    assert history["history"]["val_accuracy"] == pytest.approx(first_job["history"].history["val_accuracy"])
+    dest = Training.get_tensorboard_logs(job_id, str(tmp_path))
+    assert dest == tmp_path / "logs" / job_id
+    assert list((dest / "train").glob("events.out.tfevents*")) and list((dest / "validation").glob("events.*"))
+
+
+def test_second_job_reuses_the_warm_worker(client: BackendClient, first_job, digits) -> None:  # noqa: ANN001
+    x, y, _, _ = digits
+    first = client.job(first_job["job_id"])
+    before = client.counters().get("blob_bytes_received", 0)
+    model = make_model()
+    probe = bundle.new_bundle()
+    model_bytes = (probe.workdir / "model.keras").stat().st_size if bundle.save_model(model, probe) else 0
+    job = Training(client).submit(model, x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600)
+    Training(client).watch(job["job_id"])
+    second = client.job(job["job_id"])
+    assert second["status"] == v.COMPLETED
+    assert second["instance_id"] == first["instance_id"], "a warm instance of the same machine must be reused"
+
+    def gear_up(j: dict) -> float:
+        t = {s["substatus"]: s["ts"] for s in j["timeline"]}
+        return t[v.SENDING_MODEL_DATA] - t[v.GEARING_UP_ENV]
+
+    print(f"gear-up: cold {gear_up(first):.3f}s, warm {gear_up(second):.3f}s")
+    assert gear_up(second) < 0.5 < gear_up(first)
+    # the data is already there: only the new (untrained) model's bytes travel
+    assert client.counters().get("blob_bytes_received", 0) - before == model_bytes
+    inst = next(i for i in client.instances() if i["id"] == second["instance_id"])
+    states = [h[0] for h in inst["history"]]
+    assert states[:4] == [v.LAUNCHING, v.EXECUTING, v.COOLING, v.EXECUTING]
+    assert inst["status"] == v.COOLING and inst["cooling_left_s"] > 0
+
+
+def test_cancel_stops_within_about_a_batch(client: BackendClient) -> None:
+    x, y = slow_data()
+    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=50, batch_size=16,
+                                  cool_down_period_s=600)
+    job_id = job["job_id"]
+    events = wait_for(client, job_id, lambda evs: any(e["type"] == "batch" for e in evs))
+    client.cancel(job_id)
+    events = wait_for(client, job_id, lambda evs: any(
+        e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs))
+    final = client.job(job_id)
+    assert final["status"] == v.CANCELED and final["epochs_done"] < 50
+    cancel_at = next(e["ts"] for e in events if e["type"] == "log" and e["data"]["message"] == "cancel requested")
+    done_at = next(e["ts"] for e in events if e["type"] == "status" and e["data"]["status"] == v.CANCELED)
+    batches_after = [e for e in events if e["type"] == "batch" and e["ts"] > cancel_at]
+    # the worker hears of the cancel within its heartbeat and stops at the next batch boundary
+    assert len(batches_after) <= 3, batches_after
+    assert done_at - cancel_at < 10
+    # the instance is healthy and cooling, ready for the next job
+    inst = next(i for i in client.instances() if i["id"] == final["instance_id"])
+    assert inst["status"] == v.COOLING
+
+
+def test_replay_runs_a_recorded_job_again(client: BackendClient, first_job) -> None:  # noqa: ANN001
+    new_id, model, history = Training.replay_job(first_job["job_id"])
+    assert new_id != first_job["job_id"]
+    assert client.job(new_id)["replay_of"] == first_job["job_id"]
+    assert history.epoch == list(range(EPOCHS))
+    _, _, xv, yv = first_job["data"]
+    _, acc = model.evaluate(xv, yv, verbose=0)
+    assert acc == pytest.approx(history.history["val_accuracy"][-1], abs=1e-4)
+
+
+def test_available_machines_prints_and_returns(client: BackendClient, capsys: pytest.CaptureFixture) -> None:
+    offers = Training.available_machines()
+    out = capsys.readouterr().out
+    cpu = next(o for o in offers if o["machine_id"] == "local-cpu")
+    import os
+
+    assert cpu["vcpus"] == os.cpu_count() and cpu["price_per_hour"] == 0
+    assert "local-cpu" in out and "machine_id" in out
+    json.dumps(offers)
