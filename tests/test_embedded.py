@@ -1,0 +1,83 @@
+"""The embedded default: the first client starts a detached daemon that outlives it; later clients reuse it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = "from aibro_jupyter import config; t = config.resolve(); print(t.url)"
+
+
+def _run(args: list[str], home: Path) -> subprocess.CompletedProcess:
+    env = {k: val for k, val in os.environ.items() if k not in ("AIBRO_BACKEND_URL", "AIBRO_TOKEN")}
+    env["AIBRO_HOME"] = str(home)
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def home(tmp_path: Path):
+    h = tmp_path / "aibro"
+    yield h
+    _run([sys.executable, "-m", "aibro_jupyter.cli", "backend", "stop"], h)
+
+
+def test_first_client_starts_a_daemon_that_outlives_it(home: Path) -> None:
+    first = _run([sys.executable, "-c", PROBE], home)
+    assert first.returncode == 0, first.stderr
+    url = first.stdout.strip()
+    assert url.startswith("http://127.0.0.1:")
+    info = json.loads((home / "backend.json").read_text())
+    assert info["url"] == url and _alive(info["pid"]), "the daemon runs on after its first client exited"
+    assert os.getsid(info["pid"]) == info["pid"], "the daemon leads its own session (detached from the client)"
+    for name in ("backend.json", "credentials.json"):
+        assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+    token = json.loads((home / "credentials.json").read_text())["token"]
+    assert len(token) >= 32
+
+    second = _run([sys.executable, "-c", PROBE], home)
+    assert second.stdout.strip() == url
+    assert json.loads((home / "backend.json").read_text())["pid"] == info["pid"], "later clients reuse it"
+
+
+def test_backend_cli_status_and_stop(home: Path) -> None:
+    aibro = [sys.executable, "-m", "aibro_jupyter.cli"]
+    down = _run([*aibro, "backend", "status"], home)
+    assert down.returncode == 3 and "no backend running" in down.stdout
+    started = _run([*aibro, "backend", "start"], home)
+    assert started.returncode == 0 and "running at http://127.0.0.1:" in started.stdout
+    pid = json.loads((home / "backend.json").read_text())["pid"]
+    status = _run([*aibro, "backend", "status"], home)
+    assert status.returncode == 0 and "ok, user local" in status.stdout
+    machines = _run([*aibro, "machines"], home)
+    assert "local-cpu" in machines.stdout
+    jobs = _run([*aibro, "jobs"], home)
+    assert jobs.returncode == 0 and "job_id" in jobs.stdout
+    stopped = _run([*aibro, "backend", "stop"], home)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert not _alive(pid)
+    assert _run([*aibro, "backend", "status"], home).returncode == 3
+
+
+def test_cli_reports_a_wrong_token_clearly(home: Path) -> None:
+    env_home = home
+    _run([sys.executable, "-m", "aibro_jupyter.cli", "backend", "start"], env_home)
+    url = json.loads((home / "backend.json").read_text())["url"]
+    env = {**os.environ, "AIBRO_HOME": str(home), "AIBRO_BACKEND_URL": url, "AIBRO_TOKEN": "wrong"}
+    res = subprocess.run([sys.executable, "-m", "aibro_jupyter.cli", "jobs"], capture_output=True, text=True, env=env)
+    assert res.returncode == 2
+    assert "rejected the token" in res.stderr and "aibro login" in res.stderr
