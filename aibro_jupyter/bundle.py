@@ -18,7 +18,9 @@ import numpy as np
 from .errors import ValidationError
 
 TRAVELLING_CALLBACKS = {
-    "EarlyStopping": ("monitor", "min_delta", "patience", "mode", "baseline", "restore_best_weights", "start_from_epoch"),
+    "EarlyStopping": (
+        "monitor", "min_delta", "patience", "mode", "baseline", "restore_best_weights", "start_from_epoch"
+    ),
     "ReduceLROnPlateau": ("monitor", "factor", "patience", "mode", "min_delta", "cooldown", "min_lr"),
     "TerminateOnNaN": (),
 }

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from aibro_backend import vocabulary as v
 from conftest import make_model
 from helpers import slow_data, wait_for
 
-from aibro_backend import vocabulary as v
 from aibro_jupyter import Training, bundle
 from aibro_jupyter.client import BackendClient
 

@@ -21,13 +21,13 @@ from .api import user, worker
 from .api.base import BaseHandler
 from .api.openapi import OpenApiHandler
 from .blobs import BlobStore
-from .vocabulary import CLOSING, INSTANCE_LIVE
 from .bus import EventBus
 from .policy import Policy
 from .providers.local import LocalProvider
 from .scheduler import Scheduler
 from .state import Backend
 from .store import Store
+from .vocabulary import CLOSING, INSTANCE_LIVE
 
 log = logging.getLogger("aibro.backend")
 MAX_BODY = 64 * 1024 * 1024

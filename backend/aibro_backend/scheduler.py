@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import vocabulary as v
 from .policy import Policy

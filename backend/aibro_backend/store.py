@@ -172,7 +172,9 @@ class Store:
                 if dup:
                     self.db.execute("ROLLBACK")
                     return None
-            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?", (job_id,)).fetchone()[0]
+            seq = self.db.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?", (job_id,)
+            ).fetchone()[0]
             cur = self.db.execute(
                 "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
                 (job_id, job["user_id"], seq, type_, ts, json.dumps(data), attempt, wseq),

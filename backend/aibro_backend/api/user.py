@@ -257,7 +257,8 @@ class InstancesHandler(UserHandler):
         out = []
         for inst in self.backend.store.instances(self.uid):
             inst.pop("pid", None)
-            inst["cooling_left_s"] = max(0.0, (inst["cooling_until"] or now) - now) if inst["status"] == v.COOLING else 0
+            cooling = inst["status"] == v.COOLING
+            inst["cooling_left_s"] = max(0.0, (inst["cooling_until"] or now) - now) if cooling else 0
             out.append(inst)
         self.send({"instances": out})
 

@@ -10,8 +10,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aibro_backend import vocabulary as v
 from aibro_jupyter.client import Transport

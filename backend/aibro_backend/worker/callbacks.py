@@ -31,7 +31,9 @@ class EventCallback(keras.callbacks.Callback):
     """Per-epoch events with all Keras logs, throttled batch events, a checkpoint every epoch, and a stop
     at the next batch boundary when the job is canceled."""
 
-    def __init__(self, outbox: Outbox, epochs: int, save_checkpoint: Callable[[int], None], samples: int | None) -> None:
+    def __init__(
+        self, outbox: Outbox, epochs: int, save_checkpoint: Callable[[int], None], samples: int | None
+    ) -> None:
         super().__init__()
         self.outbox = outbox
         self.epochs = epochs
