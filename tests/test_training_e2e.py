@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from aibro_backend import vocabulary as v
+from aibro_backend.providers.local import pid_alive
 from conftest import make_model
 from helpers import slow_data, wait_for
 
@@ -157,3 +159,23 @@ def test_available_machines_prints_and_returns(client: BackendClient, capsys: py
     assert cpu["vcpus"] == os.cpu_count() and cpu["price_per_hour"] == 0
     assert "local-cpu" in out and "machine_id" in out
     json.dumps(offers)
+
+
+def test_cool_down_expiry_closes_the_instance(client: BackendClient, aibro_home: Path, digits) -> None:  # noqa: ANN001
+    from helpers import instance_pid
+
+    x, y, _, _ = digits
+    job = Training(client).submit(make_model(), x[:200], y[:200], machine_ids="local-cpu", epochs=1,
+                                  cool_down_period_s=1)
+    Training(client).watch(job["job_id"])
+    inst_id = client.job(job["job_id"])["instance_id"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        inst = next(i for i in client.instances() if i["id"] == inst_id)
+        if inst["status"] == v.CLOSED:
+            break
+        time.sleep(0.2)
+    states = [h[0] for h in inst["history"]]
+    assert states[-3:] == [v.COOLING, v.CLOSING, v.CLOSED], states
+    assert inst["substatus"] == v.TERMINATED
+    assert not pid_alive(instance_pid(aibro_home, inst_id)), "the worker process is gone"
