@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aibro_backend import vocabulary as v
-from conftest import make_model
-from helpers import epochs_seen, instance_pid, slow_data, wait_for
 
+from aibro_backend import vocabulary as v
 from aibro_jupyter import Training, config
 from aibro_jupyter.client import BackendClient
+
+from conftest import make_model
+from helpers import epochs_seen, instance_pid, slow_data, wait_for
 
 CLIENT_A = textwrap.dedent(
     """

@@ -12,12 +12,13 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import kill_workers, make_model
 
 from aibro_jupyter import Training
 from aibro_jupyter.bundle import check_model
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.errors import ApiError, AuthError, BackendUnreachable, ValidationError
+
+from conftest import kill_workers, make_model
 
 
 class Unregistered(keras.layers.Layer):
