@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .errors import AibroError, ApiError, AuthError, BackendUnreachable, JobFailed, ValidationError
-from .training import Training, available_machines, get_tensorboard_logs, replay_job
+from .training import Training, available_machines, get_tensorboard_logs, plot_timeline, replay_job
 
 __version__ = "0.1.0"
 __all__ = [
@@ -16,5 +16,13 @@ __all__ = [
     "ValidationError",
     "available_machines",
     "get_tensorboard_logs",
+    "plot_timeline",
     "replay_job",
 ]
+
+
+def load_ipython_extension(ipython) -> None:  # noqa: ANN001
+    """`%load_ext aibro_jupyter` registers the %%cloud_fit family of magics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

@@ -69,30 +69,69 @@ def check_model(model: Any, safe_mode: bool = True) -> list[str]:
         )
     modules: list[str] = []
     for layer in _all_layers(model):
-        cls = type(layer)
         if isinstance(layer, keras.layers.Lambda) and safe_mode:
             raise ValidationError(
                 f"layer '{layer.name}' is a Lambda layer, whose Python code cannot be loaded with safe_mode=True on "
                 "the worker: replace it with a registered custom layer, or opt out with safe_mode=False "
                 "(`--unsafe` in %%cloud_fit) if you trust this code"
             )
-        if cls.__module__.startswith("keras"):
-            continue
-        registered = keras.saving.get_registered_object(keras.saving.get_registered_name(cls))
-        if registered is not cls:
-            raise ValidationError(
-                f"custom layer class {cls.__name__} ({cls.__module__}) is not registered, so the worker cannot "
-                "rebuild it: decorate it with @keras.saving.register_keras_serializable(package='...') in an "
-                "importable module"
-            )
-        if cls.__module__ == "__main__":
-            raise ValidationError(
-                f"custom layer class {cls.__name__} is defined in __main__ (a notebook or script), which the worker "
-                "cannot import: move it into a module on the Python path and import it from there"
-            )
-        if cls.__module__ not in modules:
-            modules.append(cls.__module__)
+    for what, obj in _custom_objects(model):
+        module = _custom_module(what, obj)
+        if module and module not in modules:
+            modules.append(module)
     return modules
+
+
+def _custom_objects(model: Any) -> list[tuple[str, Any]]:
+    """The model, its layers, its optimizer and its compile-time losses and metrics: all must rebuild remotely."""
+    found: list[tuple[str, Any]] = [("model class", model)]
+    found += [("layer", layer) for layer in _all_layers(model)]
+    found.append(("optimizer class", model.optimizer))
+    config = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    for key in ("loss", "metrics", "weighted_metrics"):
+        for item in _flatten(config.get(key)):
+            if item is not None and not isinstance(item, str):
+                found.append(({"loss": "loss", "metrics": "metric"}.get(key, "weighted metric"), item))
+    return found
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flatten(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flatten(v)]
+    return [value]
+
+
+def _custom_module(what: str, obj: Any) -> str | None:
+    """None for Keras' own objects; the module to import for a registered custom one; an error otherwise."""
+    import keras
+
+    cls = obj if _is_function(obj) else type(obj)
+    module = getattr(cls, "__module__", "") or ""
+    if module.startswith("keras") or module.startswith("tensorflow"):
+        return None
+    name = getattr(cls, "__name__", repr(cls))
+    kind = "function" if _is_function(obj) else "class"
+    if module == "__main__":
+        raise ValidationError(
+            f"{what} {name} is a {kind} defined in __main__ (a notebook or script), which the worker cannot import: "
+            "move it into a module on the Python path, decorate it with "
+            "@keras.saving.register_keras_serializable(package='...') and import it from there"
+        )
+    registered = keras.saving.get_registered_object(keras.saving.get_registered_name(cls))
+    if registered is not cls:
+        raise ValidationError(
+            f"{what} {name} ({module}) is not registered, so the worker cannot rebuild it: decorate it with "
+            "@keras.saving.register_keras_serializable(package='...') in an importable module"
+        )
+    return module
+
+
+def _is_function(obj: Any) -> bool:
+    import types
+
+    return isinstance(obj, (types.FunctionType, types.BuiltinFunctionType))
 
 
 def _all_layers(model: Any) -> list[Any]:
@@ -101,6 +140,9 @@ def _all_layers(model: Any) -> list[Any]:
 
 def save_model(model: Any, bundle: Bundle) -> str:
     path = bundle.workdir / "model.keras"
+    optimizer = model.optimizer
+    if optimizer is not None and not optimizer.built and model.built and model.trainable_variables:
+        optimizer.build(model.trainable_variables)  # so the worker loads every optimizer variable, silently
     model.save(path)
     canonicalize_keras(path)
     bundle.model_sha = bundle.add_file(path)
@@ -132,7 +174,10 @@ def as_array(value: Any, name: str) -> np.ndarray:
     try:
         arr = np.asarray(value)
     except Exception as exc:  # noqa: BLE001
-        raise ValidationError(f"{name} cannot be turned into a numpy array: {exc}") from None
+        raise ValidationError(
+            f"{name} cannot be turned into a numpy array: {exc}. Pass a rectangular numeric array: pad ragged "
+            "sequences to one length (keras.utils.pad_sequences) and convert with np.asarray(value, dtype='float32')"
+        ) from None
     if arr.dtype == object:
         raise ValidationError(
             f"{name} has dtype=object (ragged lists or mixed Python objects), which cannot travel without pickle: "

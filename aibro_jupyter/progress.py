@@ -21,6 +21,7 @@ class JobView:
     last_batch: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
     last_seq: int = 0
+    cost: float = 0.0
 
     def apply(self, ev: dict[str, Any]) -> None:
         self.last_seq = max(self.last_seq, ev["seq"])

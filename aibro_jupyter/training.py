@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import shutil
 import sys
 import tempfile
@@ -42,9 +43,9 @@ def _machine_list(machine_ids: str | list[str] | None, offers: list[dict[str, An
 
 
 def _check_epochs(epochs: Any) -> int:
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
+    if isinstance(epochs, bool) or not isinstance(epochs, numbers.Integral) or epochs <= 0:
         raise ValidationError(f"epochs must be a positive integer, got {epochs!r}")
-    return epochs
+    return int(epochs)
 
 
 def _check_fit_kwargs(fit_kwargs: dict[str, Any]) -> None:
@@ -96,14 +97,17 @@ class Training:
         wait_new_job_create_interval: float = 5,
         record: bool = True,
         safe_mode: bool = True,
+        meta: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Validate everything, upload what the backend lacks, and create the job; returns the job."""
         fit_kwargs = dict(fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
         epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
         modules = b.check_model(model, safe_mode)
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
-            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size is not None:
+            if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
+                raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+            batch_size = int(batch_size)
         client = self.client
         machines = _machine_list(machine_ids, client.machines())
         bundle = b.new_bundle()
@@ -123,6 +127,11 @@ class Training:
                     "train on a sample, or use lower precision (float32/uint8)"
                 )
             b.save_model(model, bundle)
+            if bundle.total_bytes > limit:
+                raise ValidationError(
+                    f"this job's model and data are {bundle.total_bytes} bytes, over the {limit}-byte limit per job: "
+                    "use a smaller model or less data, or raise the limit (AIBRO_MAX_JOB_BYTES) on the backend"
+                )
             for sha, path in bundle.files.items():
                 client.upload_blob(path, sha)
             fit = {"epochs": epochs, **fit_kwargs}
@@ -140,6 +149,7 @@ class Training:
                 "cool_down_s": cool_down_period_s,
                 "wait_request_s": wait_request_s,
                 "record": record,
+                "meta": meta or {},
             }
             return self._create(spec, wait_new_job_create_s, wait_new_job_create_interval)
         finally:
@@ -284,6 +294,13 @@ class Training:
         return new_id, model, history
 
     @classmethod
+    def plot_timeline(cls, job_id: str, chart_type: str = "pie") -> Any:
+        """A bqplot pie or funnel of the time the job spent in each substatus, from its timestamps."""
+        from .widgets.timeline import timeline_chart
+
+        return timeline_chart(cls().client.job(job_id)["timeline"], chart_type)
+
+    @classmethod
     def cancel(cls, job_id: str) -> dict[str, Any]:
         return cls().client.cancel(job_id)
 
@@ -311,3 +328,4 @@ def format_machines(offers: list[dict[str, Any]]) -> str:
 available_machines = Training.available_machines
 get_tensorboard_logs = Training.get_tensorboard_logs
 replay_job = Training.replay_job
+plot_timeline = Training.plot_timeline

@@ -7,8 +7,8 @@ import os
 import re
 from pathlib import Path
 
-SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-ARTIFACT_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,7}$")
+SHA_RE = re.compile(r"[0-9a-f]{64}")
+ARTIFACT_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,7}")
 
 
 class BlobError(ValueError):
@@ -16,13 +16,13 @@ class BlobError(ValueError):
 
 
 def check_sha(sha: str) -> str:
-    if not SHA_RE.match(sha):
+    if not isinstance(sha, str) or not SHA_RE.fullmatch(sha):
         raise BlobError(f"'{sha[:80]}' is not a sha256 hex digest (64 lowercase hex characters)")
     return sha
 
 
 def check_artifact_name(name: str) -> str:
-    if not ARTIFACT_NAME_RE.match(name) or ".." in name.split("/"):
+    if not isinstance(name, str) or not ARTIFACT_NAME_RE.fullmatch(name) or ".." in name.split("/"):
         raise BlobError(
             f"artifact name '{name[:80]}' is not allowed: use letters, digits, '.', '_', '-' and '/' (no '..')"
         )
@@ -38,7 +38,7 @@ def sha256_file(path: Path) -> str:
 
 
 class BlobStore:
-    """Blobs live at blobs/<sha>; partial uploads at partial/<sha>; artifacts at artifacts/<job>/<name>."""
+    """Blobs live at blobs/<sha>; partial uploads at partial/<user>-<sha>; artifacts at artifacts/<job>/<name>."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -51,14 +51,22 @@ class BlobStore:
     def has_blob(self, sha: str) -> bool:
         return self.blob_path(sha).exists()
 
-    def received(self, sha: str) -> int:
-        """Bytes of a partial upload already here, so a client can resume where it stopped."""
-        part = self.root / "partial" / check_sha(sha)
+    def _partial(self, sha: str, owner: str) -> Path:
+        """Each user uploads into a partial file of their own, so nobody appends to or probes another's."""
+        return self.root / "partial" / f"{owner}-{check_sha(sha)}"
+
+    def received(self, sha: str, owner: str) -> int:
+        """Bytes of this user's partial upload already here, so the client can resume where it stopped."""
+        part = self._partial(sha, owner)
         return part.stat().st_size if part.exists() else 0
 
-    def write_chunk(self, sha: str, offset: int, data: bytes, total: int) -> bool:
-        """Append one chunk at `offset`; return True when the blob is complete and verified."""
-        part = self.root / "partial" / check_sha(sha)
+    def write_chunk(self, sha: str, owner: str, offset: int, data: bytes, total: int) -> bool:
+        """Append one chunk at `offset`; return True when the whole upload is here and hashes to `sha`.
+
+        A blob that already exists (another user sent the same bytes) is still received in full and
+        verified: holding the digest alone never grants the content.
+        """
+        part = self._partial(sha, owner)
         have = part.stat().st_size if part.exists() else 0
         if offset != have:
             raise BlobError(f"chunk starts at byte {offset} but {have} bytes are stored: resume from {have}")
@@ -71,8 +79,11 @@ class BlobStore:
         digest = sha256_file(part)
         if digest != sha:
             part.unlink()
-            raise BlobError(f"upload digest {digest} does not match the name {sha}: upload it again")
-        os.replace(part, self.blob_path(sha))
+            raise BlobError(f"upload digest {digest} does not match the name {sha}: upload it again from offset 0")
+        if self.has_blob(sha):
+            part.unlink()
+        else:
+            os.replace(part, self.blob_path(sha))
         return True
 
     def artifact_path(self, job_id: str, name: str) -> Path:

@@ -38,6 +38,7 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
         "cancel_requested": job["cancel_requested"],
         "replay_of": job["replay_of"],
         "record": spec.get("record", True),
+        "meta": spec.get("meta", {}),
         "cost": 0.0,
         "timeline": timeline,
     }
@@ -77,11 +78,8 @@ class BlobHandler(UserHandler):
         if size is not None:
             self.set_header("X-Blob-Size", str(size))
             self.set_status(200)
-        elif self.backend.blobs.has_blob(check):
-            self.set_header("X-Received", "0")
-            self.set_status(404)
         else:
-            self.set_header("X-Received", str(self.backend.blobs.received(check)))
+            self.set_header("X-Received", str(self.backend.blobs.received(check, str(self.uid))))
             self.set_status(404)
         self.finish()
 
@@ -89,7 +87,7 @@ class BlobHandler(UserHandler):
         check = self._sha(sha)
         try:
             offset = int(self.get_query_argument("offset", "0"))
-            total = int(self.get_query_argument("total"))
+            total = int(self.get_query_argument("total", ""))
         except (ValueError, TypeError):
             raise ApiError(400, "PUT /blobs/{sha} needs integer ?offset=&total= query arguments") from None
         if total > self.backend.policy.max_job_bytes:
@@ -99,26 +97,14 @@ class BlobHandler(UserHandler):
         if store.blob_size(check, self.uid) is not None:
             self.send({"complete": True, "received": total})
             return
-        if self.backend.blobs.has_blob(check):
-            # Someone else uploaded the same bytes: this user must still send them once to prove possession.
-            done = self._verify_existing(check, offset, body, total)
-        else:
-            try:
-                done = self.backend.blobs.write_chunk(check, offset, body, total)
-            except BlobError as exc:
-                raise ApiError(409, str(exc)) from None
+        try:
+            done = self.backend.blobs.write_chunk(check, str(self.uid), offset, body, total)
+        except BlobError as exc:
+            raise ApiError(409, str(exc)) from None
         store.bump(self.uid, "blob_bytes_received", len(body))
         if done:
             store.add_blob(check, self.uid, total)
         self.send({"complete": done, "received": offset + len(body)})
-
-    def _verify_existing(self, sha: str, offset: int, body: bytes, total: int) -> bool:
-        path = self.backend.blobs.blob_path(sha)
-        with open(path, "rb") as f:
-            f.seek(offset)
-            if f.read(len(body)) != body:
-                raise ApiError(409, "uploaded bytes do not match the digest: upload the blob again from offset 0")
-        return offset + len(body) == total == path.stat().st_size
 
     @staticmethod
     def _sha(sha: str) -> str:
@@ -199,11 +185,12 @@ class JobEventsHandler(UserHandler):
         after, wait = _after_wait(self)
         store = self.backend.store
         deadline = time.monotonic() + wait
+        job = store.job(job_id)  # status first: a final status is committed with its event, so none is missed
         events = store.events(job_id, after)
-        while not events and time.monotonic() < deadline:
+        while not events and job["status"] not in v.JOB_FINAL and time.monotonic() < deadline:
             await self.backend.bus.wait(deadline - time.monotonic())
+            job = store.job(job_id)
             events = store.events(job_id, after)
-        job = store.job(job_id)
         self.send({"events": events, "status": job["status"], "substatus": job["substatus"]})
 
 

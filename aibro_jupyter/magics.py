@@ -1,0 +1,339 @@
+"""IPython magics: %%cloud_fit runs a cell's one `.fit(...)` on a remote machine and everything else locally.
+
+`%load_ext aibro_jupyter` registers %%cloud_fit, %cloud_machines, %cloud_jobs, %cloud_attach, %cloud_result,
+%cloud_cancel and %cloud_timeline."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import threading
+import time
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from .cellsplit import SplitCell, split_cell
+from .errors import AibroError, ValidationError
+from .progress import JobView, TextProgress
+from .training import Training, format_machines
+
+POLL_S = 0.1
+
+
+def _ui_loop() -> Any:
+    """Process widget clicks while the cell blocks, so Cancel, Detach and Start work mid-cell."""
+    try:
+        from jupyter_ui_poll import ui_events
+
+        return ui_events()
+    except Exception:  # noqa: BLE001 - outside a kernel there are no UI events to process
+        from contextlib import nullcontext
+
+        return nullcontext(lambda _n=1: None)
+
+
+@magics_class
+class CloudMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.default_machines: list[str] | None = None
+        self.default_cool_down: float | None = None
+        self._trainer: Training | None = None
+        self.last_panel: Any = None
+
+    @property
+    def trainer(self) -> Training:
+        if self._trainer is None:
+            self._trainer = Training()
+        return self._trainer
+
+    # -- %%cloud_fit --------------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("--machine", "-m", default=None, help="ordered machine list, e.g. g4dn.xlarge,g4dn.xlarge.od")
+    @argument("--cool-down", type=float, default=None, help="seconds to keep the machine warm afterwards")
+    @argument("--wait-request", type=float, default=60, help="seconds to wait for a machine before the next one")
+    @argument("--wait-slot", type=float, default=0, help="seconds to wait for a job slot when at the limit")
+    @argument("--description", "-d", default="", help="a note shown in job lists")
+    @argument("--detach", action="store_true", help="start the job and return at once; attach later")
+    @argument("--ckpt-dir", default=None, help="download per-epoch checkpoints here when done")
+    @argument("--log-dir", default=None, help="download TensorBoard logs to DIR/logs/JOB when done")
+    @argument("--into", default=None, help="variable that receives the trained model (default: the receiver)")
+    @argument("--no-record", action="store_true", help="do not keep the job for replay")
+    @argument("--unsafe", action="store_true", help="load the model with safe_mode=False (Lambda layers)")
+    @argument("--quiet", "-q", action="store_true", help="no per-epoch text lines under the panel")
+    @cell_magic
+    def cloud_fit(self, line: str, cell: str) -> Any:
+        """Run this cell with its one `.fit(...)` call on a remote machine.
+
+        Statements before the call run here first; the call runs remotely; its assignment target receives a
+        History; statements after it run here once the trained weights and optimizer state are back in the same
+        model object. Ctrl-C detaches (the job goes on): `%cloud_attach JOB` picks it up again.
+        """
+        args = parse_argstring(self.cloud_fit, line)
+        try:
+            return self._cloud_fit(args, cell)
+        except AibroError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _cloud_fit(self, args: Any, cell: str) -> Any:
+        ns = self.shell.user_ns
+        split = split_cell(self.shell.transform_cell(cell))
+        _exec(split.before, ns)
+        model, model_src = self._receiver(split, ns)
+        fit_args = _bind_fit(split.call, ns)
+        machines = args.machine
+        cool_down = args.cool_down if args.cool_down is not None else (self.default_cool_down or 0)
+        if machines is None and self.default_machines:
+            machines = ",".join(self.default_machines)
+        if machines is None:
+            machines, cool_down = self._pick(cool_down)
+        x, y = fit_args.pop("x", None), fit_args.pop("y", None)
+        job = self.trainer.submit(
+            model, x, y, machine_ids=machines, batch_size=fit_args.pop("batch_size", None),
+            epochs=fit_args.pop("epochs", 1), validation_data=fit_args.pop("validation_data", None),
+            description=args.description, cool_down_period_s=cool_down, fit_kwargs=fit_args,
+            wait_request_s=args.wait_request, wait_new_job_create_s=args.wait_slot, record=not args.no_record,
+            safe_mode=not args.unsafe, meta={"variable": args.into or model_src},
+        )
+        job_id = job["job_id"]
+        if args.detach:
+            print(f"{job_id} started on {', '.join(job['machines'])}; follow it with %cloud_attach {job_id}")
+            return None
+        view = self._follow(job_id, job.get("description", ""), job["machines"], quiet=args.quiet)
+        if view is None:
+            return None
+        trained, history = self.trainer.collect(view, model, not args.unsafe, args.ckpt_dir, args.log_dir)
+        if args.into:
+            ns[args.into] = trained
+        if split.target is not None:
+            ns["__aibro_history__"] = history
+            _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_history__", ast.Load()))], ns)
+            ns.pop("__aibro_history__", None)
+        return _exec_returning_last(split.after, ns)
+
+    def _receiver(self, split: SplitCell, ns: dict[str, Any]) -> tuple[Any, str]:
+        import keras
+
+        func = split.call.func
+        assert isinstance(func, ast.Attribute)
+        src = ast.unparse(func.value)
+        value = _eval(func.value, ns)
+        if not isinstance(value, keras.Model):
+            raise ValidationError(
+                f"`{src}.fit(...)`: `{src}` is a {type(value).__module__}.{type(value).__name__}, not a Keras model; "
+                "%%cloud_fit runs keras.Model.fit remotely"
+            )
+        return value, src
+
+    def _pick(self, cool_down: float) -> tuple[str, float]:
+        from .widgets.picker import MachinePicker
+
+        picker = MachinePicker(self.trainer.client.machines(), cool_down)
+        display(picker)
+        with _ui_loop() as poll:
+            while not picker.started.is_set():
+                poll(10)
+                time.sleep(POLL_S)
+        assert picker.chosen is not None
+        machines, cool = picker.chosen
+        return ",".join(machines), cool
+
+    def _follow(self, job_id: str, description: str, machines: list[str], quiet: bool = False) -> JobView | None:
+        """Show the panel and follow the job until it ends; None when the user detached."""
+        from .widgets.progress_panel import ProgressPanel
+
+        panel = ProgressPanel(job_id, description, machines)
+        panel.on_cancel(lambda: self.trainer.client.cancel(job_id))
+        self.last_panel = panel
+        display(panel)
+        text = TextProgress()
+        result: dict[str, Any] = {}
+        stop = threading.Event()
+
+        def watch() -> None:
+            def watcher(view: JobView, ev: dict[str, Any]) -> None:
+                if stop.is_set():
+                    raise _Stop
+                panel.update(view, ev)
+                if not quiet and ev["type"] in ("epoch", "error"):
+                    text(view, ev)
+
+            try:
+                result["view"] = self.trainer.watch(job_id, [watcher])
+            except _Stop:
+                pass
+            except Exception as exc:  # noqa: BLE001 - shown in the cell thread
+                result["error"] = exc
+
+        thread = threading.Thread(target=watch, name=f"aibro-{job_id}", daemon=True)
+        thread.start()
+        try:
+            with _ui_loop() as poll:
+                while thread.is_alive() and not panel.detached.is_set():
+                    poll(10)
+                    thread.join(POLL_S)
+        except KeyboardInterrupt:
+            panel.detached.set()
+        if panel.detached.is_set():
+            stop.set()
+            print(f"Detached; {job_id} keeps training. Attach again with: %cloud_attach {job_id}")
+            return None
+        if "error" in result:
+            raise result["error"]
+        return result["view"]
+
+    # -- line magics --------------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("--use", default=None, help="make this machine list the session default for %%cloud_fit")
+    @argument("--cool-down", type=float, default=None, help="session default cool-down in seconds")
+    @line_magic
+    def cloud_machines(self, line: str) -> None:
+        """List the machines you can train on; `--use LIST` sets the session default."""
+        args = parse_argstring(self.cloud_machines, line)
+        offers = self.trainer.client.machines()
+        if args.use:
+            known = {o["machine_id"] for o in offers}
+            chosen = [m.strip() for m in args.use.split(",") if m.strip()]
+            unknown = [m for m in chosen if m not in known]
+            if unknown:
+                raise UsageError(f"unknown machine {unknown[0]!r}; available: {sorted(known)}")
+            self.default_machines = chosen
+            print(f"%%cloud_fit now defaults to {', '.join(chosen)}")
+        if args.cool_down is not None:
+            self.default_cool_down = args.cool_down
+        print(format_machines(offers))
+
+    @line_magic
+    def cloud_jobs(self, line: str) -> None:
+        """List your jobs: status, substatus, epochs done, machine, description."""
+        print(f"{'job_id':<24} {'status':<10} {'substatus':<22} {'epochs':>7} {'machine':<12} description")
+        for j in self.trainer.client.jobs():
+            ep = f"{j['epochs_done']}/{j['epochs']}"
+            print(f"{j['job_id']:<24} {j['status']:<10} {j['substatus']:<22} {ep:>7} "
+                  f"{j['machine_id'] or '-':<12} {j['description']}")
+
+    @magic_arguments()
+    @argument("job_id")
+    @argument("--into", default=None, help="variable that receives the trained model")
+    @line_magic
+    def cloud_attach(self, line: str) -> None:
+        """Rebuild a job's panel from its full event history, follow it live, and load the model when it ends."""
+        args = parse_argstring(self.cloud_attach, line)
+        try:
+            job = self.trainer.client.job(args.job_id)
+            view = self._follow(args.job_id, job["description"], job["machines"])
+            if view is not None:
+                self._bind(view, args.into or job.get("meta", {}).get("variable"))
+        except AibroError as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("job_id")
+    @argument("--into", default=None, help="variable that receives the trained model")
+    @line_magic
+    def cloud_result(self, line: str) -> None:
+        """Fetch a finished job's trained model into a variable (and `NAME_history`)."""
+        args = parse_argstring(self.cloud_result, line)
+        try:
+            view = JobView(args.job_id)
+            for ev in self.trainer.client.events(args.job_id)["events"]:
+                view.apply(ev)
+            if not view.final:
+                raise UsageError(f"{args.job_id} is still {view.status}; `%cloud_attach {args.job_id}` follows it")
+            job = self.trainer.client.job(args.job_id)
+            self._bind(view, args.into or job.get("meta", {}).get("variable"))
+        except AibroError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _bind(self, view: JobView, name: str | None) -> None:
+        name = name or "model"
+        ns = self.shell.user_ns
+        import keras
+
+        existing = ns.get(name)
+        target = existing if isinstance(existing, keras.Model) else None
+        model, history = self.trainer.collect(view, target)
+        ns[name] = model
+        ns[f"{name}_history"] = history
+        how = "in place" if target is not None else "as a new model"
+        print(f"{view.job_id}: trained model loaded into `{name}` ({how}); history in `{name}_history`")
+
+    @line_magic
+    def cloud_cancel(self, line: str) -> None:
+        """Cancel a job; the worker stops within about one batch."""
+        job_id = line.strip()
+        if not job_id:
+            raise UsageError("usage: %cloud_cancel JOB_ID (see %cloud_jobs)")
+        try:
+            job = self.trainer.client.cancel(job_id)
+        except AibroError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"{job_id}: cancel requested ({job['status']} · {job['substatus']})")
+
+    @magic_arguments()
+    @argument("job_id")
+    @argument("--chart", choices=["pie", "funnel"], default="pie")
+    @line_magic
+    def cloud_timeline(self, line: str) -> Any:
+        """Show how long a job spent in each substatus, as a pie or a funnel."""
+        args = parse_argstring(self.cloud_timeline, line)
+        return Training.plot_timeline(args.job_id, args.chart)
+
+
+class _Stop(Exception):
+    """Ends the watcher thread after a detach."""
+
+
+def _exec(stmts: list[ast.stmt], ns: dict[str, Any]) -> None:
+    if stmts:
+        module = ast.fix_missing_locations(ast.Module(body=stmts, type_ignores=[]))
+        exec(compile(module, "<cloud_fit>", "exec"), ns)  # noqa: S102 - the user's own cell, in their kernel
+
+
+def _eval(node: ast.expr, ns: dict[str, Any]) -> Any:
+    expr = ast.fix_missing_locations(ast.Expression(body=node))
+    return eval(compile(expr, "<cloud_fit>", "eval"), ns)  # noqa: S307 - the user's own cell
+
+
+def _exec_returning_last(stmts: list[ast.stmt], ns: dict[str, Any]) -> Any:
+    """Run the statements after the fit; like a cell, the value of a final expression is returned."""
+    if stmts and isinstance(stmts[-1], ast.Expr):
+        _exec(stmts[:-1], ns)
+        return _eval(stmts[-1].value, ns)
+    _exec(stmts, ns)
+    return None
+
+
+def _bind_fit(call: ast.Call, ns: dict[str, Any]) -> dict[str, Any]:
+    """The fit call's arguments, evaluated here and bound to keras.Model.fit's signature."""
+    import keras
+
+    args = []
+    for a in call.args:
+        if isinstance(a, ast.Starred):
+            args.extend(_eval(a.value, ns))
+        else:
+            args.append(_eval(a, ns))
+    kwargs: dict[str, Any] = {}
+    for kw in call.keywords:
+        if kw.arg is None:
+            kwargs.update(_eval(kw.value, ns))
+        else:
+            kwargs[kw.arg] = _eval(kw.value, ns)
+    sig = inspect.signature(keras.Model.fit)
+    try:
+        bound = sig.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise ValidationError(f"the .fit(...) call does not match keras.Model.fit: {exc}") from None
+    out = dict(bound.arguments)
+    out.pop("self", None)
+    out.update(out.pop("kwargs", {}) or {})
+    return out
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(CloudMagics)

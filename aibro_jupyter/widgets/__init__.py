@@ -1,0 +1,1 @@
+"""ipywidgets panels: the machine picker, the live job progress panel and the timeline chart."""
