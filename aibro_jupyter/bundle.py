@@ -19,7 +19,13 @@ from .errors import ValidationError
 
 TRAVELLING_CALLBACKS = {
     "EarlyStopping": (
-        "monitor", "min_delta", "patience", "mode", "baseline", "restore_best_weights", "start_from_epoch"
+        "monitor",
+        "min_delta",
+        "patience",
+        "mode",
+        "baseline",
+        "restore_best_weights",
+        "start_from_epoch",
     ),
     "ReduceLROnPlateau": ("monitor", "factor", "patience", "mode", "min_delta", "cooldown", "min_lr"),
     "TerminateOnNaN": (),
@@ -183,7 +189,7 @@ def as_array(value: Any, name: str) -> np.ndarray:
             f"{name} has dtype=object (ragged lists or mixed Python objects), which cannot travel without pickle: "
             "convert it to a numeric array, e.g. np.asarray(value, dtype='float32')"
         )
-    if arr.dtype.kind not in "biufcUSM?" :
+    if arr.dtype.kind not in "biufcUSM?":
         raise ValidationError(f"{name} has unsupported dtype {arr.dtype}: use a numeric dtype")
     if arr.ndim == 0:
         raise ValidationError(f"{name} is a scalar: pass an array with one row per sample")

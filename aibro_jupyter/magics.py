@@ -93,11 +93,21 @@ class CloudMagics(Magics):
             machines, cool_down = self._pick(cool_down)
         x, y = fit_args.pop("x", None), fit_args.pop("y", None)
         job = self.trainer.submit(
-            model, x, y, machine_ids=machines, batch_size=fit_args.pop("batch_size", None),
-            epochs=fit_args.pop("epochs", 1), validation_data=fit_args.pop("validation_data", None),
-            description=args.description, cool_down_period_s=cool_down, fit_kwargs=fit_args,
-            wait_request_s=args.wait_request, wait_new_job_create_s=args.wait_slot, record=not args.no_record,
-            safe_mode=not args.unsafe, meta={"variable": args.into or model_src},
+            model,
+            x,
+            y,
+            machine_ids=machines,
+            batch_size=fit_args.pop("batch_size", None),
+            epochs=fit_args.pop("epochs", 1),
+            validation_data=fit_args.pop("validation_data", None),
+            description=args.description,
+            cool_down_period_s=cool_down,
+            fit_kwargs=fit_args,
+            wait_request_s=args.wait_request,
+            wait_new_job_create_s=args.wait_slot,
+            record=not args.no_record,
+            safe_mode=not args.unsafe,
+            meta={"variable": args.into or model_src},
         )
         job_id = job["job_id"]
         if args.detach:
@@ -213,8 +223,10 @@ class CloudMagics(Magics):
         print(f"{'job_id':<24} {'status':<10} {'substatus':<22} {'epochs':>7} {'machine':<12} description")
         for j in self.trainer.client.jobs():
             ep = f"{j['epochs_done']}/{j['epochs']}"
-            print(f"{j['job_id']:<24} {j['status']:<10} {j['substatus']:<22} {ep:>7} "
-                  f"{j['machine_id'] or '-':<12} {j['description']}")
+            print(
+                f"{j['job_id']:<24} {j['status']:<10} {j['substatus']:<22} {ep:>7} "
+                f"{j['machine_id'] or '-':<12} {j['description']}"
+            )
 
     @magic_arguments()
     @argument("job_id")

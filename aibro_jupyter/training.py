@@ -112,9 +112,7 @@ class Training:
         machines = _machine_list(machine_ids, client.machines())
         bundle = b.new_bundle()
         try:
-            b.encode_data(
-                bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data
-            )
+            b.encode_data(bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data)
             callbacks = b.encode_callbacks(fit_kwargs.pop("callbacks", None))
             fit_kwargs.pop("verbose", None)
             if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:
@@ -233,9 +231,21 @@ class Training:
         state land in the same `model` object. Ctrl-C detaches: the job goes on, `Training.attach` resumes."""
         self = cls()
         job = self.submit(
-            model, train_X, train_Y, machine_ids, batch_size, epochs, validation_data, description,
-            cool_down_period_s, fit_kwargs, wait_request_s, wait_new_job_create_s, wait_new_job_create_interval,
-            record, safe_mode,
+            model,
+            train_X,
+            train_Y,
+            machine_ids,
+            batch_size,
+            epochs,
+            validation_data,
+            description,
+            cool_down_period_s,
+            fit_kwargs,
+            wait_request_s,
+            wait_new_job_create_s,
+            wait_new_job_create_interval,
+            record,
+            safe_mode,
         )
         job_id = job["job_id"]
         if verbose:

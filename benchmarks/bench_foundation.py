@@ -149,7 +149,13 @@ def remote_fit(client: BackendClient, x: np.ndarray, y: np.ndarray, epochs: int,
     model = build_model(SEED)
     t0 = time.perf_counter()
     job_id, _, hist = Training.online_fit(
-        model, x, y, machine_ids=MACHINE, batch_size=batch, epochs=epochs, cool_down_period_s=COOL_DOWN_S,
+        model,
+        x,
+        y,
+        machine_ids=MACHINE,
+        batch_size=batch,
+        epochs=epochs,
+        cool_down_period_s=COOL_DOWN_S,
         verbose=False,
     )
     e2e = time.perf_counter() - t0
@@ -201,8 +207,10 @@ def section_a(client: BackendClient, quick: bool) -> list[Row]:
     t0 = time.perf_counter()
     cold = run_job(client, build_model(SEED), xs, ys, epochs=1, batch_size=BATCH)
     cold_gear, inst = gear_up_s(cold), cold["instance_id"]
-    say(f"   warm-up job {cold['job_id']} on {inst}: {time.perf_counter() - t0:.1f} s wall, "
-        f"cold gear-up {cold_gear:.2f} s")
+    say(
+        f"   warm-up job {cold['job_id']} on {inst}: {time.perf_counter() - t0:.1f} s wall, "
+        f"cold gear-up {cold_gear:.2f} s"
+    )
 
     x, y = make_data(N_FIT, seed=1)
     local_fit(x[:2048], y[:2048], 1, BATCH)  # first-fit costs of this process, like the worker's warm-up job
@@ -218,14 +226,20 @@ def section_a(client: BackendClient, quick: bool) -> list[Row]:
     for rep in (1, 2):
         loc = local_fit(x, y, epochs, BATCH)
         local.append(loc)
-        say(f"   run {rep} local : fit {loc['fit_s']:6.2f} s  mean epoch {statistics.mean(loc['epoch_s']):.3f} s"
-            f"  final loss {loc['loss']:.4f}")
+        say(
+            f"   run {rep} local : fit {loc['fit_s']:6.2f} s  mean epoch {statistics.mean(loc['epoch_s']):.3f} s"
+            f"  final loss {loc['loss']:.4f}"
+        )
         rem = remote_fit(client, x, y, epochs, BATCH)
         remote.append(rem)
-        say(f"   run {rep} remote: fit {rem['fit_s']:6.2f} s  mean epoch {statistics.mean(rem['epoch_s']):.3f} s"
-            f"  final loss {rem['loss']:.4f}  gear-up {rem['gear_s']:.3f} s  {rem['job_id']} on {rem['instance_id']}")
-        say(f"                online_fit {rem['e2e_s']:.2f} s wall, returned {rem['tail_s']:.2f} s after the job's "
-            "COMPLETED timestamp")
+        say(
+            f"   run {rep} remote: fit {rem['fit_s']:6.2f} s  mean epoch {statistics.mean(rem['epoch_s']):.3f} s"
+            f"  final loss {rem['loss']:.4f}  gear-up {rem['gear_s']:.3f} s  {rem['job_id']} on {rem['instance_id']}"
+        )
+        say(
+            f"                online_fit {rem['e2e_s']:.2f} s wall, returned {rem['tail_s']:.2f} s after the job's "
+            "COMPLETED timestamp"
+        )
 
     best_local = min(local, key=lambda r: r["fit_s"])
     best_remote = min(remote, key=lambda r: r["fit_s"])
@@ -233,14 +247,18 @@ def section_a(client: BackendClient, quick: bool) -> list[Row]:
     ratio = best_remote["fit_s"] / best_local["fit_s"]
     e2e_ratio = best_e2e / best_local["fit_s"]
     same = all(r["instance_id"] == inst for r in remote)
-    say(f"   instance reuse: warm-up {inst}, timed {[r['instance_id'] for r in remote]} → "
-        f"{'same instance' if same else 'DIFFERENT instance'}")
+    say(
+        f"   instance reuse: warm-up {inst}, timed {[r['instance_id'] for r in remote]} → "
+        f"{'same instance' if same else 'DIFFERENT instance'}"
+    )
     # Where the remote time goes: inside epochs (per-batch work) vs between epochs (epoch-end work, setup).
     loc_in, rem_in = sum(best_local["epoch_s"]), sum(best_remote["epoch_s"])
-    say(f"   split (best runs): inside epochs local {loc_in:.2f} s / remote {rem_in:.2f} s "
+    say(
+        f"   split (best runs): inside epochs local {loc_in:.2f} s / remote {rem_in:.2f} s "
         f"(x{rem_in / loc_in:.3f}); outside epochs local {best_local['fit_s'] - loc_in:.2f} s / "
         f"remote {best_remote['fit_s'] - rem_in:.2f} s "
-        f"({(best_remote['fit_s'] - rem_in) / epochs * 1000:.0f} ms per epoch)")
+        f"({(best_remote['fit_s'] - rem_in) / epochs * 1000:.0f} ms per epoch)"
+    )
     # The fastest epoch after the first (tracing) one: the least disturbed by other load on the machine.
     fastest = min(min(r["epoch_s"][1:]) for r in remote) / min(min(r["epoch_s"][1:]) for r in local)
     warm_gear = max(r["gear_s"] for r in remote)
@@ -301,7 +319,12 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
     x, y = make_data(2048, seed=4)
     training = Training(client)
     job = training.submit(
-        build_model(seed=5), x, y, machine_ids=MACHINE, epochs=epochs, batch_size=128,
+        build_model(seed=5),
+        x,
+        y,
+        machine_ids=MACHINE,
+        epochs=epochs,
+        batch_size=128,
         cool_down_period_s=COOL_DOWN_S,
     )
     latency: list[float] = []
@@ -321,8 +344,10 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
     p50, p95, worst = pct(latency, 50), pct(latency, 95), max(latency)
     say(f"   {epochs} epochs of {statistics.median(compute):.0f} ms (median) on {final['instance_id']}")
     say(f"   latency ms: p50 {p50:.0f}  p95 {p95:.0f}  max {worst:.0f}")
-    say(f"   of which on the worker before the event is queued (flush + checkpoint save/upload): "
-        f"p50 {pct(epoch_end_work, 50):.0f} ms, max {max(epoch_end_work):.0f} ms")
+    say(
+        f"   of which on the worker before the event is queued (flush + checkpoint save/upload): "
+        f"p50 {pct(epoch_end_work, 50):.0f} ms, max {max(epoch_end_work):.0f} ms"
+    )
     return [
         Row("epoch→client latency p50 ms", f"{p50:.0f}", "<= 250", p50 <= 250),
         Row("epoch→client latency p95 ms", f"{p95:.0f}", "<= 500", p95 <= 500),
@@ -355,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop(var, None)
     os.environ["AIBRO_HOME"] = str(home)
     started = time.perf_counter()
-    say(f"aibro foundation benchmark ({'quick' if args.quick else 'full'}), AIBRO_HOME={home}, "
-        f"{os.cpu_count()} CPUs, keras {keras.__version__}")
+    say(
+        f"aibro foundation benchmark ({'quick' if args.quick else 'full'}), AIBRO_HOME={home}, "
+        f"{os.cpu_count()} CPUs, keras {keras.__version__}"
+    )
     rows: list[Row] = []
     try:
         target = config.resolve()

@@ -120,8 +120,27 @@ def test_empty_file_uploads(client: BackendClient, tmp_path: Path) -> None:
 # -- BlobStore and names, as units ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name",
-    ["..", "../x", "a/../b", "a/..", "/etc/passwd", "/abs", "a b", "a\\b", "a;b", "a\nb", "", "a//b", "a/", "x" * 200,
-     ".hidden", "-rf", "é.txt", "a/b/c/d/e/f/g/h/i", "model.keras\n"],
+    [
+        "..",
+        "../x",
+        "a/../b",
+        "a/..",
+        "/etc/passwd",
+        "/abs",
+        "a b",
+        "a\\b",
+        "a;b",
+        "a\nb",
+        "",
+        "a//b",
+        "a/",
+        "x" * 200,
+        ".hidden",
+        "-rf",
+        "é.txt",
+        "a/b/c/d/e/f/g/h/i",
+        "model.keras\n",
+    ],
 )
 def test_artifact_names_are_validated(name: str) -> None:
     with pytest.raises(BlobError, match=r"is not allowed: use letters, digits"):

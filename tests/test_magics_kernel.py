@@ -40,13 +40,16 @@ def kernel(aibro_home: Path, client):  # noqa: ANN001 - client starts the shared
 
 
 def test_cloud_fit_runs_fit_remotely_and_the_rest_locally(kernel) -> None:  # noqa: ANN001
-    res = run_cell(kernel, """%%cloud_fit --machine local-cpu --cool-down 600 --description "magic digits"
+    res = run_cell(
+        kernel,
+        """%%cloud_fit --machine local-cpu --cool-down 600 --description "magic digits"
 x_scaled = x_train * 1.0
 history = model.fit(x_scaled, y_train, epochs=3, batch_size=32, validation_data=(x_val, y_val))
 acc = model.evaluate(x_val, y_val, verbose=0)[1]
 print("FINAL", round(acc, 4), round(history.history["val_accuracy"][-1], 4), id(model) == model_id)
 print("STEPS", int(model.optimizer.iterations.numpy()))
-""")
+""",
+    )
     assert not res.error, res.error
     assert "Epoch 3/3" in res.stdout
     final = re.search(r"FINAL (\S+) (\S+) (\S+)", res.stdout)
@@ -71,10 +74,20 @@ def test_cloud_fit_errors(kernel, cell: str, message: str) -> None:  # noqa: ANN
 
 
 def test_help_text_for_every_magic(kernel) -> None:  # noqa: ANN001
-    for magic in ("%%cloud_fit", "%cloud_machines", "%cloud_jobs", "%cloud_attach", "%cloud_result",
-                  "%cloud_cancel", "%cloud_timeline"):
-        res = run_cell(kernel, f"print(get_ipython().find_magic('{magic.lstrip('%')}', "
-                               f"'{'cell' if magic.startswith('%%') else 'line'}').__doc__)")
+    for magic in (
+        "%%cloud_fit",
+        "%cloud_machines",
+        "%cloud_jobs",
+        "%cloud_attach",
+        "%cloud_result",
+        "%cloud_cancel",
+        "%cloud_timeline",
+    ):
+        res = run_cell(
+            kernel,
+            f"print(get_ipython().find_magic('{magic.lstrip('%')}', "
+            f"'{'cell' if magic.startswith('%%') else 'line'}').__doc__)",
+        )
         assert not res.error and len(res.stdout.strip()) > 20, (magic, res.stdout)
 
 
@@ -83,9 +96,12 @@ def test_kernel_dies_mid_training_then_attach_in_a_new_kernel(aibro_home: Path, 
     assert not run_cell(kc, SETUP, timeout=180).error
     big = "xb = np.repeat(x_train, 4, axis=0); yb = np.repeat(y_train, 4, axis=0)\n"
     assert not run_cell(kc, big).error
-    res = run_cell(kc, "%%cloud_fit -m local-cpu --cool-down 600\n"
-                       "history = model.fit(xb, yb, epochs=6, batch_size=16, validation_data=(x_val, y_val))",
-                   until="Epoch 2/6")
+    res = run_cell(
+        kc,
+        "%%cloud_fit -m local-cpu --cool-down 600\n"
+        "history = model.fit(xb, yb, epochs=6, batch_size=16, validation_data=(x_val, y_val))",
+        until="Epoch 2/6",
+    )
     km.shutdown_kernel(now=True)
     kc.stop_channels()
     job_id = next(j["job_id"] for j in reversed(client.jobs()) if j["epochs"] == 6)
@@ -95,11 +111,14 @@ def test_kernel_dies_mid_training_then_attach_in_a_new_kernel(aibro_home: Path, 
     km2, kc2 = start_kernel({"AIBRO_HOME": str(aibro_home)})
     try:
         assert not run_cell(kc2, SETUP, timeout=180).error
-        res = run_cell(kc2, f"%cloud_attach {job_id} --into model\n"
-                            "panel = get_ipython().magics_manager.registry['CloudMagics'].last_panel\n"
-                            "print('POINTS', panel.curve_points, 'SAME', id(model) == model_id)\n"
-                            "print('ACC', round(model.evaluate(x_val, y_val, verbose=0)[1], 4), "
-                            "round(model_history.history['val_accuracy'][-1], 4))")
+        res = run_cell(
+            kc2,
+            f"%cloud_attach {job_id} --into model\n"
+            "panel = get_ipython().magics_manager.registry['CloudMagics'].last_panel\n"
+            "print('POINTS', panel.curve_points, 'SAME', id(model) == model_id)\n"
+            "print('ACC', round(model.evaluate(x_val, y_val, verbose=0)[1], 4), "
+            "round(model_history.history['val_accuracy'][-1], 4))",
+        )
         assert not res.error, res.error
         for k in range(1, 7):
             assert res.stdout.count(f"Epoch {k}/6 ") == 1, res.stdout

@@ -43,8 +43,13 @@ def _final(evs: list[dict]) -> bool:
 def test_client_killed_then_another_process_attaches(client: BackendClient, capsys: pytest.CaptureFixture) -> None:
     epochs = 6
     script = CLIENT_A.format(tests=str(Path(__file__).parent), epochs=epochs)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     job_id = None
     lines = []
     for line in proc.stdout:
@@ -73,8 +78,16 @@ def test_client_killed_then_another_process_attaches(client: BackendClient, caps
 def test_worker_killed_resumes_from_checkpoint(client: BackendClient, aibro_home: Path) -> None:
     x, y = slow_data(3000)
     epochs = 6
-    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=epochs,
-                                  validation_data=(x[:500], y[:500]), cool_down_period_s=600)
+    job = Training(client).submit(
+        make_model(),
+        x,
+        y,
+        machine_ids="local-cpu",
+        batch_size=16,
+        epochs=epochs,
+        validation_data=(x[:500], y[:500]),
+        cool_down_period_s=600,
+    )
     job_id = job["job_id"]
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
     first_instance = client.job(job_id)["instance_id"]
@@ -98,8 +111,9 @@ def test_worker_killed_resumes_from_checkpoint(client: BackendClient, aibro_home
 def test_backend_killed_and_restarted_loses_nothing(client: BackendClient, aibro_home: Path) -> None:
     x, y = slow_data(3000)
     epochs = 6
-    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=epochs,
-                                  cool_down_period_s=600)
+    job = Training(client).submit(
+        make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=epochs, cool_down_period_s=600
+    )
     job_id = job["job_id"]
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
     info = json.loads((aibro_home / "backend.json").read_text())

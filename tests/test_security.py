@@ -27,14 +27,31 @@ from helpers import instance_pid, wait_for
 
 SHA = "a" * 64
 ROUTES = [
-    ("GET", "/health"), ("GET", "/machines"), ("GET", "/policy"), ("GET", "/stats"), ("POST", "/auth/tokens"),
-    ("HEAD", f"/blobs/{SHA}"), ("PUT", f"/blobs/{SHA}?offset=0&total=1"), ("GET", "/jobs"), ("POST", "/jobs"),
-    ("GET", "/jobs/job-x"), ("POST", "/jobs/job-x/cancel"), ("POST", "/jobs/job-x/replay"),
-    ("GET", "/jobs/job-x/events"), ("GET", "/events"), ("GET", "/jobs/job-x/artifacts"),
-    ("GET", "/jobs/job-x/artifacts/model.keras"), ("GET", "/instances"), ("POST", "/instances/i-x/terminate"),
-    ("GET", "/openapi.json"), ("GET", "/worker/assignment"), ("GET", f"/worker/blobs/{SHA}"),
-    ("POST", "/worker/jobs/job-x/events"), ("GET", "/worker/jobs/job-x/artifacts/model.keras"),
-    ("PUT", "/worker/jobs/job-x/artifacts/model.keras"), ("POST", "/worker/jobs/job-x/finish"),
+    ("GET", "/health"),
+    ("GET", "/machines"),
+    ("GET", "/policy"),
+    ("GET", "/stats"),
+    ("POST", "/auth/tokens"),
+    ("HEAD", f"/blobs/{SHA}"),
+    ("PUT", f"/blobs/{SHA}?offset=0&total=1"),
+    ("GET", "/jobs"),
+    ("POST", "/jobs"),
+    ("GET", "/jobs/job-x"),
+    ("POST", "/jobs/job-x/cancel"),
+    ("POST", "/jobs/job-x/replay"),
+    ("GET", "/jobs/job-x/events"),
+    ("GET", "/events"),
+    ("GET", "/jobs/job-x/artifacts"),
+    ("GET", "/jobs/job-x/artifacts/model.keras"),
+    ("GET", "/instances"),
+    ("POST", "/instances/i-x/terminate"),
+    ("GET", "/openapi.json"),
+    ("GET", "/worker/assignment"),
+    ("GET", f"/worker/blobs/{SHA}"),
+    ("POST", "/worker/jobs/job-x/events"),
+    ("GET", "/worker/jobs/job-x/artifacts/model.keras"),
+    ("PUT", "/worker/jobs/job-x/artifacts/model.keras"),
+    ("POST", "/worker/jobs/job-x/finish"),
 ]
 
 
@@ -66,8 +83,11 @@ def test_every_route_needs_a_token(client: BackendClient, token: str | None) -> 
 
 
 def test_user_token_is_not_a_worker_token(client: BackendClient) -> None:
-    for method, path in [("GET", "/worker/assignment"), ("GET", f"/worker/blobs/{SHA}"),
-                         ("POST", "/worker/jobs/job-x/events")]:
+    for method, path in [
+        ("GET", "/worker/assignment"),
+        ("GET", f"/worker/blobs/{SHA}"),
+        ("POST", "/worker/jobs/job-x/events"),
+    ]:
         resp = _call(client.url, method, path, client.t.token)
         assert resp.status_code == 401 and resp.json()["error"] == "unknown worker token", (method, path)
 
@@ -138,8 +158,11 @@ def _final(event: dict[str, Any]) -> bool:
 def _bob_sees_nothing_of(bob: BackendClient, job_id: str) -> None:
     assert job_id not in [j["job_id"] for j in bob.jobs()]
     for method, path in [
-        ("GET", f"/jobs/{job_id}"), ("GET", f"/jobs/{job_id}/events"), ("GET", f"/jobs/{job_id}/artifacts"),
-        ("GET", f"/jobs/{job_id}/artifacts/model.keras"), ("POST", f"/jobs/{job_id}/cancel"),
+        ("GET", f"/jobs/{job_id}"),
+        ("GET", f"/jobs/{job_id}/events"),
+        ("GET", f"/jobs/{job_id}/artifacts"),
+        ("GET", f"/jobs/{job_id}/artifacts/model.keras"),
+        ("POST", f"/jobs/{job_id}/cancel"),
         ("POST", f"/jobs/{job_id}/replay"),
     ]:
         resp = _call(bob.url, method, path, bob.t.token)

@@ -29,11 +29,17 @@ def first_job(client: BackendClient, digits):  # noqa: ANN001
     model = make_model()
     before = [w.copy() for w in model.get_weights()]
     job_id, trained, history = Training.online_fit(
-        model, x, y, machine_ids="local-cpu", batch_size=32, epochs=EPOCHS, validation_data=(xv, yv),
-        description="e2e digits", cool_down_period_s=600,
+        model,
+        x,
+        y,
+        machine_ids="local-cpu",
+        batch_size=32,
+        epochs=EPOCHS,
+        validation_data=(xv, yv),
+        description="e2e digits",
+        cool_down_period_s=600,
     )
-    return {"job_id": job_id, "model": model, "trained": trained, "history": history, "before": before,
-            "data": digits}
+    return {"job_id": job_id, "model": model, "trained": trained, "history": history, "before": before, "data": digits}
 
 
 def test_online_fit_returns_the_same_model_trained(first_job) -> None:  # noqa: ANN001
@@ -54,8 +60,15 @@ def test_online_fit_returns_the_same_model_trained(first_job) -> None:  # noqa: 
 
 def test_online_fit_prints_progress(client: BackendClient, digits, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     x, y, xv, yv = digits
-    Training.online_fit(make_model(1), x[:300], y[:300], machine_ids="local-cpu", epochs=2,
-                        validation_data=(xv, yv), cool_down_period_s=600)
+    Training.online_fit(
+        make_model(1),
+        x[:300],
+        y[:300],
+        machine_ids="local-cpu",
+        epochs=2,
+        validation_data=(xv, yv),
+        cool_down_period_s=600,
+    )
     out = capsys.readouterr().out
     assert "Epoch 1/2" in out and "Epoch 2/2" in out and "val_accuracy" in out
     assert "TRAINING · TRAINING" in out and "COMPLETED · COMPLETED" in out
@@ -124,13 +137,15 @@ def test_second_job_reuses_the_warm_worker(client: BackendClient, first_job, dig
 
 def test_cancel_stops_within_about_a_batch(client: BackendClient) -> None:
     x, y = slow_data()
-    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=50, batch_size=16,
-                                  cool_down_period_s=600)
+    job = Training(client).submit(
+        make_model(), x, y, machine_ids="local-cpu", epochs=50, batch_size=16, cool_down_period_s=600
+    )
     job_id = job["job_id"]
     events = wait_for(client, job_id, lambda evs: any(e["type"] == "batch" for e in evs))
     client.cancel(job_id)
-    events = wait_for(client, job_id, lambda evs: any(
-        e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs))
+    events = wait_for(
+        client, job_id, lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs)
+    )
     final = client.job(job_id)
     assert final["status"] == v.CANCELED and final["epochs_done"] < 50
     cancel_at = next(e["ts"] for e in events if e["type"] == "log" and e["data"]["message"] == "cancel requested")
@@ -169,8 +184,9 @@ def test_cool_down_expiry_closes_the_instance(client: BackendClient, aibro_home:
     from helpers import instance_pid
 
     x, y, _, _ = digits
-    job = Training(client).submit(make_model(), x[:200], y[:200], machine_ids="local-cpu", epochs=1,
-                                  cool_down_period_s=1)
+    job = Training(client).submit(
+        make_model(), x[:200], y[:200], machine_ids="local-cpu", epochs=1, cool_down_period_s=1
+    )
     Training(client).watch(job["job_id"])
     inst_id = client.job(job["job_id"])["instance_id"]
     deadline = time.monotonic() + 60

@@ -58,8 +58,10 @@ class MachinePicker(w.VBox):
         self.started.set()
 
     def _table_html(self) -> str:
-        head = "<tr><th>machine</th><th>provider</th><th>GPU</th><th>vCPUs</th><th>GiB</th><th>$/h</th>" \
-               "<th>on-demand $/h</th><th>availability</th></tr>"
+        head = (
+            "<tr><th>machine</th><th>provider</th><th>GPU</th><th>vCPUs</th><th>GiB</th><th>$/h</th>"
+            "<th>on-demand $/h</th><th>availability</th></tr>"
+        )
         rows = []
         for o in self.offers:
             gpu = f"{o['gpu_count']}× {o['gpu_type']}" if o.get("gpu_count") else "—"

@@ -149,8 +149,7 @@ def _make_figure() -> tuple[Any, Any]:
         return w.HTML(""), None
     xs, ys = bq.LinearScale(), bq.LinearScale()
     train = bq.Lines(x=[], y=[], scales={"x": xs, "y": ys}, colors=["#1565c0"], labels=["loss"], display_legend=True)
-    val = bq.Lines(x=[], y=[], scales={"x": xs, "y": ys}, colors=["#ef6c00"], labels=["val_loss"],
-                   display_legend=True)
+    val = bq.Lines(x=[], y=[], scales={"x": xs, "y": ys}, colors=["#ef6c00"], labels=["val_loss"], display_legend=True)
     fig = bq.Figure(
         marks=[train, val],
         axes=[bq.Axis(scale=xs, label="epoch"), bq.Axis(scale=ys, orientation="vertical", label="loss")],

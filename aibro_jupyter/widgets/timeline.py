@@ -41,5 +41,10 @@ def timeline_chart(timeline: list[dict[str, Any]], chart_type: str = "pie") -> A
     xs, ys = bq.OrdinalScale(), bq.LinearScale()
     bars = bq.Bars(x=labels, y=secs, scales={"x": xs, "y": ys}, orientation="horizontal")
     axes = [bq.Axis(scale=xs, orientation="vertical"), bq.Axis(scale=ys, label="seconds")]
-    return bq.Figure(marks=[bars], axes=axes, title="time per substatus", layout=layout,
-                     fig_margin={"top": 40, "bottom": 40, "left": 170, "right": 20})
+    return bq.Figure(
+        marks=[bars],
+        axes=axes,
+        title="time per substatus",
+        layout=layout,
+        fig_margin={"top": 40, "bottom": 40, "left": 170, "right": 20},
+    )

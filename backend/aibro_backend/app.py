@@ -98,8 +98,9 @@ def ensure_local_user(backend: Backend) -> None:
 async def serve(home: Path, host: str, port: int) -> None:
     backend = build_backend(home)
     ensure_local_user(backend)
-    app = tornado.web.Application(routes(backend), default_handler_class=NotFoundHandler,
-                                  default_handler_args={"backend": backend})
+    app = tornado.web.Application(
+        routes(backend), default_handler_class=NotFoundHandler, default_handler_args={"backend": backend}
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     last_port = home / "state" / "last_port"

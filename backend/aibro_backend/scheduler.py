@@ -126,11 +126,7 @@ class Scheduler:
         spec = job["spec"]
         index = self.machine_index()
         for machine_id in spec["machines"]:
-            warm = [
-                i
-                for i in self.store.instances(job["user_id"], (v.COOLING,))
-                if i["machine_id"] == machine_id
-            ]
+            warm = [i for i in self.store.instances(job["user_id"], (v.COOLING,)) if i["machine_id"] == machine_id]
             if warm:
                 inst = warm[0]
                 self.store.set_instance_state(

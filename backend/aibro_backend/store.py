@@ -172,9 +172,9 @@ class Store:
                 if dup:
                     self.db.execute("ROLLBACK")
                     return None
-            seq = self.db.execute(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?", (job_id,)
-            ).fetchone()[0]
+            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?", (job_id,)).fetchone()[
+                0
+            ]
             cur = self.db.execute(
                 "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
                 (job_id, job["user_id"], seq, type_, ts, json.dumps(data), attempt, wseq),
@@ -246,9 +246,7 @@ class Store:
         if user_id is None:
             row = self.db.execute("SELECT * FROM instances WHERE id=?", (instance_id,)).fetchone()
         else:
-            row = self.db.execute(
-                "SELECT * FROM instances WHERE id=? AND user_id=?", (instance_id, user_id)
-            ).fetchone()
+            row = self.db.execute("SELECT * FROM instances WHERE id=? AND user_id=?", (instance_id, user_id)).fetchone()
         return _instance_row(row) if row else None
 
     def instance_for_token(self, token: str) -> dict[str, Any] | None:

@@ -84,8 +84,12 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
         if not isinstance(cb.get("config", {}), dict):
             raise ApiError(400, "a callback's config must be an object")
     meta = spec.get("meta") or {}
-    if not isinstance(meta, dict) or len(meta) > 8 or not all(
-        isinstance(k, str) and isinstance(val, str) and len(k) <= 64 and len(val) <= 256 for k, val in meta.items()
+    if (
+        not isinstance(meta, dict)
+        or len(meta) > 8
+        or not all(
+            isinstance(k, str) and isinstance(val, str) and len(k) <= 64 and len(val) <= 256 for k, val in meta.items()
+        )
     ):
         raise ApiError(400, "'meta' must be an object of at most 8 short strings")
     spec_blobs(spec)

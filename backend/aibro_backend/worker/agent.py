@@ -213,9 +213,7 @@ def _samples(x: Any) -> int | None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     url = os.environ["AIBRO_WORKER_URL"]
     token = os.environ["AIBRO_WORKER_TOKEN"]
     instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")
