@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import tornado.httpserver
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (default: any free port)")
     args = parser.parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # the daemon's log file shows what happened, as it happens
+        getattr(stream, "reconfigure", lambda **_: None)(line_buffering=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)  # errors only: workers poll several times a second
     asyncio.run(serve(Path(args.home), args.host, args.port))
 
 

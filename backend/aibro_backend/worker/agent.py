@@ -118,22 +118,29 @@ class Worker:
         model = self._load_model(keras, model_path, spec["safe_mode"])
         self._status(outbox, v.SUB_TRAINING)
         tb_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=self.workdir))
-        samples = _samples(x)
 
-        def save_checkpoint(epoch: int) -> None:
+        def upload_checkpoint(which: Any, epoch: int) -> None:
             from aibro_backend.api.worker import checkpoint_name
 
-            self._upload_model(model, job_id, attempt, checkpoint_name(epoch))
+            self._upload_model(which, job_id, attempt, checkpoint_name(epoch))
 
-        from .callbacks import EventCallback
+        from .callbacks import EpochTensorBoard, EventCallback
+        from .pipeline import EpochPipeline, shadow_loader
 
+        multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
+        loader = None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"])
+        pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint)
         callbacks = [
-            EventCallback(outbox, int(fit.get("epochs", 1)), save_checkpoint, samples),
-            keras.callbacks.TensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0),
+            EventCallback(outbox, pipeline, int(fit.get("epochs", 1)), _samples(x)),
+            EpochTensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0),
         ]
         for cb in spec.get("callbacks", []):
             callbacks.append(getattr(keras.callbacks, cb["class"])(**cb.get("config", {})))
-        model.fit(x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit)
+        try:
+            model.fit(x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit)
+            pipeline.drain()
+        finally:
+            pipeline.close()
         if outbox.cancel.is_set():
             return "canceled", None
         self._status(outbox, v.RETURNING)
@@ -201,6 +208,10 @@ class Worker:
             ),
             "artifact upload",
         )
+
+
+def _replicas(model: Any) -> int:
+    return int(getattr(model.distribute_strategy, "num_replicas_in_sync", 1))
 
 
 def _samples(x: Any) -> int | None:
