@@ -345,7 +345,7 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
     say(f"   {epochs} epochs of {statistics.median(compute):.0f} ms (median) on {final['instance_id']}")
     say(f"   latency ms: p50 {p50:.0f}  p95 {p95:.0f}  max {worst:.0f}")
     say(
-        f"   of which on the worker before the event is queued (flush + checkpoint save/upload): "
+        f"   of which on the worker before the event is queued (checkpoint save + upload, off the training thread): "
         f"p50 {pct(epoch_end_work, 50):.0f} ms, max {max(epoch_end_work):.0f} ms"
     )
     return [
