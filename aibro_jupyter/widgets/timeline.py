@@ -40,7 +40,7 @@ def timeline_chart(timeline: list[dict[str, Any]], chart_type: str = "pie") -> A
         return bq.Figure(marks=[pie], title="time per substatus", layout=layout)
     xs, ys = bq.OrdinalScale(), bq.LinearScale()
     bars = bq.Bars(x=labels, y=secs, scales={"x": xs, "y": ys}, orientation="horizontal")
-    axes = [bq.Axis(scale=xs, orientation="vertical"), bq.Axis(scale=ys, label="seconds")]
+    axes = [bq.Axis(scale=xs, side="left"), bq.Axis(scale=ys, side="bottom", label="seconds")]
     return bq.Figure(
         marks=[bars],
         axes=axes,
