@@ -73,7 +73,7 @@ class CloudMagics(Magics):
         History; statements after it run here once the trained weights and optimizer state are back in the same
         model object. Ctrl-C detaches (the job goes on): `%cloud_attach JOB` picks it up again.
         """
-        args = parse_argstring(self.cloud_fit, line)
+        args = _parse(self.cloud_fit, line)
         try:
             return self._cloud_fit(args, cell)
         except AibroError as exc:
@@ -203,7 +203,7 @@ class CloudMagics(Magics):
     @line_magic
     def cloud_machines(self, line: str) -> None:
         """List the machines you can train on; `--use LIST` sets the session default."""
-        args = parse_argstring(self.cloud_machines, line)
+        args = _parse(self.cloud_machines, line)
         offers = self.trainer.client.machines()
         if args.use:
             known = {o["machine_id"] for o in offers}
@@ -234,7 +234,7 @@ class CloudMagics(Magics):
     @line_magic
     def cloud_attach(self, line: str) -> None:
         """Rebuild a job's panel from its full event history, follow it live, and load the model when it ends."""
-        args = parse_argstring(self.cloud_attach, line)
+        args = _parse(self.cloud_attach, line)
         try:
             job = self.trainer.client.job(args.job_id)
             view = self._follow(args.job_id, job["description"], job["machines"])
@@ -249,7 +249,7 @@ class CloudMagics(Magics):
     @line_magic
     def cloud_result(self, line: str) -> None:
         """Fetch a finished job's trained model into a variable (and `NAME_history`)."""
-        args = parse_argstring(self.cloud_result, line)
+        args = _parse(self.cloud_result, line)
         try:
             view = JobView(args.job_id)
             for ev in self.trainer.client.events(args.job_id)["events"]:
@@ -292,8 +292,17 @@ class CloudMagics(Magics):
     @line_magic
     def cloud_timeline(self, line: str) -> Any:
         """Show how long a job spent in each substatus, as a pie or a funnel."""
-        args = parse_argstring(self.cloud_timeline, line)
+        args = _parse(self.cloud_timeline, line)
         return Training.plot_timeline(args.job_id, args.chart)
+
+
+def _parse(magic: Any, line: str) -> Any:
+    """parse_argstring, with the quotes around a quoted value taken off (IPython keeps them)."""
+    args = parse_argstring(magic, line)
+    for key, val in vars(args).items():
+        if isinstance(val, str) and len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
+            setattr(args, key, val[1:-1])
+    return args
 
 
 class _Stop(Exception):

@@ -4,28 +4,42 @@ This is the README's main command: it trains a real model through %%cloud_fit on
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
 
+def _chatter(line: str) -> bool:
+    """TensorFlow's native start-up log lines, which the kernel forwards as stderr output."""
+    return line.startswith(("I0000", "W0000", "E0000", "WARNING: All log messages before absl"))
+
+
 def main() -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the kernel inherits it: no TensorFlow start-up chatter
     path = Path(__file__).with_name("quickstart.ipynb")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    log = Path(tempfile.gettempdir()) / "aibro-quickstart-kernel.log"
+    with open(log, "w") as err:  # the kernel's own start-up chatter (TensorFlow, ZMQ) goes here, not on screen
+        try:
+            client.execute(stderr=err)
+        except Exception:
+            print(f"the notebook failed; the kernel's log is {log}", file=sys.stderr)
+            raise
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         for out in cell.get("outputs", []):
             if out.get("output_type") == "stream":
-                sys.stdout.write(out["text"])
+                sys.stdout.write("".join(line for line in out["text"].splitlines(True) if not _chatter(line)))
             elif out.get("output_type") in ("execute_result", "display_data"):
-                text = out.get("data", {}).get("text/plain", "")
-                if text and "Widget" not in text and not text.startswith(("VBox(", "HBox(")):
-                    print(text)
+                data = out.get("data", {})
+                if "application/vnd.jupyter.widget-view+json" not in data and data.get("text/plain"):
+                    print(data["text/plain"])
     return 0
 
 

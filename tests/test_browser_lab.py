@@ -1,0 +1,124 @@
+"""The quickstart in a real JupyterLab in headless Chromium: the panel and its curves grow while the job trains,
+and a page reload mid-training still shows every epoch so far, live (the panel's state lives in the kernel, the
+job's in the backend). Screenshots are kept in test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import chromium_page, jupyterlab
+
+from aibro_jupyter.client import BackendClient
+
+from conftest import ARTIFACTS
+
+EPOCHS = 10
+QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart.ipynb"
+
+
+def _notebook(dest: Path) -> Path:
+    """The quickstart, with ten times the data and ten epochs so there is time to reload mid-training."""
+    nb = json.loads(QUICKSTART.read_text())
+    fit = next(c for c in nb["cells"] if "%%cloud_fit" in "".join(c["source"]))
+    source = "".join(fit["source"]).replace("epochs=8", f"epochs={EPOCHS}")
+    assert f"epochs={EPOCHS}" in source, "the quickstart's fit cell changed: update this test"
+    fit["source"] = source
+    idx = nb["cells"].index(fit)
+    grow = "x_train, y_train = np.repeat(x_train, 10, axis=0), np.repeat(y_train, 10, axis=0)\n"
+    nb["cells"].insert(
+        idx, {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": grow}
+    )
+    path = dest / "quickstart.ipynb"
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def _open(page: Any, url: str, token: str) -> None:
+    page.goto(f"{url}/lab/tree/quickstart.ipynb?token={token}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+    page.wait_for_selector(".jp-NotebookPanel-toolbar >> text=Python 3", timeout=120_000)
+
+
+def _epochs_shown(page: Any) -> int | None:
+    """The panel's epoch counter ("k/10"), or None while no panel is on the page."""
+    labels = page.locator(".widget-label").all_inner_texts()
+    done = [int(m.group(1)) for t in labels if (m := re.fullmatch(rf"(\d+)/{EPOCHS}", t.strip()))]
+    return max(done) if done else None
+
+
+def _curve_points(page: Any) -> list[int]:
+    """Points of each curve the panel draws (bqplot renders a Lines mark as an SVG path)."""
+    out = []
+    for d in page.locator(".bqplot path.line").evaluate_all("els => els.map(e => e.getAttribute('d') || '')"):
+        out.append(len(re.findall(r"[ML]", d)))
+    return out
+
+
+def _snap(page: Any, name: str) -> None:
+    """Screenshot with the panel in view and the news prompt out of the way."""
+    no = page.locator(".jp-toast-button", has_text=re.compile(r"^No$"))
+    if no.count():
+        no.first.click()
+    page.locator(".widget-label", has_text=re.compile(rf"^\d+/{EPOCHS}$")).first.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / name))
+
+
+def _wait(page: Any, cond: Any, what: str, timeout: float = 240) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        page.wait_for_timeout(250)
+    page.screenshot(path=str(ARTIFACTS / "lab-timeout.png"))
+    raise AssertionError(f"timed out waiting for {what} (screenshot in test-artifacts/lab-timeout.png)")
+
+
+@pytest.mark.timeout(900)
+def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: BackendClient, tmp_path: Path) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    _notebook(tmp_path)
+    env = {"AIBRO_HOME": str(aibro_home), "TF_CPP_MIN_LOG_LEVEL": "2", "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    with jupyterlab(tmp_path, env, ARTIFACTS / "jupyterlab.log") as (url, token), chromium_page() as page:
+        _open(page, url, token)
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+        first = _wait(page, lambda: (_epochs_shown(page) or 0) >= 2 and _epochs_shown(page), "two epochs in the panel")
+        grown = _wait(page, lambda: (_epochs_shown(page) or 0) > first and _epochs_shown(page), "the panel to grow")
+        points = _curve_points(page)
+        assert len(points) >= 2 and min(points) >= grown - 1, f"train and validation curves grow: {points}"
+        assert grown < EPOCHS, "the job finished before the reload: make the test's training longer"
+        _snap(page, "lab-before-reload.png")
+        job = next(j for j in reversed(client.jobs()) if j["description"] == "quickstart digits cnn")
+        assert job["status"] == "TRAINING"
+
+        page.keyboard.press("Control+s")  # what a user does before reloading: the output keeps the panel's view
+        page.wait_for_timeout(1500)
+        page.reload()
+        _open(page, url, token)
+        after = _wait(page, lambda: _epochs_shown(page), "the panel after the reload", timeout=120)
+        assert after >= grown, "every epoch seen before the reload is still shown"
+        done_now = client.job(job["job_id"])["epochs_done"]
+        assert after >= min(done_now, EPOCHS) - 1, (after, done_now)
+        _snap(page, "lab-after-reload.png")
+
+        _wait(page, lambda: _epochs_shown(page) == EPOCHS, "the last epoch, live after the reload")
+        _wait(
+            page,
+            lambda: (
+                "<code>COMPLETED</code>" in page.content()
+                or "COMPLETED" in " ".join(page.locator(".widget-html").all_inner_texts())
+            ),
+            "COMPLETED in the panel",
+        )
+        points = _curve_points(page)
+        assert points and max(points) == EPOCHS, f"every epoch is on the curves after the reload: {points}"
+        _snap(page, "lab-completed.png")
+    final = client.job(job["job_id"])
+    assert final["status"] == "COMPLETED" and final["epochs_done"] == EPOCHS
