@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import inspect
 import threading
-import time
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -17,23 +16,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from .cellsplit import SplitCell, split_cell
+from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
 from .progress import JobView, TextProgress
 from .training import Training, format_machines
-
-POLL_S = 0.1
-
-
-def _ui_loop() -> Any:
-    """Process widget clicks while the cell blocks, so Cancel, Detach and Start work mid-cell."""
-    try:
-        from jupyter_ui_poll import ui_events
-
-        return ui_events()
-    except Exception:  # noqa: BLE001 - outside a kernel there are no UI events to process
-        from contextlib import nullcontext
-
-        return nullcontext(lambda _n=1: None)
 
 
 @magics_class
@@ -73,13 +59,20 @@ class CloudMagics(Magics):
         History; statements after it run here once the trained weights and optimizer state are back in the same
         model object. Ctrl-C detaches (the job goes on): `%cloud_attach JOB` picks it up again.
         """
+        return run_sync(self._cloud_fit(line, cell))
+
+    async def cloud_fit_async(self, line: str, cell: str) -> Any:
+        """What a notebook cell runs: the same magic, waiting on the kernel's loop so widget clicks arrive."""
+        return await run_async(self._cloud_fit(line, cell))
+
+    async def _cloud_fit(self, line: str, cell: str) -> Any:
         args = _parse(self.cloud_fit, line)
         try:
-            return self._cloud_fit(args, cell)
+            return await self._cloud_fit_steps(args, cell)
         except AibroError as exc:
             raise UsageError(str(exc)) from None
 
-    def _cloud_fit(self, args: Any, cell: str) -> Any:
+    async def _cloud_fit_steps(self, args: Any, cell: str) -> Any:
         ns = self.shell.user_ns
         split = split_cell(self.shell.transform_cell(cell))
         _exec(split.before, ns)
@@ -90,7 +83,7 @@ class CloudMagics(Magics):
         if machines is None and self.default_machines:
             machines = ",".join(self.default_machines)
         if machines is None:
-            machines, cool_down = self._pick(cool_down)
+            machines, cool_down = await self._pick(cool_down)
         x, y = fit_args.pop("x", None), fit_args.pop("y", None)
         job = self.trainer.submit(
             model,
@@ -113,7 +106,7 @@ class CloudMagics(Magics):
         if args.detach:
             print(f"{job_id} started on {', '.join(job['machines'])}; follow it with %cloud_attach {job_id}")
             return None
-        view = self._follow(job_id, job.get("description", ""), job["machines"], quiet=args.quiet)
+        view = await self._follow(job_id, job.get("description", ""), job["machines"], quiet=args.quiet)
         if view is None:
             return None
         trained, history = self.trainer.collect(view, model, not args.unsafe, args.ckpt_dir, args.log_dir)
@@ -139,20 +132,18 @@ class CloudMagics(Magics):
             )
         return value, src
 
-    def _pick(self, cool_down: float) -> tuple[str, float]:
+    async def _pick(self, cool_down: float) -> tuple[str, float]:
         from .widgets.picker import MachinePicker
 
         picker = MachinePicker(self.trainer.client.machines(), cool_down)
         display(picker)
-        with _ui_loop() as poll:
-            while not picker.started.is_set():
-                poll(10)
-                time.sleep(POLL_S)
+        print("Choose machines and press Start training (or pass --machine, or set `%cloud_machines --use`).")
+        await until(picker.started.is_set)
         assert picker.chosen is not None
         machines, cool = picker.chosen
         return ",".join(machines), cool
 
-    def _follow(self, job_id: str, description: str, machines: list[str], quiet: bool = False) -> JobView | None:
+    async def _follow(self, job_id: str, description: str, machines: list[str], quiet: bool = False) -> JobView | None:
         """Show the panel and follow the job until it ends; None when the user detached."""
         from .widgets.progress_panel import ProgressPanel
 
@@ -182,10 +173,7 @@ class CloudMagics(Magics):
         thread = threading.Thread(target=watch, name=f"aibro-{job_id}", daemon=True)
         thread.start()
         try:
-            with _ui_loop() as poll:
-                while thread.is_alive() and not panel.detached.is_set():
-                    poll(10)
-                    thread.join(POLL_S)
+            await until(lambda: not thread.is_alive() or panel.detached.is_set())
         except KeyboardInterrupt:
             panel.detached.set()
         if panel.detached.is_set():
@@ -234,10 +222,17 @@ class CloudMagics(Magics):
     @line_magic
     def cloud_attach(self, line: str) -> None:
         """Rebuild a job's panel from its full event history, follow it live, and load the model when it ends."""
+        run_sync(self._cloud_attach(line))
+
+    async def cloud_attach_async(self, line: str) -> None:
+        """What a notebook cell runs: the same magic, waiting on the kernel's loop so widget clicks arrive."""
+        await run_async(self._cloud_attach(line))
+
+    async def _cloud_attach(self, line: str) -> None:
         args = _parse(self.cloud_attach, line)
         try:
             job = self.trainer.client.job(args.job_id)
-            view = self._follow(args.job_id, job["description"], job["machines"])
+            view = await self._follow(args.job_id, job["description"], job["machines"])
             if view is not None:
                 self._bind(view, args.into or job.get("meta", {}).get("variable"))
         except AibroError as exc:
@@ -358,3 +353,6 @@ def _bind_fit(call: ast.Call, ns: dict[str, Any]) -> dict[str, Any]:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(CloudMagics)
+    cleanup = ipython.input_transformers_cleanup
+    if awaitable_magics not in cleanup:
+        cleanup.append(awaitable_magics)

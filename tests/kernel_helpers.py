@@ -13,9 +13,12 @@ from jupyter_client.manager import KernelManager
 
 @dataclass
 class CellResult:
+    msg_id: str = ""
     stdout: str = ""
     error: str = ""
     data: list[dict[str, Any]] = field(default_factory=list)
+    widgets: dict[str, dict[str, Any]] = field(default_factory=dict)  # comm id → the widget's opening state
+    done: bool = False
 
 
 def start_kernel(env: dict[str, str] | None = None) -> tuple[KernelManager, Any]:
@@ -29,17 +32,22 @@ def start_kernel(env: dict[str, str] | None = None) -> tuple[KernelManager, Any]
 
 def run_cell(kc: Any, code: str, timeout: float = 300, until: str | None = None) -> CellResult:
     """Execute `code`; return early (leaving it running) once `until` appears in stdout."""
-    msg_id = kc.execute(code)
-    res = CellResult()
+    return drain(kc, CellResult(msg_id=kc.execute(code)), timeout, until)
+
+
+def drain(kc: Any, res: CellResult, timeout: float = 300, until: str | None = None) -> CellResult:
+    """Collect what the cell shows until it is idle (or `until` appears in stdout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             msg = kc.get_iopub_msg(timeout=1)
         except queue.Empty:
             continue
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
         kind, content = msg["msg_type"], msg["content"]
+        if kind == "comm_open":
+            res.widgets[content["comm_id"]] = content.get("data", {}).get("state", {})
+        if msg["parent_header"].get("msg_id") != res.msg_id:
+            continue
         if kind == "stream":
             res.stdout += content["text"]
             if until and until in res.stdout:
@@ -49,5 +57,20 @@ def run_cell(kc: Any, code: str, timeout: float = 300, until: str | None = None)
         elif kind in ("display_data", "execute_result"):
             res.data.append(content["data"])
         elif kind == "status" and content["execution_state"] == "idle":
+            res.done = True
             return res
     raise AssertionError(f"cell did not finish in {timeout}s; output so far: {res.stdout[-2000:]} {res.error}")
+
+
+def click(kc: Any, res: CellResult, description: str) -> None:
+    """Press a button the cell displayed, the way the browser does: a `click` message on the widget's comm."""
+    found = [
+        cid
+        for cid, st in res.widgets.items()
+        if st.get("_model_name") == "ButtonModel" and st.get("description") == description
+    ]
+    assert found, f"no button {description!r} among {[st.get('description') for st in res.widgets.values()]}"
+    msg = kc.session.msg(
+        "comm_msg", {"comm_id": found[-1], "data": {"method": "custom", "content": {"event": "click"}}}
+    )
+    kc.shell_channel.send(msg)

@@ -4,10 +4,11 @@ from a new kernel after the first one died."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
-from kernel_helpers import run_cell, start_kernel
+from kernel_helpers import click, drain, run_cell, start_kernel
 
 SETUP = """
 import os
@@ -34,12 +35,13 @@ def kernel(aibro_home: Path, client):  # noqa: ANN001 - client starts the shared
     km, kc = start_kernel({"AIBRO_HOME": str(aibro_home)})
     res = run_cell(kc, SETUP, timeout=180)
     assert not res.error, res.error
+    kc.manager = km  # the tests that interrupt the kernel need it
     yield kc
     kc.stop_channels()
     km.shutdown_kernel(now=True)
 
 
-def test_cloud_fit_runs_fit_remotely_and_the_rest_locally(kernel) -> None:  # noqa: ANN001
+def test_cloud_fit_runs_fit_remotely_and_the_rest_locally(kernel, client) -> None:  # noqa: ANN001
     res = run_cell(
         kernel,
         """%%cloud_fit --machine local-cpu --cool-down 600 --description "magic digits"
@@ -55,6 +57,8 @@ print("STEPS", int(model.optimizer.iterations.numpy()))
     final = re.search(r"FINAL (\S+) (\S+) (\S+)", res.stdout)
     assert final and final.group(1) == final.group(2) and final.group(3) == "True", res.stdout
     assert "STEPS 132" in res.stdout  # 44 batches x 3 epochs: optimizer state came back
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "magic digits")
+    assert job["status"] == "COMPLETED" and job["meta"] == {"variable": "model"}
     assert any("application/vnd.jupyter.widget-view+json" in d for d in res.data), "the progress panel shows"
 
 
@@ -128,3 +132,92 @@ def test_kernel_dies_mid_training_then_attach_in_a_new_kernel(aibro_home: Path, 
     finally:
         kc2.stop_channels()
         km2.shutdown_kernel(now=True)
+
+
+def test_options_ckpt_dir_log_dir_into_and_detach(kernel, client, tmp_path: Path) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        f"%%cloud_fit -m local-cpu --cool-down 600 --ckpt-dir {tmp_path}/ck --log-dir {tmp_path}/tb --into trained "
+        "--description 'options test' --quiet\n"
+        "model.fit(x_train[:300], y_train[:300], epochs=2, batch_size=50)\n"
+        "print('SAME', trained is model)",
+    )
+    assert not res.error, res.error
+    assert "SAME True" in res.stdout and "Epoch 1/2" not in res.stdout, "--quiet leaves only the panel"
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "options test")
+    ckpts = sorted(p.name for p in (tmp_path / "ck" / job["job_id"] / "checkpoints").iterdir())
+    assert ckpts == ["epoch-0001.keras", "epoch-0002.keras"]
+    assert list((tmp_path / "tb" / "logs" / job["job_id"]).rglob("events.out.tfevents.*")), "TensorBoard logs"
+
+    res = run_cell(
+        kernel,
+        "%%cloud_fit -m local-cpu --cool-down 600 --detach -d detached\n"
+        "h = model.fit(x_train[:300], y_train[:300], epochs=2)",
+    )
+    assert not res.error, res.error
+    job_id = re.search(r"(job-\S+) started on local-cpu; follow it with %cloud_attach \1", res.stdout).group(1)
+    assert client.job(job_id)["status"] in ("QUEUING", "TRAINING", "COMPLETED")
+    res = run_cell(
+        kernel,
+        f"%cloud_attach {job_id} --into fresh\nprint('NEW', fresh is not model, len(fresh_history.history['loss']))",
+    )
+    assert not res.error, res.error
+    assert "NEW True 2" in res.stdout and "loaded into `fresh` (as a new model)" in res.stdout
+
+
+def test_picker_appears_and_its_button_starts_the_job(kernel, client) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        "%%cloud_fit --cool-down 45 -d picked\nhistory = model.fit(x_train[:300], y_train[:300], epochs=1)",
+        until="press Start training",
+    )
+    assert not res.done and not res.error
+    assert "<code>local-cpu</code>" in " ".join(str(st.get("value", "")) for st in res.widgets.values()), (
+        "the marketplace table"
+    )
+    assert not [j for j in client.jobs() if j["description"] == "picked"], "nothing starts before the click"
+    click(kernel, res, "Start training")
+    drain(kernel, res)
+    assert not res.error, res.error
+    assert "Epoch 1/1" in res.stdout
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "picked")
+    assert job["status"] == "COMPLETED" and job["machines"] == ["local-cpu"] and job["cool_down_s"] == 45
+
+
+def test_ctrl_c_detaches_and_never_cancels(kernel, client) -> None:  # noqa: ANN001
+    assert not run_cell(kernel, "xb = np.repeat(x_train, 6, axis=0); yb = np.repeat(y_train, 6, axis=0)").error
+    res = run_cell(
+        kernel,
+        "%%cloud_fit -m local-cpu --cool-down 600 -d interrupted\n"
+        "history = model.fit(xb, yb, epochs=30, batch_size=16)",
+        until="Epoch 1/30",
+    )
+    kernel.manager.interrupt_kernel()
+    drain(kernel, res, timeout=60)
+    assert not res.error, f"Ctrl-C is not an error here: {res.error}"
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "interrupted")
+    assert f"Attach again with: %cloud_attach {job['job_id']}" in res.stdout
+    time.sleep(2)
+    assert client.job(job["job_id"])["status"] == "TRAINING", "the job keeps training"
+    client.cancel(job["job_id"])
+
+
+def test_panel_buttons_work_while_the_cell_runs(kernel, client) -> None:  # noqa: ANN001
+    """Cancel and Detach are clicked mid-training, the way the browser sends them."""
+    assert not run_cell(kernel, "xb = np.repeat(x_train, 6, axis=0); yb = np.repeat(y_train, 6, axis=0)").error
+    res = run_cell(
+        kernel,
+        "%%cloud_fit -m local-cpu --cool-down 600 -d detach-button\nhistory = model.fit(xb, yb, epochs=30)",
+        until="Epoch 1/30",
+    )
+    click(kernel, res, "Detach")
+    drain(kernel, res, timeout=60)
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "detach-button")
+    assert f"Attach again with: %cloud_attach {job['job_id']}" in res.stdout and not res.error
+    assert client.job(job["job_id"])["status"] == "TRAINING", "Detach leaves the job training"
+
+    res = run_cell(kernel, f"%cloud_attach {job['job_id']}", until="Epoch ")
+    click(kernel, res, "Cancel")
+    drain(kernel, res, timeout=60)
+    assert client.job(job["job_id"])["status"] == "CANCELED"
+    assert f"job {job['job_id']} did not complete: it was canceled" in res.stdout, res.stdout[-500:]

@@ -152,7 +152,10 @@ def _make_figure() -> tuple[Any, Any]:
     val = bq.Lines(x=[], y=[], scales={"x": xs, "y": ys}, colors=["#ef6c00"], labels=["val_loss"], display_legend=True)
     fig = bq.Figure(
         marks=[train, val],
-        axes=[bq.Axis(scale=xs, side="bottom", label="epoch", tick_format="d"), bq.Axis(scale=ys, side="left", label="loss")],
+        axes=[
+            bq.Axis(scale=xs, side="bottom", label="epoch", tick_format="d"),
+            bq.Axis(scale=ys, side="left", label="loss"),
+        ],
         layout=w.Layout(width="420px", height="260px"),
         fig_margin={"top": 20, "bottom": 40, "left": 50, "right": 10},
     )

@@ -208,6 +208,13 @@ class Store:
         ).fetchall()
         return [_event_row(r) for r in rows]
 
+    def status_events(self, job_id: str) -> list[dict[str, Any]]:
+        """Every status event of a job (its timeline), however long its log is."""
+        rows = self.db.execute(
+            "SELECT * FROM events WHERE job_id=? AND type=? ORDER BY seq", (job_id, v.EV_STATUS)
+        ).fetchall()
+        return [_event_row(r) for r in rows]
+
     def user_events(self, user_id: int, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT * FROM events WHERE user_id=? AND gid>? ORDER BY gid LIMIT ?", (user_id, after, limit)

@@ -19,8 +19,7 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
     spec = job["spec"]
     timeline = [
         {"status": e["data"].get("status"), "substatus": e["data"].get("substatus"), "ts": e["ts"]}
-        for e in store.events(job["id"])
-        if e["type"] == v.EV_STATUS
+        for e in store.status_events(job["id"])
     ]
     return {
         "job_id": job["id"],
@@ -30,6 +29,7 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
         "machine_id": job["machine_id"],
         "instance_id": job["instance_id"],
         "machines": spec["machines"],
+        "cool_down_s": spec.get("cool_down_s", 0),
         "epochs": spec["fit"]["epochs"],
         "epochs_done": job["epochs_done"],
         "attempt": job["attempt"],
