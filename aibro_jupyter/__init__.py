@@ -21,6 +21,15 @@ __all__ = [
 ]
 
 
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """Jupyter server finds the /aibro/api proxy here (enabled on install by jupyter-config/)."""
+    return [{"module": "aibro_jupyter.server"}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "aibro-jupyter"}]
+
+
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001
     """`%load_ext aibro_jupyter` registers the %%cloud_fit family of magics."""
     from .magics import load_ipython_extension as load

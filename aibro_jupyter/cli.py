@@ -77,6 +77,51 @@ def cmd_instances(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    """Train a saved .keras model on .npy arrays, no notebook needed; follows the job unless --detach."""
+    import numpy as np
+
+    from .errors import ValidationError
+    from .progress import TextProgress
+    from .training import Training
+
+    def load(path: str | None) -> np.ndarray | None:
+        if path is None:
+            return None
+        try:
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ValidationError(f"{path}: not a readable .npy array ({exc}); save arrays with numpy.save") from None
+
+    if not args.model.endswith(".keras"):
+        raise ValidationError(f"{args.model}: give a Keras v3 model file (model.save('model.keras'))")
+    import keras
+
+    try:
+        model = keras.models.load_model(args.model, safe_mode=not args.unsafe)
+    except (OSError, ValueError) as exc:
+        raise ValidationError(f"{args.model}: cannot load it as a Keras model ({exc})") from None
+    val = (load(args.val_x), load(args.val_y)) if args.val_x else None
+    trainer = Training()
+    job = trainer.submit(
+        model,
+        load(args.x),
+        load(args.y),
+        machine_ids=args.machine,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        validation_data=val,
+        description=args.description,
+        cool_down_period_s=args.cool_down,
+        safe_mode=not args.unsafe,
+    )
+    print(f"{job['job_id']} started on {', '.join(job['machines'])}", flush=True)
+    if args.detach:
+        return 0
+    view = trainer.watch(job["job_id"], [TextProgress()])
+    return 0 if view.status == "COMPLETED" else 1
+
+
 def cmd_login(args: argparse.Namespace) -> int:
     BackendClient(args.url, args.token).health()
     config.write_private(config.login_file(), {"url": args.url, "token": args.token})
@@ -109,6 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("instances", help="list your instances")
     i.add_argument("--terminate", metavar="INSTANCE", help="close a cooling instance now")
     i.set_defaults(fn=cmd_instances)
+    f = sub.add_parser("fit", help="train a saved .keras model on .npy arrays")
+    f.add_argument("model", help="a .keras file saved with model.save (compiled)")
+    f.add_argument("--x", required=True, help="training inputs, .npy")
+    f.add_argument("--y", default=None, help="training targets, .npy")
+    f.add_argument("--val-x", default=None, help="validation inputs, .npy")
+    f.add_argument("--val-y", default=None, help="validation targets, .npy")
+    f.add_argument("--epochs", type=int, default=1)
+    f.add_argument("--batch-size", type=int, default=None)
+    f.add_argument("--machine", "-m", default=None, help="ordered machine list, e.g. local-cpu")
+    f.add_argument("--cool-down", type=float, default=0, help="seconds to keep the machine warm afterwards")
+    f.add_argument("--description", "-d", default="")
+    f.add_argument("--unsafe", action="store_true", help="load with safe_mode=False (Lambda layers)")
+    f.add_argument("--detach", action="store_true", help="print the job id and return at once")
+    f.set_defaults(fn=cmd_fit)
     lg = sub.add_parser("login", help="use a shared or cloud backend")
     lg.add_argument("url")
     lg.add_argument("--token", required=True)

@@ -26,15 +26,7 @@ class Transport:
         self.session.headers["Authorization"] = f"Bearer {token}"
 
     def request(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> requests.Response:
-        try:
-            resp = self.session.request(method, f"{self.url}/api/v1{path}", timeout=timeout or self.timeout, **kw)
-        except requests.ConnectionError:
-            raise BackendUnreachable(
-                f"cannot reach the aibro backend at {self.url}: start it with `aibro backend start`, "
-                "or unset AIBRO_BACKEND_URL to use the embedded one"
-            ) from None
-        except requests.Timeout:
-            raise BackendUnreachable(f"the aibro backend at {self.url} did not answer in time") from None
+        resp = self.send(method, path, timeout=timeout, **kw)
         if resp.status_code == 401:
             raise AuthError(
                 f"the backend at {self.url} rejected the token ({_message(resp)}): "
@@ -43,6 +35,18 @@ class Transport:
         if resp.status_code >= 400 and not (method == "HEAD" and resp.status_code == 404):
             raise ApiError(resp.status_code, _message(resp))
         return resp
+
+    def send(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> requests.Response:
+        """One call, whatever status it answers; only an unreachable backend raises (the proxy passes errors on)."""
+        try:
+            return self.session.request(method, f"{self.url}/api/v1{path}", timeout=timeout or self.timeout, **kw)
+        except requests.ConnectionError:
+            raise BackendUnreachable(
+                f"cannot reach the aibro backend at {self.url}: start it with `aibro backend start`, "
+                "or unset AIBRO_BACKEND_URL to use the embedded one"
+            ) from None
+        except requests.Timeout:
+            raise BackendUnreachable(f"the aibro backend at {self.url} did not answer in time") from None
 
     def json(self, method: str, path: str, **kw: Any) -> Any:
         return self.request(method, path, **kw).json()

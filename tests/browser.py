@@ -34,8 +34,11 @@ def _free_port() -> int:
 
 @contextmanager
 def jupyterlab(root: Path, env: dict[str, str], log: Path) -> Iterator[tuple[str, str]]:
-    """Run `jupyter lab` on 127.0.0.1 with a random token; yields (base url, token)."""
+    """Run `jupyter lab` on 127.0.0.1 with a random token and a fresh workspaces dir; yields (base url, token).
+
+    The aibro server extension is not named here: it must be enabled by the package's own jupyter-config."""
     port, token = _free_port(), secrets.token_hex(16)
+    workspaces = log.parent / f"workspaces-{port}"
     cmd = [
         sys.executable,
         "-m",
@@ -46,6 +49,7 @@ def jupyterlab(root: Path, env: dict[str, str], log: Path) -> Iterator[tuple[str
         f"--port={port}",
         f"--ServerApp.root_dir={root}",
         f"--IdentityProvider.token={token}",
+        f"--LabApp.workspaces_dir={workspaces}",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]

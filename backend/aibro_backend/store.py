@@ -208,12 +208,18 @@ class Store:
         ).fetchall()
         return [_event_row(r) for r in rows]
 
-    def status_events(self, job_id: str) -> list[dict[str, Any]]:
-        """Every status event of a job (its timeline), however long its log is."""
+    def typed_events(self, job_id: str, types: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Every event of these types (its timeline, its epochs), however long the job's log is."""
         rows = self.db.execute(
-            "SELECT * FROM events WHERE job_id=? AND type=? ORDER BY seq", (job_id, v.EV_STATUS)
+            f"SELECT * FROM events WHERE job_id=? AND type IN ({','.join('?' * len(types))}) ORDER BY seq",
+            (job_id, *types),
         ).fetchall()
         return [_event_row(r) for r in rows]
+
+    def max_gid(self, user_id: int) -> int:
+        """The user's newest event: a watcher that lists jobs, then follows from here, misses nothing."""
+        row = self.db.execute("SELECT COALESCE(MAX(gid), 0) FROM events WHERE user_id=?", (user_id,)).fetchone()
+        return int(row[0])
 
     def user_events(self, user_id: int, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
         rows = self.db.execute(

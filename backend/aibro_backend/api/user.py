@@ -17,10 +17,15 @@ MAX_WAIT_S = 60.0
 def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
     """What a client sees of a job: states, progress, timeline and cost, never other users' data."""
     spec = job["spec"]
-    timeline = [
-        {"status": e["data"].get("status"), "substatus": e["data"].get("substatus"), "ts": e["ts"]}
-        for e in store.status_events(job["id"])
-    ]
+    timeline, epochs, error = [], {}, None
+    for e in store.typed_events(job["id"], (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)):
+        if e["type"] == v.EV_STATUS:
+            timeline.append({"status": e["data"].get("status"), "substatus": e["data"].get("substatus"), "ts": e["ts"]})
+        elif e["type"] == v.EV_EPOCH:
+            epochs[int(e["data"]["epoch"])] = e["data"]["logs"]  # a resumed epoch replaces the lost attempt's
+        else:
+            error = e["data"].get("message")
+    history = [{"epoch": k + 1, **epochs[k]} for k in sorted(epochs)]
     return {
         "job_id": job["id"],
         "status": job["status"],
@@ -41,6 +46,8 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
         "meta": spec.get("meta", {}),
         "cost": 0.0,
         "timeline": timeline,
+        "history": history,
+        "error": error,
     }
 
 
@@ -117,7 +124,8 @@ class BlobHandler(UserHandler):
 class JobsHandler(UserHandler):
     def get(self) -> None:
         store = self.backend.store
-        self.send({"jobs": [job_view(j, store) for j in store.jobs(self.uid)]})
+        cursor = store.max_gid(self.uid)  # taken first: events after it reach a watcher that follows from here
+        self.send({"jobs": [job_view(j, store) for j in store.jobs(self.uid)], "cursor": cursor})
 
     def post(self) -> None:
         spec = self.body_json()

@@ -1,0 +1,134 @@
+"""The Jupyter server extension: installed enabled, `/aibro/api/*` behind Jupyter's auth, an allow-list of the
+user API, the backend token never handed out, and the embedded backend started (and restarted) on demand."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from browser import jupyterlab
+
+from aibro_jupyter.client import BackendClient
+
+from conftest import kill_workers, make_model
+
+
+def _backend(home: Path) -> tuple[int, str, str]:
+    info = json.loads((home / "backend.json").read_text())
+    token = json.loads((home / "credentials.json").read_text())["token"]
+    return int(info["pid"]), info["url"], token
+
+
+def _wait_backend(home: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not (home / "backend.json").exists():
+        assert time.monotonic() < deadline, "the server extension did not start the embedded backend"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fresh_lab(tmp_path_factory: pytest.TempPathFactory):
+    """JupyterLab with an AIBRO_HOME where no backend runs yet."""
+    root = tmp_path_factory.mktemp("lab-root")
+    home = tmp_path_factory.mktemp("fresh-aibro-home")
+    with jupyterlab(root, {"AIBRO_HOME": str(home)}, root / "lab.log") as (url, token):
+        yield url, token, home, root
+    try:
+        os.kill(_backend(home)[0], signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    kill_workers(home)
+
+
+def test_installed_enabled_and_starts_the_embedded_backend(fresh_lab) -> None:  # noqa: ANN001
+    url, token, home, root = fresh_lab
+    _wait_backend(home)
+    r = requests.get(f"{url}/aibro/api/machines", headers={"Authorization": f"token {token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert "local-cpu" in [m["machine_id"] for m in r.json()["machines"]]
+    assert "aibro_jupyter: /aibro/api/* proxies the aibro backend" in (root / "lab.log").read_text()
+
+
+def test_jupyter_auth_guards_every_route_and_only_the_user_api_passes(fresh_lab) -> None:  # noqa: ANN001
+    url, token, home, _ = fresh_lab
+    auth = {"Authorization": f"token {token}"}
+    for path in ("jobs", "events?after=0", "instances", "machines"):
+        assert requests.get(f"{url}/aibro/api/{path}", timeout=30).status_code == 403, path
+    assert requests.post(f"{url}/aibro/api/jobs/job-x/cancel", timeout=30).status_code == 403
+    _, backend_url, backend_token = _backend(home)
+    wrong = {"Authorization": f"Bearer {backend_token}"}  # the backend's token is no Jupyter credential
+    assert requests.get(f"{url}/aibro/api/jobs", headers=wrong, timeout=30).status_code == 403
+    for method, path in [
+        ("GET", "worker/assignment"),
+        ("GET", "auth/tokens"),
+        ("GET", "jobs/job-x/artifacts/model.keras"),
+        ("POST", "jobs"),
+        ("GET", "blobs/" + "0" * 64),
+        ("GET", "jobs/job-x/events/more"),
+        ("GET", "jobs/job%2F..%2Fworker/events"),
+    ]:
+        r = requests.request(method, f"{url}/aibro/api/{path}", headers=auth, timeout=30)
+        assert r.status_code == 404, (method, path, r.status_code)
+    r = requests.get(f"{url}/aibro/api/jobs/job-nope", headers=auth, timeout=30)
+    assert r.status_code == 404 and "job-nope" in r.json()["error"], "backend errors pass through as they were"
+
+
+def test_proxy_follows_jobs_cancels_and_never_leaks_the_token(fresh_lab, digits, tmp_path: Path) -> None:  # noqa: ANN001
+    url, token, home, _ = fresh_lab
+    _wait_backend(home)
+    _, backend_url, backend_token = _backend(home)
+    auth = {"Authorization": f"token {token}"}
+    client = BackendClient(backend_url, backend_token)
+    x, y, _, _ = digits
+    from aibro_jupyter.training import Training
+
+    job = Training(client).submit(
+        make_model(), np.repeat(x, 8, axis=0), np.repeat(y, 8, axis=0), "local-cpu", epochs=30, description="proxy"
+    )
+    listed = requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=30).json()
+    assert [j["job_id"] for j in listed["jobs"]] == [j["job_id"] for j in client.jobs()]
+    assert listed["cursor"] >= 1
+
+    deadline, seen = time.monotonic() + 180, []
+    after = 0
+    while not any(e["type"] == "epoch" for e in seen):
+        assert time.monotonic() < deadline, "no epoch event reached the proxy's long-poll"
+        r = requests.get(f"{url}/aibro/api/events", params={"after": after, "wait": 10}, headers=auth, timeout=40)
+        assert r.status_code == 200, r.text
+        seen += r.json()["events"]
+        after = r.json()["cursor"]
+    assert {e["job_id"] for e in seen} == {job["job_id"]}
+
+    r = requests.post(f"{url}/aibro/api/jobs/{job['job_id']}/cancel", headers=auth, timeout=30)
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 60
+    while client.job(job["job_id"])["status"] != "CANCELED":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+
+    bodies = [
+        requests.get(f"{url}/aibro/api/{p}", headers=auth, timeout=30).text
+        for p in ("jobs", "events?after=0", "instances", "machines", "health", "policy", f"jobs/{job['job_id']}")
+    ]
+    bodies.append(requests.get(f"{url}/lab?token={token}", timeout=30).text)  # the page and its page config
+    assert all(backend_token not in b for b in bodies), "the backend token reached the browser"
+
+
+def test_backend_killed_the_proxy_finds_a_new_one(fresh_lab) -> None:  # noqa: ANN001
+    url, token, home, _ = fresh_lab
+    _wait_backend(home)
+    pid, _, _ = _backend(home)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    r = requests.get(f"{url}/aibro/api/jobs", headers={"Authorization": f"token {token}"}, timeout=90)
+    assert r.status_code == 200, r.text
+    assert _backend(home)[0] != pid, "a new embedded backend serves the proxy"
+    assert "proxy" in [j["description"] for j in r.json()["jobs"]], "its state survived (SQLite under AIBRO_HOME)"
