@@ -90,3 +90,28 @@ def chromium_page() -> Iterator[Any]:
             yield page
         finally:
             browser.close()
+
+
+def wait_until(page: Any, cond: Any, what: str, timeout: float = 240, shot: Path | None = None) -> Any:
+    """Poll `cond` while the page runs; on timeout keep a screenshot and say what never happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        page.wait_for_timeout(250)
+    if shot is not None:
+        page.screenshot(path=str(shot))
+    raise AssertionError(f"timed out waiting for {what}" + (f" (screenshot in {shot})" if shot else ""))
+
+
+def dismiss_news_prompt(page: Any) -> None:
+    """JupyterLab asks once whether to fetch news; answer No so toasts and screenshots stay ours."""
+    no = page.locator(".jp-toast-button", has_text="No")
+    if no.count():
+        no.first.click()
+
+
+def wait_kernel_idle(page: Any, timeout_ms: float = 120_000) -> None:
+    """The status bar says the notebook's kernel is Idle: only then is it safe to run cells."""
+    page.wait_for_selector(".jp-StatusBar-Widget >> text=/Idle/", timeout=timeout_ms)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium_page, jupyterlab
+from browser import chromium_page, dismiss_news_prompt, jupyterlab, wait_kernel_idle, wait_until
 
 from aibro_jupyter.client import BackendClient
 
@@ -42,6 +41,7 @@ def _open(page: Any, url: str, token: str) -> None:
     page.goto(f"{url}/lab/tree/quickstart.ipynb?token={token}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
     page.wait_for_selector(".jp-NotebookPanel-toolbar >> text=Python 3", timeout=120_000)
+    wait_kernel_idle(page)
 
 
 def _epochs_shown(page: Any) -> int | None:
@@ -61,22 +61,13 @@ def _curve_points(page: Any) -> list[int]:
 
 def _snap(page: Any, name: str) -> None:
     """Screenshot with the panel in view and the news prompt out of the way."""
-    no = page.locator(".jp-toast-button", has_text=re.compile(r"^No$"))
-    if no.count():
-        no.first.click()
+    dismiss_news_prompt(page)
     page.locator(".widget-label", has_text=re.compile(rf"^\d+/{EPOCHS}$")).first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / name))
 
 
 def _wait(page: Any, cond: Any, what: str, timeout: float = 240) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        page.wait_for_timeout(250)
-    page.screenshot(path=str(ARTIFACTS / "lab-timeout.png"))
-    raise AssertionError(f"timed out waiting for {what} (screenshot in test-artifacts/lab-timeout.png)")
+    return wait_until(page, cond, what, timeout, shot=ARTIFACTS / "lab-timeout.png")
 
 
 @pytest.mark.timeout(900)

@@ -128,7 +128,12 @@ def test_backend_killed_the_proxy_finds_a_new_one(fresh_lab) -> None:  # noqa: A
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    r = requests.get(f"{url}/aibro/api/jobs", headers={"Authorization": f"token {token}"}, timeout=90)
-    assert r.status_code == 200, r.text
+    auth = {"Authorization": f"token {token}"}
+    r = requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=90)
+    assert r.status_code == 502 and r.json()["reconnecting"] is True, "the browser hears that the backend is gone"
+    deadline = time.monotonic() + 60
+    while (r := requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=90)).status_code != 200:
+        assert r.status_code == 502 and time.monotonic() < deadline, r.text
+        time.sleep(0.5)
     assert _backend(home)[0] != pid, "a new embedded backend serves the proxy"
     assert "proxy" in [j["description"] for j in r.json()["jobs"]], "its state survived (SQLite under AIBRO_HOME)"

@@ -36,9 +36,9 @@ class Upstream:
         except AibroError as exc:
             self.log.warning("aibro_jupyter: %s", exc)
 
-    def target(self, refresh: bool = False) -> config.Target:
+    def target(self) -> config.Target:
         with self._lock:
-            if self._target is None or refresh:
+            if self._target is None:
                 self._target = config.resolve(start=True)
             return self._target
 
@@ -50,11 +50,14 @@ class Upstream:
         return t
 
     def forward(self, method: str, path: str, params: dict[str, str], timeout: float) -> requests.Response:
-        """One call to the backend; if it is gone, find it again (restarting the embedded one) and retry once."""
+        """One call to the backend. If it is gone the call fails (the sidebar says "reconnecting") and the next
+        call finds it again, starting the embedded backend anew if that is the one that went away."""
         target = self.target()
         try:
             return self._transport(target).send(method, path, params=params, timeout=timeout)
         except BackendUnreachable:
-            self.log.info("aibro_jupyter: backend at %s unreachable; looking for it again", target.url)
-            target = self.target(refresh=True)
-            return self._transport(target).send(method, path, params=params, timeout=timeout)
+            self.log.info("aibro_jupyter: backend at %s unreachable; the next call looks for it again", target.url)
+            with self._lock:
+                if self._target is target:
+                    self._target = None
+            raise

@@ -1,0 +1,38 @@
+/** Small formatters shared by the sidebar and the status bar. */
+import { IJob, Logs } from './api';
+
+export const FINAL = new Set(['COMPLETED', 'CANCELED']);
+
+export function isActive(job: IJob): boolean {
+  return !FINAL.has(job.status);
+}
+
+export function elapsed(job: IJob, now: number = Date.now() / 1000): number {
+  const start = job.timeline.length ? job.timeline[0].ts : job.created;
+  const last = job.timeline.length ? job.timeline[job.timeline.length - 1].ts : now;
+  return Math.max(0, (isActive(job) ? now : last) - start);
+}
+
+export function duration(seconds: number): string {
+  const s = Math.floor(seconds);
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const sec = s % 60;
+  const pad = (n: number) => String(n).padStart(2, '0');
+  return h ? `${h}:${pad(m)}:${pad(sec)}` : `${m}:${pad(sec)}`;
+}
+
+export function money(value: number): string {
+  return `$${value.toFixed(2)}`;
+}
+
+/** "loss 0.1234 · accuracy 0.9650" for the last epoch's logs, validation metrics included. */
+export function metrics(logs: Logs | undefined): string {
+  if (!logs) {
+    return '';
+  }
+  return Object.keys(logs)
+    .filter(k => k !== 'epoch' && k !== 'learning_rate' && typeof logs[k] === 'number')
+    .map(k => `${k} ${Number(logs[k]).toFixed(4)}`)
+    .join(' · ');
+}

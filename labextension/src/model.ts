@@ -1,0 +1,173 @@
+/**
+ * Every job of the user, kept live from the backend's event log through the server extension.
+ *
+ * The model lists jobs once (which also gives the event cursor), then long-polls `events?after=cursor` and
+ * applies each event; any failure switches to "reconnecting" and, once an answer comes back, lists again, so
+ * a page reload, a Jupyter restart or a backend restart all end in the same complete picture.
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { IEvent, IInstance, IJob, IMachine, requestAPI } from './api';
+import { FINAL } from './format';
+
+export type Connection = 'connecting' | 'live' | 'reconnecting';
+
+const WAIT_S = 25;
+const INSTANCE_REFRESH_MS = 5000;
+
+export class JobsModel {
+  jobs = new Map<string, IJob>();
+  instances: IInstance[] = [];
+  instancesFetched = 0;
+  machines: IMachine[] = [];
+  connection: Connection = 'connecting';
+  lastError = '';
+
+  private cursor = 0;
+  private needsList = true;
+  private disposed = false;
+  private changedSignal = new Signal<this, void>(this);
+  private finishedSignal = new Signal<this, IJob>(this);
+  private instanceTimer: number | undefined;
+
+  get changed(): ISignal<this, void> {
+    return this.changedSignal;
+  }
+
+  /** A job reached COMPLETED or CANCELED while we watched it. */
+  get finished(): ISignal<this, IJob> {
+    return this.finishedSignal;
+  }
+
+  get activeCount(): number {
+    let n = 0;
+    this.jobs.forEach(j => (n += FINAL.has(j.status) ? 0 : 1));
+    return n;
+  }
+
+  start(): void {
+    void this.loop();
+    this.instanceTimer = window.setInterval(() => {
+      if (this.connection === 'live') {
+        void this.refreshInstances();
+      }
+    }, INSTANCE_REFRESH_MS);
+  }
+
+  dispose(): void {
+    this.disposed = true;
+    window.clearInterval(this.instanceTimer);
+  }
+
+  async cancel(jobId: string): Promise<void> {
+    const { job } = await requestAPI<{ job: IJob }>(`jobs/${encodeURIComponent(jobId)}/cancel`, {
+      method: 'POST'
+    });
+    if (job && this.jobs.has(jobId)) {
+      this.jobs.set(jobId, { ...this.jobs.get(jobId)!, cancel_requested: true });
+      this.changedSignal.emit();
+    }
+  }
+
+  async terminate(instanceId: string): Promise<void> {
+    await requestAPI(`instances/${encodeURIComponent(instanceId)}/terminate`, { method: 'POST' });
+    await this.refreshInstances();
+  }
+
+  private async loop(): Promise<void> {
+    let backoff = 500;
+    while (!this.disposed) {
+      try {
+        if (this.needsList) {
+          await this.list();
+        }
+        const r = await requestAPI<{ events: IEvent[]; cursor: number }>(
+          `events?after=${this.cursor}&wait=${WAIT_S}`
+        );
+        this.setConnection('live');
+        backoff = 500;
+        this.cursor = r.cursor;
+        if (r.events.length) {
+          this.apply(r.events);
+        }
+      } catch (error) {
+        this.lastError = String((error as Error).message ?? error);
+        this.needsList = true;
+        this.setConnection('reconnecting');
+        await new Promise(resolve => setTimeout(resolve, backoff));
+        backoff = Math.min(backoff * 2, 5000);
+      }
+    }
+  }
+
+  private async list(): Promise<void> {
+    const r = await requestAPI<{ jobs: IJob[]; cursor: number }>('jobs');
+    this.jobs = new Map(r.jobs.map(j => [j.job_id, j]));
+    this.cursor = r.cursor;
+    this.needsList = false;
+    if (!this.machines.length) {
+      this.machines = (await requestAPI<{ machines: IMachine[] }>('machines')).machines;
+    }
+    await this.refreshInstances(false);
+    this.setConnection('live');
+    this.changedSignal.emit();
+  }
+
+  private async refreshInstances(emit = true): Promise<void> {
+    try {
+      this.instances = (await requestAPI<{ instances: IInstance[] }>('instances')).instances;
+      this.instancesFetched = Date.now();
+    } catch {
+      return; // the event loop notices a lost backend and says so
+    }
+    if (emit) {
+      this.changedSignal.emit();
+    }
+  }
+
+  private apply(events: IEvent[]): void {
+    let instancesChanged = false;
+    for (const ev of events) {
+      const job = this.jobs.get(ev.job_id);
+      if (!job) {
+        this.needsList = true; // a job started elsewhere (CLI, another kernel): the loop lists again
+        continue;
+      }
+      const d = ev.data;
+      if (ev.type === 'status') {
+        const wasFinal = FINAL.has(job.status);
+        job.status = d.status ?? job.status;
+        job.substatus = d.substatus ?? job.substatus;
+        job.timeline.push({ status: job.status, substatus: job.substatus, ts: ev.ts });
+        if (d.machine_id) {
+          job.machine_id = d.machine_id;
+        }
+        instancesChanged = true;
+        if (!wasFinal && FINAL.has(job.status)) {
+          this.finishedSignal.emit(job);
+        }
+      } else if (ev.type === 'epoch') {
+        const entry = { epoch: Number(d.epoch) + 1, ...(d.logs ?? {}) };
+        job.history = job.history.filter(h => h.epoch !== entry.epoch).concat([entry]);
+        job.history.sort((a, b) => a.epoch - b.epoch);
+        job.epochs_done = Math.max(job.epochs_done, entry.epoch);
+        if (d.epochs) {
+          job.epochs = Number(d.epochs);
+        }
+      } else if (ev.type === 'error') {
+        job.error = d.message ?? job.error;
+      }
+    }
+    if (instancesChanged) {
+      void this.refreshInstances(false);
+    }
+    this.changedSignal.emit();
+  }
+
+  private setConnection(state: Connection): void {
+    if (this.connection !== state) {
+      this.connection = state;
+      this.changedSignal.emit();
+    }
+  }
+}
