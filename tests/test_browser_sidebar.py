@@ -33,9 +33,9 @@ def _cli(home: Path, *args: str) -> str:
     return out.stdout
 
 
-def _start_job(home: Path, files: dict[str, Path], epochs: int, description: str) -> str:
+def _start_job(home: Path, files: dict[str, Path], epochs: int, description: str, y: str = "y") -> str:
     out = _cli(
-        home, "fit", str(files["model"]), "--x", str(files["x"]), "--y", str(files["y"]), "--epochs", str(epochs),
+        home, "fit", str(files["model"]), "--x", str(files["x"]), "--y", str(files[y]), "--epochs", str(epochs),
         "--machine", "local-cpu", "--cool-down", "300", "--description", description, "--detach",
     )  # fmt: skip
     m = re.search(r"(job-\S+) started on local-cpu", out)
@@ -73,6 +73,8 @@ def job_files(tmp_path: Path, digits) -> dict[str, Path]:  # noqa: ANN001
     make_model().save(files["model"])
     np.save(files["x"], np.repeat(x, 8, axis=0))
     np.save(files["y"], np.repeat(y, 8, axis=0))
+    files["bad_y"] = tmp_path / "bad_y.npy"  # labels a 10-class softmax cannot take: training fails on the worker
+    np.save(files["bad_y"], np.full(len(x) * 8, 50, dtype="int32"))
     return files
 
 
@@ -98,6 +100,9 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         active = sum(j["status"] not in ("COMPLETED", "CANCELED") for j in client.jobs())
         assert page.locator(".aibro-statusbar").inner_text().startswith(f"☁ {active} training") and active >= 1
         page.screenshot(path=str(ARTIFACTS / "sidebar-live.png"))
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
+        card.locator(".aibro-copy").click()
+        assert page.evaluate("navigator.clipboard.readText()") == f"%cloud_attach {job_id}"
 
         page.reload()
         _open_sidebar(page, url, token)
@@ -128,6 +133,11 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         page.wait_for_selector(".Toastify__toast >> text=/sidebar short job.*completed/", timeout=240_000)
         assert _card(page, short).get_attribute("data-status") == "COMPLETED" and _epochs(page, short) == 2
         page.screenshot(path=str(ARTIFACTS / "sidebar-completed.png"))
+
+        failing = _start_job(aibro_home, job_files, 2, "sidebar failing job", y="bad_y")
+        page.wait_for_selector(".Toastify__toast >> text=/sidebar failing job.*failed/", timeout=240_000)
+        assert client.job(failing)["status"] == "CANCELED" and client.job(failing)["error"]
+        assert _card(page, failing).locator(".aibro-job-error").inner_text(), "the card says why it failed"
 
         page.locator(".aibro-tab", has_text="Instances").click()
         row = page.locator(".aibro-instance[data-status=COOLING]").first
