@@ -139,6 +139,21 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         assert client.job(failing)["status"] == "CANCELED" and client.job(failing)["error"]
         assert _card(page, failing).locator(".aibro-job-error").inner_text(), "the card says why it failed"
 
+        page.context.set_offline(True)  # the browser loses the server while a job starts and ends
+        page.wait_for_selector(".aibro-connection[data-state=reconnecting]", timeout=60_000)
+        unseen = _start_job(aibro_home, job_files, 1, "sidebar unseen job")
+        deadline = time.time() + 240
+        while client.job(unseen)["status"] != "COMPLETED" and time.time() < deadline:
+            time.sleep(1)
+        assert client.job(unseen)["status"] == "COMPLETED"
+        page.context.set_offline(False)
+        page.wait_for_selector(".Toastify__toast >> text=/sidebar unseen job.*completed/", timeout=60_000)
+        assert _card(page, unseen).get_attribute("data-status") == "COMPLETED"
+        lost = page.locator(".jp-Dialog", has_text="Server Connection Error")  # JupyterLab's own dialog
+        if lost.count():
+            lost.locator("button", has_text="Close").click()
+            lost.wait_for(state="detached", timeout=10_000)
+
         page.locator(".aibro-tab", has_text="Instances").click()
         row = page.locator(".aibro-instance[data-status=COOLING]").first
         row.wait_for(timeout=60_000)

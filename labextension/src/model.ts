@@ -25,6 +25,10 @@ export class JobsModel {
 
   private cursor = 0;
   private needsList = true;
+  /** The backend's clock as of the newest event or job we have seen (seconds). */
+  private serverNow = 0;
+  /** serverNow when the picture went stale: a job that finished after it finished while we watched. */
+  private horizon: number | null = null;
   private disposed = false;
   private changedSignal = new Signal<this, void>(this);
   private finishedSignal = new Signal<this, IJob>(this);
@@ -92,7 +96,7 @@ export class JobsModel {
         }
       } catch (error) {
         this.lastError = String((error as Error).message ?? error);
-        this.needsList = true;
+        this.markStale();
         this.setConnection('reconnecting');
         await new Promise(resolve => setTimeout(resolve, backoff));
         backoff = Math.min(backoff * 2, 5000);
@@ -100,11 +104,28 @@ export class JobsModel {
     }
   }
 
+  private markStale(): void {
+    this.needsList = true;
+    this.horizon = this.horizon ?? this.serverNow;
+  }
+
   private async list(): Promise<void> {
     const r = await requestAPI<{ jobs: IJob[]; cursor: number }>('jobs');
+    const before = this.jobs;
+    const horizon = this.horizon;
     this.jobs = new Map(r.jobs.map(j => [j.job_id, j]));
     this.cursor = r.cursor;
     this.needsList = false;
+    this.horizon = null;
+    this.jobs.forEach(job => {
+      const ended = job.timeline.length ? job.timeline[job.timeline.length - 1].ts : job.created;
+      this.serverNow = Math.max(this.serverNow, ended);
+      const prev = before.get(job.job_id);
+      const endedUnseen = prev ? !FINAL.has(prev.status) : horizon !== null && horizon > 0 && ended > horizon;
+      if (FINAL.has(job.status) && endedUnseen) {
+        this.finishedSignal.emit(job); // it ended while the stream was down or before we knew the job
+      }
+    });
     if (!this.machines.length) {
       this.machines = (await requestAPI<{ machines: IMachine[] }>('machines')).machines;
     }
@@ -130,9 +151,10 @@ export class JobsModel {
     for (const ev of events) {
       const job = this.jobs.get(ev.job_id);
       if (!job) {
-        this.needsList = true; // a job started elsewhere (CLI, another kernel): the loop lists again
+        this.markStale(); // a job started elsewhere (CLI, another kernel): the loop lists again
         continue;
       }
+      this.serverNow = Math.max(this.serverNow, ev.ts);
       const d = ev.data;
       if (ev.type === 'status') {
         const wasFinal = FINAL.has(job.status);
