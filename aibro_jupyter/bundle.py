@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .dataset_blob import check_dataset, is_dataset, save_dataset
 from .errors import ValidationError
 
 TRAVELLING_CALLBACKS = {
@@ -173,9 +174,10 @@ def canonicalize_keras(path: Path) -> None:
 
 # -- data --------------------------------------------------------------------------------------------
 def as_array(value: Any, name: str) -> np.ndarray:
-    if hasattr(value, "element_spec"):
+    if is_dataset(value):
         raise ValidationError(
-            f"{name} is a tf.data.Dataset: pass numpy arrays (x and y) for now; Dataset support is not built yet"
+            f"{name} is a tf.data.Dataset, which can only be x or validation_data: "
+            "make one dataset yield (inputs, targets) and pass it as x"
         )
     try:
         arr = np.asarray(value)
@@ -225,9 +227,26 @@ def encode_data(
     y: Any = None,
     sample_weight: Any = None,
     validation_data: Any = None,
+    model: Any = None,
 ) -> dict[str, Any]:
+    """The job spec's `data`: numpy trees, or tf.data datasets that yield (inputs, targets[, weights])."""
     if x is None:
         raise ValidationError("train_X is None: pass the training inputs")
+    if is_dataset(x):
+        for label, value in (("y", y), ("sample_weight", sample_weight)):
+            if value is not None:
+                raise ValidationError(
+                    f"x is a tf.data.Dataset, so {label} must come from the dataset, not be passed beside it: "
+                    "make the dataset yield (inputs, targets) or (inputs, targets, sample_weights)"
+                )
+        train = _dataset_part(x, "x", bundle, model)
+    else:
+        train = _array_part(x, y, sample_weight, bundle)
+    bundle.data = {**train, "validation": _validation_part(validation_data, bundle, model)}
+    return bundle.data
+
+
+def _array_part(x: Any, y: Any, sample_weight: Any, bundle: Bundle) -> dict[str, Any]:
     tx, nx = encode_tree(x, "x", bundle)
     ty, ny = encode_tree(y, "y", bundle)
     tw, nw = encode_tree(sample_weight, "sample_weight", bundle)
@@ -236,19 +255,31 @@ def encode_data(
             raise ValidationError(
                 f"x has {nx} samples but {label} has {n}: they must have the same length (one row per sample)"
             )
-    data: dict[str, Any] = {"x": tx, "y": ty, "sample_weight": tw, "validation": None}
-    if validation_data is not None:
-        if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
-            raise ValidationError("validation_data must be a tuple (x_val, y_val) or (x_val, y_val, sample_weight)")
-        parts = list(validation_data) + [None] * (3 - len(validation_data))
-        vx, nvx = encode_tree(parts[0], "x_val", bundle)
-        vy, nvy = encode_tree(parts[1], "y_val", bundle)
-        vw, _ = encode_tree(parts[2], "w_val", bundle)
-        if nvx is not None and nvy is not None and nvx != nvy:
-            raise ValidationError(f"validation x has {nvx} samples but validation y has {nvy}: they must match")
-        data["validation"] = {"x": vx, "y": vy, "sample_weight": vw}
-    bundle.data = data
-    return data
+    return {"x": tx, "y": ty, "sample_weight": tw}
+
+
+def _validation_part(validation_data: Any, bundle: Bundle, model: Any) -> dict[str, Any] | None:
+    if validation_data is None:
+        return None
+    if is_dataset(validation_data):
+        return _dataset_part(validation_data, "validation_data", bundle, model)
+    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+        raise ValidationError(
+            "validation_data must be a tuple (x_val, y_val) or (x_val, y_val, sample_weight), or a tf.data.Dataset"
+        )
+    parts = list(validation_data) + [None] * (3 - len(validation_data))
+    vx, nvx = encode_tree(parts[0], "x_val", bundle)
+    vy, nvy = encode_tree(parts[1], "y_val", bundle)
+    vw, _ = encode_tree(parts[2], "w_val", bundle)
+    if nvx is not None and nvy is not None and nvx != nvy:
+        raise ValidationError(f"validation x has {nvx} samples but validation y has {nvy}: they must match")
+    return {"x": vx, "y": vy, "sample_weight": vw}
+
+
+def _dataset_part(ds: Any, name: str, bundle: Bundle, model: Any) -> dict[str, Any]:
+    check_dataset(ds, name, model)
+    path = save_dataset(ds, bundle.workdir / f"{name}-{len(bundle.files)}.tar")
+    return {"x": {"dataset": bundle.add_file(path)}, "y": None, "sample_weight": None}
 
 
 def encode_callbacks(callbacks: list[Any] | None) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from aibro_backend import vocabulary as v
 from . import bundle as b
 from .client import BackendClient
 from .config import resolve
+from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
 from .progress import JobView, TextProgress
 
@@ -104,6 +105,11 @@ class Training:
         _check_fit_kwargs(fit_kwargs)
         epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
         modules = b.check_model(model, safe_mode)
+        if is_dataset(train_X) and fit_kwargs.get("validation_split"):
+            raise ValidationError(
+                "validation_split cannot split a tf.data.Dataset: pass validation_data=another dataset instead, "
+                "e.g. ds.take(n) for validation and ds.skip(n) for training"
+            )
         if batch_size is not None:
             if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
                 raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -112,7 +118,7 @@ class Training:
         machines = _machine_list(machine_ids, client.machines())
         bundle = b.new_bundle()
         try:
-            b.encode_data(bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data)
+            b.encode_data(bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data, model)
             callbacks = b.encode_callbacks(fit_kwargs.pop("callbacks", None))
             fit_kwargs.pop("verbose", None)
             if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:

@@ -198,12 +198,36 @@ def test_ragged_python_list(client: BackendClient, nothing_uploaded: None) -> No
     assert "pad" in message or "dtype=" in message, f"no fix named: {message}"
 
 
-def test_dataset_input_is_refused_clearly(client: BackendClient, nothing_uploaded: None) -> None:
+def _fresh_ds(n: int = 256) -> Any:
     import tensorflow as tf
 
-    ds = tf.data.Dataset.from_tensor_slices(np.zeros((4, 64), "float32"))
-    with pytest.raises(ValidationError, match=r"tf.data.Dataset.*pass numpy arrays"):
-        _submit(client, make_model(), ds, None)
+    return tf.data.Dataset.from_tensor_slices(fresh_data(n))
+
+
+@pytest.mark.parametrize(
+    ("build", "y", "kw", "message"),
+    [
+        (lambda: _fresh_ds().batch(32).repeat(), None, {}, r"x is an infinite tf.data.Dataset.*drop .repeat\(\)"),
+        (lambda: _fresh_ds().take(0).batch(32), None, {}, r"x is an empty tf.data.Dataset"),
+        (lambda: _fresh_ds(), None, {}, r"single samples of shape \(64,\), not batches.*add .batch\(batch_size\)"),
+        (lambda: _fresh_ds().map(lambda a, b: a).batch(32), None, {}, r"yields single Tensor.*\(inputs, targets\)"),
+        (lambda: _fresh_ds().batch(32), np.zeros(256), {}, r"y must come from the dataset, not be passed beside"),
+        (lambda: _fresh_ds().batch(32), None, {"fit_kwargs": {"validation_split": 0.2}}, r"validation_split cannot"),
+        (lambda: fresh_data()[0], _fresh_ds(), {}, r"y is a tf.data.Dataset, which can only be x or validation_data"),
+        (
+            lambda: _fresh_ds().batch(32),
+            None,
+            {"validation_data": _fresh_ds().batch(8).repeat()},
+            r"validation_data is an infinite tf.data.Dataset",
+        ),
+    ],
+    ids=["infinite", "empty", "unbatched", "no-targets", "y-beside", "validation-split", "y-dataset", "val-infinite"],
+)
+def test_dataset_errors(
+    client: BackendClient, nothing_uploaded: None, build: Any, y: Any, kw: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        _submit(client, make_model(), build(), y, **kw)
 
 
 # -- fit arguments and machines -------------------------------------------------------------------------

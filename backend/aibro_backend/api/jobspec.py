@@ -13,12 +13,19 @@ MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 TRAVELLING_CALLBACKS = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN")
 
 
-def tree_blobs(tree: Any, where: str) -> list[str]:
-    """The blob digests of a data tree: {"blob": sha, ...} | {"list": [...]} | {"dict": {...}}."""
+def tree_blobs(tree: Any, where: str, dataset_ok: bool = False) -> list[str]:
+    """The blob digests of a data tree: {"blob": sha, ...} | {"list": [...]} | {"dict": {...}}, or at the top of
+    data.x / data.validation.x a {"dataset": sha} (a tar of tf.data's Dataset.save)."""
     if tree is None:
         return []
     if not isinstance(tree, dict):
         raise ApiError(400, f"{where} must be an object")
+    if "dataset" in tree:
+        if not dataset_ok:
+            raise ApiError(400, f"{where} cannot be a dataset: only data.x and data.validation.x can")
+        if not isinstance(tree["dataset"], str) or not SHA_RE.match(tree["dataset"]):
+            raise ApiError(400, f"{where}.dataset must be a sha256 hex digest")
+        return [tree["dataset"]]
     if "blob" in tree:
         if not isinstance(tree["blob"], str) or not SHA_RE.match(tree["blob"]):
             raise ApiError(400, f"{where}.blob must be a sha256 hex digest")
@@ -33,12 +40,16 @@ def tree_blobs(tree: Any, where: str) -> list[str]:
 def spec_blobs(spec: dict[str, Any]) -> list[str]:
     data = spec.get("data") or {}
     out = [spec["model"]]
-    for key in ("x", "y", "sample_weight"):
-        out += tree_blobs(data.get(key), f"data.{key}")
-    val = data.get("validation")
-    if val is not None:
+    parts = [("data", data)]
+    if data.get("validation") is not None:
+        parts.append(("data.validation", data["validation"]))
+    for where, part in parts:
+        if not isinstance(part, dict):
+            raise ApiError(400, f"{where} must be an object")
         for key in ("x", "y", "sample_weight"):
-            out += tree_blobs(val.get(key), f"data.validation.{key}")
+            out += tree_blobs(part.get(key), f"{where}.{key}", dataset_ok=key == "x")
+        if isinstance(part.get("x"), dict) and "dataset" in part["x"] and (part.get("y") or part.get("sample_weight")):
+            raise ApiError(400, f"{where}: a dataset yields its own targets, so y and sample_weight must be null")
     return out
 
 

@@ -1,7 +1,10 @@
-"""Data trees on the worker: arrays arrive as .npy blobs and load with allow_pickle=False."""
+"""Data trees on the worker: arrays arrive as .npy blobs and load with allow_pickle=False; a tf.data dataset
+arrives as a tar of its `Dataset.save` output and loads with `Dataset.load` (protobuf and raw tensors)."""
 
 from __future__ import annotations
 
+import tarfile
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,21 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
         return None
     if "blob" in tree:
         return np.load(fetch(tree["blob"]), allow_pickle=False)
+    if "dataset" in tree:
+        return load_dataset(fetch(tree["dataset"]))
     if "list" in tree:
         return [load_tree(t, fetch) for t in tree["list"]]
     return {k: load_tree(t, fetch) for k, t in tree["dict"].items()}
+
+
+def load_dataset(blob: Path) -> Any:
+    """Unpack once per blob (a warm worker reuses it) with tarfile's 'data' filter: no links out, no devices."""
+    import tensorflow as tf
+
+    folder = blob.with_name(blob.name + ".dataset")
+    if not folder.is_dir():
+        unpacked = Path(tempfile.mkdtemp(prefix="unpack-", dir=blob.parent))
+        with tarfile.open(blob) as tar:
+            tar.extractall(unpacked, filter="data")
+        unpacked.rename(folder)
+    return tf.data.Dataset.load(str(folder))

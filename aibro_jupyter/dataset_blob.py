@@ -1,0 +1,99 @@
+"""A finite `tf.data.Dataset` → one deterministic tar of its `Dataset.save` output, so it uploads once.
+
+`Dataset.save` writes a random run id and a timestamp; both are fixed here, so the same elements give the same
+bytes and the content-addressed store skips the upload the second time. The worker loads it back with
+`Dataset.load` (protobuf and raw tensors, no pickle). The dataset travels as the elements of one pass: what its
+pipeline randomises (`.shuffle`, random augmentation) is drawn once, here, not again every remote epoch."""
+
+from __future__ import annotations
+
+import tarfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .errors import ValidationError
+
+RUN_ID = "0"
+
+
+def is_dataset(value: Any) -> bool:
+    """True for a tf.data.Dataset, without importing TensorFlow for users who never made one."""
+    return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
+
+
+def check_dataset(ds: Any, name: str, model: Any = None) -> None:
+    """Refuse a dataset that cannot travel or cannot train, naming the fix, before anything is saved."""
+    import tensorflow as tf
+
+    cardinality = int(ds.cardinality())
+    if cardinality == int(tf.data.INFINITE_CARDINALITY):
+        raise ValidationError(
+            f"{name} is an infinite tf.data.Dataset (.repeat() with no count), which cannot be saved to travel: "
+            "drop .repeat() (fit goes over the dataset once per epoch) or bound it with .take(n)"
+        )
+    if cardinality == 0:
+        raise ValidationError(f"{name} is an empty tf.data.Dataset: it yields no batches to train on")
+    spec = ds.element_spec
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise ValidationError(
+            f"{name} yields {_describe(spec)}, but model.fit needs (inputs, targets) or (inputs, targets, "
+            "sample_weights) from a dataset: build it from a pair, e.g. Dataset.from_tensor_slices((x, y)).batch(64)"
+        )
+    inputs = getattr(model, "inputs", None) if model is not None else None
+    x_spec = spec[0]
+    if inputs and len(inputs) == 1 and isinstance(x_spec, tf.TensorSpec) and x_spec.shape.rank is not None:
+        if x_spec.shape.rank == len(inputs[0].shape) - 1:
+            raise ValidationError(
+                f"{name} yields single samples of shape {tuple(x_spec.shape)}, not batches (the model expects "
+                f"{tuple(inputs[0].shape)}): add .batch(batch_size) to the dataset"
+            )
+    if _shuffles(ds):
+        warnings.warn(
+            f"{name} shuffles in its pipeline; it travels as one saved pass, so every remote epoch sees the same "
+            "order. Pass numpy arrays instead to have fit reshuffle every epoch.",
+            stacklevel=4,
+        )
+
+
+def _describe(spec: Any) -> str:
+    if isinstance(spec, tuple):
+        return f"tuples of {len(spec)}"
+    return f"single {type(spec).__name__} elements"
+
+
+def _shuffles(ds: Any) -> bool:
+    """Whether a shuffle stage sits anywhere in the pipeline (walking TensorFlow's input graph)."""
+    seen, stack = set(), [ds]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if "Shuffle" in type(node).__name__:
+            return True
+        try:
+            stack.extend(node._inputs())
+        except Exception:  # noqa: BLE001 - a dataset kind without inputs: nothing upstream to look at
+            continue
+    return False
+
+
+def save_dataset(ds: Any, path: Path) -> Path:
+    """Save `ds` and pack it as a deterministic tar at `path`."""
+    from tensorflow.core.protobuf import snapshot_pb2
+
+    folder = path.with_suffix(".saved")
+    ds.save(str(folder))
+    meta = snapshot_pb2.SnapshotMetadataRecord()
+    meta.ParseFromString((folder / "snapshot.metadata").read_bytes())
+    (folder / meta.run_id).rename(folder / RUN_ID)
+    meta.run_id, meta.creation_timestamp = RUN_ID, 0
+    (folder / "snapshot.metadata").write_bytes(meta.SerializeToString())
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+            info = tarfile.TarInfo(file.relative_to(folder).as_posix())
+            info.size, info.mode = file.stat().st_size, 0o644
+            with open(file, "rb") as f:
+                tar.addfile(info, f)
+    return path

@@ -1,0 +1,91 @@
+"""tf.data datasets as training and validation data: saved once in the kernel, loaded on the worker, trained."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from aibro_backend.worker.datatree import load_dataset
+from aibro_jupyter import Training
+from aibro_jupyter.client import BackendClient
+from aibro_jupyter.dataset_blob import save_dataset
+from aibro_jupyter.errors import ApiError
+
+from conftest import make_model
+from helpers import wait_for
+
+EPOCHS = 3
+
+
+def _pairs(x: np.ndarray, y: np.ndarray, batch: int) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+def test_online_fit_trains_on_datasets(client: BackendClient, digits) -> None:  # noqa: ANN001
+    x, y, xv, yv = digits
+    train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(32)
+    model = make_model()
+    with pytest.warns(UserWarning, match=r"x shuffles in its pipeline.*same order"):
+        job_id, trained, history = Training.online_fit(
+            model, train, None, machine_ids="local-cpu", epochs=EPOCHS, validation_data=_pairs(xv, yv, 64)
+        )
+    assert trained is model and history.epoch == list(range(EPOCHS))
+    assert set(history.history) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+    loss, acc = model.evaluate(xv, yv, verbose=0)
+    assert acc == pytest.approx(history.history["val_accuracy"][-1], abs=1e-4) and acc > 0.7
+    assert int(model.optimizer.iterations.numpy()) == int(np.ceil(len(x) / 32)) * EPOCHS, "steps per epoch"
+    epochs = [e for e in client.events(job_id, 0)["events"] if e["type"] == "epoch"]
+    assert [e["data"]["epoch"] for e in epochs] == list(range(EPOCHS))
+
+
+def test_the_same_dataset_uploads_nothing_the_second_time(client: BackendClient) -> None:
+    rng = np.random.default_rng(7)  # data no other test sent, so the first submit really uploads
+    x, y = rng.random((512, 64), dtype=np.float32), rng.integers(0, 10, 512).astype("int32")
+    received, model = [], make_model()  # one model object: a new one would get new layer names, new bytes
+    for _ in range(2):
+        before = client.counters().get("blob_bytes_received", 0)
+        job = Training(client).submit(model, _pairs(x, y, 64), None, machine_ids="local-cpu", epochs=1)
+        received.append(client.counters().get("blob_bytes_received", 0) - before)
+        wait_for(client, job["job_id"], lambda evs: any(e["data"].get("status") == "COMPLETED" for e in evs))
+    assert received[0] > x.nbytes and received[1] == 0, received
+
+
+def test_saved_dataset_is_byte_stable_and_loads_back(tmp_path: Path) -> None:
+    x = np.arange(200, dtype="float32").reshape(100, 2)
+    ds = _pairs(x, np.arange(100), 16)
+    a = save_dataset(ds, tmp_path / "a.tar").read_bytes()
+    b = save_dataset(ds, tmp_path / "b.tar").read_bytes()
+    assert a == b, "same elements, same bytes: content addressing can skip the upload"
+    blob = tmp_path / "blobs" / "sha"
+    blob.parent.mkdir()
+    blob.write_bytes(a)
+    loaded = list(load_dataset(blob))
+    assert len(loaded) == 7 and np.array_equal(np.concatenate([bx for bx, _ in loaded]), x)
+    assert list(load_dataset(blob)) and (tmp_path / "blobs" / "sha.dataset").is_dir(), "unpacked once, reused"
+
+
+def test_worker_refuses_a_tar_that_reaches_outside(tmp_path: Path) -> None:
+    blob = tmp_path / "blobs" / "evil"
+    blob.parent.mkdir()
+    with tarfile.open(blob, "w") as tar:
+        info = tarfile.TarInfo("../../escaped.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    with pytest.raises(tarfile.OutsideDestinationError):
+        load_dataset(blob)
+    assert not list(tmp_path.rglob("escaped.txt"))
+
+
+def test_backend_accepts_a_dataset_only_as_x(client: BackendClient) -> None:
+    sha = "0" * 64
+    spec = {"model": sha, "machines": ["local-cpu"], "data": {"x": {"blob": sha}, "y": {"dataset": sha}}}
+    with pytest.raises(ApiError, match=r"data.y cannot be a dataset: only data.x and data.validation.x can"):
+        client.submit(spec)
+    spec["data"] = {"x": {"dataset": sha}, "y": {"blob": sha}}
+    with pytest.raises(ApiError, match=r"a dataset yields its own targets, so y and sample_weight must be null"):
+        client.submit(spec)
