@@ -28,11 +28,13 @@ class Outbox:
         self._thread = threading.Thread(target=self._run, name="aibro-outbox", daemon=True)
         self._thread.start()
 
-    def put(self, type_: str, data: dict[str, Any]) -> int:
+    def put(self, type_: str, data: dict[str, Any], ts: float | None = None) -> int:
+        """Queue an event; `ts` is when it happened (default now). An epoch event is stamped when its checkpoint
+        is safe, so its `ts` minus `data["ended"]` is the epoch-end work."""
         with self._cond:
             wseq = self.next_wseq
             self.next_wseq += 1
-            self.pending.append({"wseq": wseq, "type": type_, "data": data, "ts": time.time()})
+            self.pending.append({"wseq": wseq, "type": type_, "data": data, "ts": time.time() if ts is None else ts})
             self._cond.notify_all()
             return wseq
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,9 @@ class EpochPipeline:
 
     # -- called from the training thread -----------------------------------------------------------
     def event(self, type_: str, data: dict[str, Any]) -> None:
+        """Queue an event stamped now: it may wait behind a checkpoint upload, and its time is when it happened."""
         self._raise_if_failed()
-        self._queue.put(("event", (type_, data)))
+        self._queue.put(("event", (type_, data, time.time())))
 
     def epoch_end(self, epoch: int, data: dict[str, Any]) -> None:
         """Checkpoint `epoch`, then emit its event; blocks only when checkpoints pile up faster than they upload."""
@@ -57,7 +59,7 @@ class EpochPipeline:
             self._checked = self._shadow is not None and self._compatible(self._shadow)
         if not self._checked:
             self.upload_checkpoint(self.model, epoch)
-            self._queue.put(("event", ("epoch", data)))
+            self._queue.put(("event", ("epoch", data, None)))
             return
         self._slots.acquire()
         snapshot = (
