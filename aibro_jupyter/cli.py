@@ -26,6 +26,15 @@ def cmd_backend(args: argparse.Namespace) -> int:
         t = config.resolve()
         print(f"aibro backend running at {t.url}")
         return 0
+    if args.action == "add-user":
+        from aibro_backend.accounts import add_user
+
+        if not args.name:
+            raise AibroError("add-user needs a name: aibro backend add-user NAME")
+        token = add_user(config.home(), args.name)
+        print(f"user {args.name}: token {token}")
+        print(f"give it to {args.name} once (it is stored hashed): aibro login BACKEND_URL --token {token}")
+        return 0
     if args.action == "stop":
         print("stopped" if config.stop_embedded() else "no embedded backend was running")
         return 0
@@ -140,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aibro", description="Train Keras models on remote machines.")
     sub = p.add_subparsers(dest="cmd", required=True)
     be = sub.add_parser("backend", help="start, stop or inspect the backend")
-    be.add_argument("action", choices=["start", "status", "stop", "serve"])
+    be.add_argument("action", choices=["start", "status", "stop", "serve", "add-user"])
+    be.add_argument("name", nargs="?", help="the user, for add-user")
     be.add_argument("--host", default="127.0.0.1")
     be.add_argument("--port", type=int, default=0)
     be.set_defaults(fn=cmd_backend)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,14 @@ from typing import Any
 import numpy as np
 
 from aibro_jupyter.client import BackendClient
+
+
+def aibro_cli(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the `aibro` CLI as a user would, against the backend under `home`."""
+    env = {**os.environ, "AIBRO_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(
+        [sys.executable, "-m", "aibro_jupyter.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def instance_pid(home: Path, instance_id: str) -> int:

@@ -9,8 +9,6 @@ import fcntl
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,13 +20,11 @@ from browser import chromium_page, dismiss_news_prompt, jupyterlab, wait_until
 from aibro_jupyter.client import BackendClient
 
 from conftest import ARTIFACTS, make_model
+from helpers import aibro_cli
 
 
 def _cli(home: Path, *args: str) -> str:
-    env = {**os.environ, "AIBRO_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = subprocess.run(
-        [sys.executable, "-m", "aibro_jupyter.cli", *args], env=env, capture_output=True, text=True, timeout=300
-    )
+    out = aibro_cli(home, *args)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from conftest import make_model
-
-
-def _aibro(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AIBRO_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run(
-        [sys.executable, "-m", "aibro_jupyter.cli", *args], env=env, capture_output=True, text=True, timeout=300
-    )
+from helpers import aibro_cli
 
 
 def test_fit_follows_the_job_to_completion(aibro_home: Path, client, digits, tmp_path: Path) -> None:  # noqa: ANN001
@@ -24,7 +15,7 @@ def test_fit_follows_the_job_to_completion(aibro_home: Path, client, digits, tmp
     make_model().save(tmp_path / "m.keras")
     for name, arr in {"x": x[:400], "y": y[:400], "xv": xv, "yv": yv}.items():
         np.save(tmp_path / f"{name}.npy", arr)
-    out = _aibro(
+    out = aibro_cli(
         aibro_home, "fit", str(tmp_path / "m.keras"), "--x", str(tmp_path / "x.npy"), "--y", str(tmp_path / "y.npy"),
         "--val-x", str(tmp_path / "xv.npy"), "--val-y", str(tmp_path / "yv.npy"), "--epochs", "2", "-m", "local-cpu",
         "-d", "cli fit",
@@ -48,6 +39,6 @@ def test_fit_refuses_bad_inputs_before_uploading(aibro_home: Path, client, tmp_p
         (["fit", str(tmp_path / "m.keras"), "--x", str(tmp_path / "x.npy"), "-m", "nope"], "unknown machine 'nope'"),
     ]
     for args, expected in cases:
-        out = _aibro(aibro_home, *args)
+        out = aibro_cli(aibro_home, *args)
         assert out.returncode == 2 and expected in out.stderr, (args, out.stderr[-500:])
     assert client.counters().get("blob_bytes_received") == before.get("blob_bytes_received"), "nothing was uploaded"

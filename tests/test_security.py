@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import socket
 import stat
 from collections.abc import Iterator
@@ -18,12 +19,11 @@ import pytest
 import requests
 
 from aibro_backend import vocabulary as v
-from aibro_backend.store import Store
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import instance_pid, wait_for
+from helpers import aibro_cli, instance_pid, wait_for
 
 SHA = "a" * 64
 ROUTES = [
@@ -116,16 +116,38 @@ def test_openapi_document(client: BackendClient) -> None:
 
 # -- a second user -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def bob(client: BackendClient, aibro_home: Path) -> BackendClient:
-    """A second user, made through the backend's own store (the API only makes tokens for the same user)."""
-    store = Store(aibro_home / "state" / "aibro.db")
-    try:
-        token = store.new_token(store.ensure_user("bob"))
-    finally:
-        store.close()
+def bob(client: BackendClient, aibro_home: Path, tmp_path_factory: pytest.TempPathFactory) -> BackendClient:
+    """A second user, made as an admin would: `aibro backend add-user bob` on the backend's host, then
+    `aibro login` from bob's own home."""
+    made = aibro_cli(aibro_home, "backend", "add-user", "bob")
+    assert made.returncode == 0, made.stderr[-2000:]
+    token = re.search(r"--token (\S+)", made.stdout).group(1)
+    bob_home = tmp_path_factory.mktemp("bob-home")
+    login = aibro_cli(bob_home, "login", client.url, "--token", token)
+    assert login.returncode == 0, login.stderr[-2000:]
+    assert stat.S_IMODE((bob_home / "login.json").stat().st_mode) == 0o600
+    status = aibro_cli(bob_home, "backend", "status")
+    assert "configured backend" in status.stdout and "user bob" in status.stdout, status.stdout
+    assert not (bob_home / "credentials.json").exists(), "a logged-in client must not start its own backend"
     bob = BackendClient(client.url, token)
     assert bob.health()["user"] == "bob"
     return bob
+
+
+def test_add_user_refuses_bad_names_and_mints_a_new_token_each_time(client: BackendClient, aibro_home: Path) -> None:
+    for bad in ["Bob Smith", "../etc", "x" * 65, ""]:
+        out = aibro_cli(aibro_home, "backend", "add-user", bad)
+        assert out.returncode == 2 and "aibro backend add-user" not in out.stdout, (bad, out.stdout)
+        assert ("is not valid" in out.stderr and "e.g. alice" in out.stderr) or "needs a name" in out.stderr, bad
+    tokens = []
+    for _ in range(2):
+        out = aibro_cli(aibro_home, "backend", "add-user", "carol")
+        assert out.returncode == 0, out.stderr[-2000:]
+        tokens.append(re.search(r"--token (\S+)", out.stdout).group(1))
+    assert tokens[0] != tokens[1]
+    assert [BackendClient(client.url, t).health()["user"] for t in tokens] == ["carol", "carol"]
+    out = aibro_cli(aibro_home.parent / "nowhere", "backend", "add-user", "dave")
+    assert out.returncode == 2 and "no backend store" in out.stderr, out.stderr
 
 
 @pytest.fixture(scope="module")

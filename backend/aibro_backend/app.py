@@ -18,6 +18,7 @@ from tornado.ioloop import PeriodicCallback
 
 from aibro_jupyter.config import write_private
 
+from .accounts import store_path
 from .api import user, worker
 from .api.base import BaseHandler
 from .api.openapi import OpenApiHandler
@@ -73,7 +74,7 @@ def build_backend(home: Path) -> Backend:
     home.mkdir(parents=True, exist_ok=True)
     state = home / "state"
     state.mkdir(parents=True, exist_ok=True)
-    store = Store(state / "aibro.db")
+    store = Store(store_path(home))
     bus = EventBus()
     policy = Policy.from_env()
     capacity = int(os.environ.get("AIBRO_LOCAL_CAPACITY", "0")) or None
