@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -118,8 +119,10 @@ def test_backend_killed_and_restarted_loses_nothing(client: BackendClient, aibro
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
     info = json.loads((aibro_home / "backend.json").read_text())
     os.kill(info["pid"], signal.SIGKILL)
+    killed_at = time.time()
     time.sleep(3)  # the worker keeps training and buffers its events meanwhile
     target = config.resolve()
+    back_at = time.time()
     assert target.url == client.url, "the backend comes back on the same port, so workers find it"
     assert json.loads((aibro_home / "backend.json").read_text())["pid"] != info["pid"]
     events = wait_for(client, job_id, _final, timeout=400)
@@ -128,3 +131,14 @@ def test_backend_killed_and_restarted_loses_nothing(client: BackendClient, aibro
     assert epochs_seen(events) == list(range(epochs))
     statuses = [(e["data"]["status"], e["data"]["substatus"]) for e in events if e["type"] == "status"]
     assert len(statuses) == len(set(statuses)), f"no status event is duplicated: {statuses}"
+    # every event the worker numbered reached the log once, those it made while the backend was down included
+    db = sqlite3.connect(str(aibro_home / "state" / "aibro.db"))
+    try:
+        rows = db.execute(
+            "SELECT attempt, wseq, ts FROM events WHERE job_id=? AND wseq IS NOT NULL ORDER BY gid", (job_id,)
+        ).fetchall()
+    finally:
+        db.close()
+    assert {r[0] for r in rows} == {0}
+    assert [r[1] for r in rows] == list(range(1, len(rows) + 1))
+    assert any(killed_at < r[2] < back_at for r in rows), "the worker kept producing events with the backend down"

@@ -79,9 +79,11 @@ def test_states_and_events(client: BackendClient, first_job) -> None:  # noqa: A
     assert job["status"] == v.COMPLETED and job["epochs_done"] == EPOCHS
     events = client.events(first_job["job_id"])["events"]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), "seq must be gap-free"
-    subs = [e["data"]["substatus"] for e in events if e["type"] == "status"]
-    order = [s for s in v.SUBSTATUS_ORDER if s in subs]
-    assert order == list(v.SUBSTATUS_ORDER), subs
+    status_events = [e["data"] for e in events if e["type"] == "status"]
+    walked = [d["substatus"] for d in status_events]
+    assert list(dict.fromkeys(walked)) == list(v.SUBSTATUS_ORDER), walked  # each once, in the order of DESIGN.md
+    statuses = [d["status"] for d in status_events]
+    assert list(dict.fromkeys(statuses)) == [v.QUEUING, v.TRAINING, v.COMPLETED], statuses
     ts = [t["ts"] for t in job["timeline"]]
     assert ts == sorted(ts)
     epoch_events = [e["data"] for e in events if e["type"] == "epoch"]
@@ -135,8 +137,45 @@ def test_second_job_reuses_the_warm_worker(client: BackendClient, first_job, dig
     assert inst["status"] == v.COOLING and inst["cooling_left_s"] > 0
 
 
+def test_events_long_poll(client: BackendClient, first_job) -> None:  # noqa: ANN001
+    """`wait` holds a request only while nothing is after `after` and more can come; what is there returns at once."""
+    job_id = first_job["job_id"]
+    t0 = time.monotonic()
+    page = client.events(job_id, 0, wait=5)
+    assert page["events"] and time.monotonic() - t0 < 1.0
+    last = page["events"][-1]["seq"]
+    assert [e["seq"] for e in client.events(job_id, last - 3)["events"]] == [last - 2, last - 1, last]
+    t0 = time.monotonic()
+    page = client.events(job_id, last, wait=5)
+    assert page["events"] == [] and page["status"] == v.COMPLETED
+    assert time.monotonic() - t0 < 1.0, "a final job has nothing more to wait for"
+    cursor = client.user_events(0)["cursor"]
+    t0 = time.monotonic()
+    page = client.user_events(cursor, wait=2)
+    assert page["events"] == [] and page["cursor"] == cursor
+    assert time.monotonic() - t0 >= 1.9, "an empty long-poll waits for its whole `wait`"
+
+
+def test_events_long_poll_returns_when_an_event_arrives(client: BackendClient, digits) -> None:  # noqa: ANN001
+    x, y = digits[0][:64], digits[1][:64]
+    job_id = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600)[
+        "job_id"
+    ]
+    seen = 0
+    waits = []
+    while True:
+        t0 = time.monotonic()
+        page = client.events(job_id, seen, wait=20)
+        waits.append(time.monotonic() - t0)
+        assert page["events"], "a long-poll returns events, or waits its whole `wait`"
+        seen = page["events"][-1]["seq"]
+        if any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in page["events"]):
+            break
+    assert max(waits) < 15, waits  # each wait ended because an event arrived, not because 20 s ran out
+
+
 def test_cancel_stops_within_about_a_batch(client: BackendClient) -> None:
-    x, y = slow_data()
+    x, y = slow_data(n=40000)  # one epoch is ~2500 batches, several seconds: a stop at epoch end would show
     job = Training(client).submit(
         make_model(), x, y, machine_ids="local-cpu", epochs=50, batch_size=16, cool_down_period_s=600
     )
@@ -147,12 +186,16 @@ def test_cancel_stops_within_about_a_batch(client: BackendClient) -> None:
         client, job_id, lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs)
     )
     final = client.job(job_id)
-    assert final["status"] == v.CANCELED and final["epochs_done"] < 50
+    assert final["status"] == v.CANCELED and final["epochs_done"] == 0
     cancel_at = next(e["ts"] for e in events if e["type"] == "log" and e["data"]["message"] == "cancel requested")
-    done_at = next(e["ts"] for e in events if e["type"] == "status" and e["data"]["status"] == v.CANCELED)
-    batches_after = [e for e in events if e["type"] == "batch" and e["ts"] > cancel_at]
+    assert not [e for e in events if e["type"] == "epoch"], "the first epoch must not finish"
+    batches = [e["data"] for e in events if e["type"] == "batch"]
+    assert all(b["epoch"] == 0 for b in batches)
+    assert batches[-1]["batch"] < batches[-1]["steps"] // 2, "training stopped mid-epoch"
     # the worker hears of the cancel within its heartbeat and stops at the next batch boundary
+    batches_after = [e for e in events if e["type"] == "batch" and e["ts"] > cancel_at]
     assert len(batches_after) <= 6, batches_after
+    done_at = next(e["ts"] for e in events if e["type"] == "status" and e["data"]["status"] == v.CANCELED)
     assert done_at - cancel_at < 15
     # the instance is healthy and cooling, ready for the next job
     inst = next(i for i in client.instances() if i["id"] == final["instance_id"])
