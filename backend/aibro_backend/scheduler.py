@@ -85,6 +85,48 @@ class Scheduler:
                 self.close_instance(inst)
             elif inst["status"] == v.CLOSING and now - inst["updated"] > 10:
                 provider.terminate(inst)
+            elif inst["status"] == v.LAUNCHING and inst["job_id"]:
+                self._check_request(inst, now)
+
+    def _check_request(self, inst: dict[str, Any], now: float) -> None:
+        """A machine that is not ready within the job's `wait_request_s` is given up for the next one in its list."""
+        job = self.store.job(inst["job_id"])
+        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+            return
+        wait = float(job["spec"].get("wait_request_s", 0) or 0)
+        if wait <= 0 or now - inst["created"] < wait:
+            return
+        self.providers[inst["provider"]].terminate(inst)
+        self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+        self.store.update_job(job["id"], instance_id=None, machine_id=None)
+        machine = inst["machine_id"]
+        self.emit(
+            job["id"],
+            v.EV_LOG,
+            {
+                "message": f"{machine} was not ready within {wait:g} s",
+                "passed_over": machine,
+                "attempt": job["attempt"],
+            },
+        )
+        left = [m for m in job["spec"]["machines"] if m not in self._passed_over(job)]
+        if left:
+            self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"trying {left[0]}")
+        else:
+            listed = ", ".join(job["spec"]["machines"])
+            self.fail(
+                job["id"],
+                f"none of the machines ({listed}) was ready within wait_request_s={wait:g} s; "
+                "wait longer (--wait-request / wait_request_s) or list other machines",
+            )
+
+    def _passed_over(self, job: dict[str, Any]) -> set[str]:
+        """Machines this attempt of the job gave up waiting for, read from its event log so a restart keeps them."""
+        return {
+            e["data"]["passed_over"]
+            for e in self.store.typed_events(job["id"], (v.EV_LOG,))
+            if "passed_over" in e["data"] and e["data"].get("attempt") == job["attempt"]
+        }
 
     def _worker_lost(self, inst: dict[str, Any]) -> None:
         job = self.store.job(inst["job_id"])
@@ -125,6 +167,7 @@ class Scheduler:
     def _assign(self, job: dict[str, Any]) -> None:
         spec = job["spec"]
         index = self.machine_index()
+        passed = self._passed_over(job)
         for machine_id in spec["machines"]:
             warm = [i for i in self.store.instances(job["user_id"], (v.COOLING,)) if i["machine_id"] == machine_id]
             if warm:
@@ -134,7 +177,7 @@ class Scheduler:
                 )
                 self._bind(job, inst["id"], machine_id, f"reusing warm instance {inst['id']}")
                 return
-            if machine_id not in index:
+            if machine_id not in index or machine_id in passed:
                 continue
             provider_name, offer = index[machine_id]
             live_user = self.store.instances(job["user_id"], v.INSTANCE_LIVE)
