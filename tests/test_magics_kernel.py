@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from kernel_helpers import click, drain, run_cell, start_kernel
 
+from helpers import wait_for
+
 SETUP = """
 import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -221,3 +223,74 @@ def test_panel_buttons_work_while_the_cell_runs(kernel, client) -> None:  # noqa
     drain(kernel, res, timeout=60)
     assert client.job(job["job_id"])["status"] == "CANCELED"
     assert f"job {job['job_id']} did not complete: it was canceled" in res.stdout, res.stdout[-500:]
+
+
+def test_spec_options_and_the_line_magics(kernel, client) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        "%%cloud_fit -m local-cpu --cool-down 900 --wait-request 45 --wait-slot 30 --no-record -d 'not recorded'\n"
+        "h = model.fit(x_train[:300], y_train[:300], epochs=2, validation_data=(x_val, y_val))\n"
+        "print('EPOCHS', h.epoch)",
+    )
+    assert not res.error, res.error
+    assert "EPOCHS [0, 1]" in res.stdout
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "not recorded")
+    assert (job["cool_down_s"], job["wait_request_s"], job["record"]) == (900, 45, False)
+    job_id = job["job_id"]
+
+    res = run_cell(kernel, f"from aibro_jupyter import Training\nTraining.replay_job('{job_id}')")
+    assert "was not recorded (record=False), so it cannot be replayed" in res.error + res.stdout
+
+    res = run_cell(
+        kernel,
+        f"%cloud_result {job_id} --into r\n"
+        "print('R', r is not model, r_history.epoch, round(r.evaluate(x_val, y_val, verbose=0)[1], 4))",
+    )
+    assert not res.error, res.error
+    found = re.search(r"R True \[0, 1\] (\S+)", res.stdout)
+    assert found and float(found.group(1)) == pytest.approx(job["history"][-1]["val_accuracy"], abs=1e-4), res.stdout
+
+    res = run_cell(kernel, f"%cloud_timeline {job_id} --chart funnel")
+    assert not res.error, res.error
+    assert any("application/vnd.jupyter.widget-view+json" in d for d in res.data), "a bqplot figure shows"
+
+    res = run_cell(
+        kernel,
+        "%%cloud_fit -m local-cpu --cool-down 900 --detach -d 'to cancel'\n"
+        "model.fit(x_train, y_train, epochs=500, batch_size=8)",
+    )
+    assert not res.error, res.error
+    long_id = re.search(r"(job-\S+) started on local-cpu", res.stdout).group(1)
+    res = run_cell(kernel, f"%cloud_cancel {long_id}")
+    assert not res.error and f"{long_id}: cancel requested" in res.stdout, res.stdout + res.error
+    wait_for(client, long_id, lambda evs: any(e["type"] == "status" and e["data"]["status"] == "CANCELED" for e in evs))
+
+    res = run_cell(kernel, "%cloud_jobs")
+    assert not res.error, res.error
+    rows = {line.split()[0]: line.split()[1] for line in res.stdout.splitlines()[1:] if line.startswith("job-")}
+    assert rows[job_id] == "COMPLETED" and rows[long_id] == "CANCELED", res.stdout
+
+
+def test_unsafe_trains_a_lambda_model(kernel, client) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        "lam = keras.Sequential([keras.Input((64,)), keras.layers.Lambda(lambda t: t * 2.0),\n"
+        "                        keras.layers.Dense(10, activation='softmax')])\n"
+        "lam.compile(optimizer='adam', loss='sparse_categorical_crossentropy', metrics=['accuracy'])\n"
+        "lam_id = id(lam)",
+    )
+    assert not res.error, res.error
+    res = run_cell(kernel, "%%cloud_fit -m local-cpu --cool-down 900 -d 'lambda safe'\nlam.fit(x_train, y_train)")
+    assert "--unsafe" in res.error + res.stdout, "safe mode refuses a Lambda layer and names the opt-out"
+    res = run_cell(
+        kernel,
+        "%%cloud_fit -m local-cpu --cool-down 900 --unsafe -d 'lambda unsafe'\n"
+        "h = lam.fit(x_train, y_train, epochs=2, validation_data=(x_val, y_val))\n"
+        "print('LAM', id(lam) == lam_id, round(lam.evaluate(x_val, y_val, verbose=0)[1], 4),"
+        " round(h.history['val_accuracy'][-1], 4))",
+    )
+    assert not res.error, res.error
+    found = re.search(r"LAM True (\S+) (\S+)", res.stdout)
+    assert found and found.group(1) == found.group(2), res.stdout
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "lambda unsafe")
+    assert job["status"] == "COMPLETED"

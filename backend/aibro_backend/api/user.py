@@ -35,6 +35,7 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
         "instance_id": job["instance_id"],
         "machines": spec["machines"],
         "cool_down_s": spec.get("cool_down_s", 0),
+        "wait_request_s": spec.get("wait_request_s", 60),
         "epochs": spec["fit"]["epochs"],
         "epochs_done": job["epochs_done"],
         "attempt": job["attempt"],
@@ -149,7 +150,8 @@ def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None 
         raise ApiError(
             429,
             f"{len(active)} jobs are active, the limit is {backend.policy.max_active_jobs}: "
-            "wait for one to end or cancel one (`aibro cancel JOB`)",
+            "wait for one to end, cancel one (`aibro cancel JOB`), or let the new job wait for a slot "
+            "(%%cloud_fit --wait-slot S, wait_new_job_create_s=S)",
         )
     job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
     backend.store.create_job(job_id, handler.uid, spec, replay_of=replay_of)
