@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -49,13 +51,21 @@ def test_first_client_starts_a_daemon_that_outlives_it(home: Path) -> None:
     token = json.loads((home / "credentials.json").read_text())["token"]
     assert len(token) >= 32
 
+    db = sqlite3.connect(str(home / "state" / "aibro.db"))
+    try:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal", "the store runs in WAL mode"
+    finally:
+        db.close()
+
     second = _run([sys.executable, "-c", PROBE], home)
     assert second.stdout.strip() == url
     assert json.loads((home / "backend.json").read_text())["pid"] == info["pid"], "later clients reuse it"
 
 
 def test_backend_cli_status_and_stop(home: Path) -> None:
-    aibro = [sys.executable, "-m", "aibro_jupyter.cli"]
+    installed = shutil.which("aibro")
+    assert installed, "pip install puts an `aibro` command on PATH"
+    aibro = [installed]
     down = _run([*aibro, "backend", "status"], home)
     assert down.returncode == 3 and "no backend running" in down.stdout
     started = _run([*aibro, "backend", "start"], home)

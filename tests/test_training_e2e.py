@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from aibro_backend import vocabulary as v
 from aibro_backend.providers.local import pid_alive
@@ -20,14 +23,22 @@ from helpers import slow_data, wait_for
 EPOCHS = 4
 
 
+SEED_SIGNATURE = [
+    "model", "train_X", "train_Y", "machine_ids", "batch_size", "epochs", "validation_data", "description",
+    "cool_down_period_s", "fit_kwargs", "directory_to_save_ckpt", "directory_to_save_log", "wait_request_s",
+    "wait_new_job_create_s", "wait_new_job_create_interval", "record",
+]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def first_job(client: BackendClient, digits):  # noqa: ANN001
+def first_job(client: BackendClient, digits, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN001
     x, y, xv, yv = digits
     for inst in client.instances():  # start from a cold machine so gear-up can be compared with a warm one
         if inst["status"] == v.COOLING:
             client.terminate(inst["id"])
     model = make_model()
     before = [w.copy() for w in model.get_weights()]
+    out = tmp_path_factory.mktemp("first-job")
     job_id, trained, history = Training.online_fit(
         model,
         x,
@@ -38,8 +49,31 @@ def first_job(client: BackendClient, digits):  # noqa: ANN001
         validation_data=(xv, yv),
         description="e2e digits",
         cool_down_period_s=600,
+        fit_kwargs={"shuffle": False},
+        directory_to_save_ckpt=str(out / "ckpt"),
+        directory_to_save_log=str(out / "tb"),
     )
-    return {"job_id": job_id, "model": model, "trained": trained, "history": history, "before": before, "data": digits}
+    return {
+        "job_id": job_id,
+        "model": model,
+        "trained": trained,
+        "history": history,
+        "before": before,
+        "data": digits,
+        "out": out,
+    }
+
+
+def test_online_fit_keeps_the_seed_signature() -> None:
+    params = list(inspect.signature(Training.online_fit).parameters)
+    assert params[: len(SEED_SIGNATURE)] == SEED_SIGNATURE
+
+
+def test_online_fit_saves_checkpoints_and_logs_where_asked(first_job) -> None:  # noqa: ANN001
+    job_id, out = first_job["job_id"], first_job["out"]
+    ckpts = sorted(p.name for p in (out / "ckpt" / job_id / "checkpoints").iterdir())
+    assert ckpts == [f"epoch-{k:04d}.keras" for k in range(1, EPOCHS + 1)]
+    assert list((out / "tb" / "logs" / job_id).rglob("events.out.tfevents.*")), "TensorBoard logs"
 
 
 def test_online_fit_returns_the_same_model_trained(first_job) -> None:  # noqa: ANN001
@@ -216,9 +250,11 @@ def test_available_machines_prints_and_returns(client: BackendClient, capsys: py
     offers = Training.available_machines()
     out = capsys.readouterr().out
     cpu = next(o for o in offers if o["machine_id"] == "local-cpu")
-    import os
-
     assert cpu["vcpus"] == os.cpu_count() and cpu["price_per_hour"] == 0
+    mem_kib = int(next(line for line in open("/proc/meminfo") if line.startswith("MemTotal")).split()[1])
+    assert cpu["memory_gib"] == pytest.approx(mem_kib / 1024**2, rel=0.05)
+    gpus = [o for o in offers if o["machine_id"].startswith("local-gpu") and o["gpu_count"] == 1]
+    assert len(gpus) == len(tf.config.list_physical_devices("GPU")), "one offer per GPU the host really has"
     assert "local-cpu" in out and "machine_id" in out
     json.dumps(offers)
 
