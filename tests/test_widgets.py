@@ -41,13 +41,19 @@ def done_job(client: BackendClient, digits) -> dict:  # noqa: ANN001
 def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_job: dict) -> None:
     panel = ProgressPanel(done_job["job_id"], "widgets", done_job["machines"])
     view = JobView(done_job["job_id"])
-    epoch_values = []
+    epoch_values, batch_bars = [], []
     for ev in client.events(done_job["job_id"])["events"]:
         view.apply(ev)
         panel.update(view, ev)
         if ev["type"] == v.EV_EPOCH:
             epoch_values.append(panel.epoch_bar.value)
+        if ev["type"] == v.EV_BATCH:
+            batch_bars.append((ev["data"], panel.batch_bar.value, panel.batch_bar.max, panel.batch_label.value))
     assert epoch_values == [1, 2, 3], "the epoch bar steps once per epoch"
+    assert batch_bars, "the job emitted batch events"
+    for data, value, maximum, label in batch_bars:
+        assert (value, maximum, label) == (data["batch"] + 1, data["steps"], f"{data['batch'] + 1}/{data['steps']}")
+    assert panel.batch_bar.value == panel.batch_bar.max, "a completed job fills the batch bar"
     assert (panel.epoch_bar.max, panel.epoch_label.value, panel.epoch_bar.bar_style) == (3, "3/3", "success")
     train, val = panel.lines
     assert list(train.x) == [1, 2, 3] and list(val.x) == [1, 2, 3], "train and validation curves, one point per epoch"
