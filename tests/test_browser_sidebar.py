@@ -89,8 +89,15 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         first = wait_until(page, lambda: _epochs(page, job_id) >= 1 and _epochs(page, job_id), "epoch 1", 240, shot)
         grown = wait_until(page, lambda: _epochs(page, job_id) > first and _epochs(page, job_id), "growth", 120, shot)
         card = _card(page, job_id)
-        assert "TRAINING" in card.locator(".aibro-job-state").inner_text()
+        assert card.locator(".aibro-job-state").inner_text() == "TRAINING · TRAINING", "status · substatus"
         assert "loss" in card.locator(".aibro-job-metrics").inner_text()
+        meta = re.fullmatch(r"local-cpu · (\d+):(\d\d) · \$0\.00", card.locator(".aibro-job-meta").inner_text())
+        assert meta, card.locator(".aibro-job-meta").inner_text()
+        page.wait_for_timeout(2500)
+        later = re.fullmatch(r"local-cpu · (\d+):(\d\d) · \$0\.00", card.locator(".aibro-job-meta").inner_text())
+        assert later and int(later[1]) * 60 + int(later[2]) > int(meta[1]) * 60 + int(meta[2]), "elapsed time moves"
+        shown = {e.get_attribute("data-job-id") for e in page.locator(".aibro-job").all()}
+        assert shown == {j["job_id"] for j in client.jobs()}, "every job of the user has a card"
         drawn = int(card.locator(".aibro-sparkline-loss").get_attribute("data-points"))
         assert drawn >= grown, "one curve point per epoch seen"
         active = sum(j["status"] not in ("COMPLETED", "CANCELED") for j in client.jobs())

@@ -53,7 +53,8 @@ def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_j
     assert batch_bars, "the job emitted batch events"
     for data, value, maximum, label in batch_bars:
         assert (value, maximum, label) == (data["batch"] + 1, data["steps"], f"{data['batch'] + 1}/{data['steps']}")
-    assert panel.batch_bar.value == panel.batch_bar.max, "a completed job fills the batch bar"
+    full = panel.batch_bar.max
+    assert (panel.batch_bar.value, panel.batch_label.value) == (full, f"{full}/{full}"), "a completed job fills it"
     assert (panel.epoch_bar.max, panel.epoch_label.value, panel.epoch_bar.bar_style) == (3, "3/3", "success")
     train, val = panel.lines
     assert list(train.x) == [1, 2, 3] and list(val.x) == [1, 2, 3], "train and validation curves, one point per epoch"

@@ -101,7 +101,9 @@ class ProgressPanel(w.VBox):
             self._render_curves(view)
         if view.final:
             self.epoch_bar.bar_style = "success" if view.status == v.COMPLETED else "danger"
-            self.batch_bar.value = self.batch_bar.max if view.status == v.COMPLETED else self.batch_bar.value
+            if view.status == v.COMPLETED:
+                self.batch_bar.value = self.batch_bar.max
+                self.batch_label.value = f"{self.batch_bar.max}/{self.batch_bar.max}"
             self.cancel_button.disabled = True
             self.detach_button.disabled = True
         self.cost.value = f"cost ${view.cost:.2f} · elapsed {time.time() - self.started:.0f}s"
