@@ -18,6 +18,7 @@ class CellResult:
     error: str = ""
     data: list[dict[str, Any]] = field(default_factory=list)
     widgets: dict[str, dict[str, Any]] = field(default_factory=dict)  # comm id → the widget's opening state
+    updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (comm id, changed traits) in order
     done: bool = False
 
 
@@ -46,6 +47,8 @@ def drain(kc: Any, res: CellResult, timeout: float = 300, until: str | None = No
         kind, content = msg["msg_type"], msg["content"]
         if kind == "comm_open":
             res.widgets[content["comm_id"]] = content.get("data", {}).get("state", {})
+        elif kind == "comm_msg" and content.get("data", {}).get("method") == "update":
+            res.updates.append((content["comm_id"], content["data"].get("state", {})))
         if msg["parent_header"].get("msg_id") != res.msg_id:
             continue
         if kind == "stream":

@@ -61,7 +61,12 @@ print("STEPS", int(model.optimizer.iterations.numpy()))
     assert "STEPS 132" in res.stdout  # 44 batches x 3 epochs: optimizer state came back
     job = next(j for j in reversed(client.jobs()) if j["description"] == "magic digits")
     assert job["status"] == "COMPLETED" and job["meta"] == {"variable": "model"}
-    assert any("application/vnd.jupyter.widget-view+json" in d for d in res.data), "the progress panel shows"
+    shown = [d for d in res.data if "application/vnd.jupyter.widget-view+json" in d]
+    assert len(shown) == 1, "the progress panel is displayed once, from the cell"
+    progress = {cid: st for cid, st in res.widgets.items() if st.get("_model_name") == "IntProgressModel"}
+    epoch_bar = next(cid for cid, st in progress.items() if st["description"] == "epoch")
+    values = [st["value"] for cid, st in res.updates if cid == epoch_bar and "value" in st]
+    assert values and values == sorted(values) and values[-1] == 3, f"then only its traits change: {values}"
 
 
 @pytest.mark.parametrize(
