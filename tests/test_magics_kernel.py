@@ -141,6 +141,15 @@ def test_kernel_dies_mid_training_then_attach_in_a_new_kernel(aibro_home: Path, 
         km2.shutdown_kernel(now=True)
 
 
+def _detached(kernel, rest: str) -> str:  # noqa: ANN001
+    """Run `%%cloud_fit -m local-cpu --cool-down 900 --detach REST`; the job id the cell names."""
+    res = run_cell(kernel, f"%%cloud_fit -m local-cpu --cool-down 900 --detach {rest}")
+    assert not res.error, res.error
+    found = re.search(r"(job-\S+) started on local-cpu; follow it with %cloud_attach \1", res.stdout)
+    assert found, res.stdout
+    return found.group(1)
+
+
 def test_options_ckpt_dir_log_dir_into_and_detach(kernel, client, tmp_path: Path) -> None:  # noqa: ANN001
     res = run_cell(
         kernel,
@@ -156,13 +165,7 @@ def test_options_ckpt_dir_log_dir_into_and_detach(kernel, client, tmp_path: Path
     assert ckpts == ["epoch-0001.keras", "epoch-0002.keras"]
     assert list((tmp_path / "tb" / "logs" / job["job_id"]).rglob("events.out.tfevents.*")), "TensorBoard logs"
 
-    res = run_cell(
-        kernel,
-        "%%cloud_fit -m local-cpu --cool-down 600 --detach -d detached\n"
-        "h = model.fit(x_train[:300], y_train[:300], epochs=2)",
-    )
-    assert not res.error, res.error
-    job_id = re.search(r"(job-\S+) started on local-cpu; follow it with %cloud_attach \1", res.stdout).group(1)
+    job_id = _detached(kernel, "-d detached\nh = model.fit(x_train[:300], y_train[:300], epochs=2)")
     assert client.job(job_id)["status"] in ("QUEUING", "TRAINING", "COMPLETED")
     res = run_cell(
         kernel,
@@ -259,13 +262,7 @@ def test_spec_options_and_the_line_magics(kernel, client) -> None:  # noqa: ANN0
     assert not res.error, res.error
     assert any("application/vnd.jupyter.widget-view+json" in d for d in res.data), "a bqplot figure shows"
 
-    res = run_cell(
-        kernel,
-        "%%cloud_fit -m local-cpu --cool-down 900 --detach -d 'to cancel'\n"
-        "model.fit(x_train, y_train, epochs=500, batch_size=8)",
-    )
-    assert not res.error, res.error
-    long_id = re.search(r"(job-\S+) started on local-cpu", res.stdout).group(1)
+    long_id = _detached(kernel, "-d 'to cancel'\nmodel.fit(x_train, y_train, epochs=500, batch_size=8)")
     res = run_cell(kernel, f"%cloud_cancel {long_id}")
     assert not res.error and f"{long_id}: cancel requested" in res.stdout, res.stdout + res.error
     wait_for(client, long_id, lambda evs: any(e["type"] == "status" and e["data"]["status"] == "CANCELED" for e in evs))
