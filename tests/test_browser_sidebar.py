@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 from browser import chromium_page, dismiss_news_prompt, jupyterlab, wait_until
 
 from aibro_jupyter.client import BackendClient
@@ -83,7 +84,9 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
     with jupyterlab(tmp_path, env, ARTIFACTS / "jupyterlab-sidebar.log") as (url, token), chromium_page() as page:
         shot = ARTIFACTS / "sidebar-timeout.png"
         _open_sidebar(page, url, token)
-        assert page.locator(".jp-Notebook").count() == 0, "no notebook, no kernel: the sidebar stands alone"
+        assert page.locator(".jp-Notebook").count() == 0, "no notebook open"
+        kernels = requests.get(f"{url}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=10)
+        assert kernels.status_code == 200 and kernels.json() == [], "no kernel: the sidebar stands alone"
 
         job_id = _start_job(aibro_home, job_files, 60, "sidebar cli job")
         first = wait_until(page, lambda: _epochs(page, job_id) >= 1 and _epochs(page, job_id), "epoch 1", 240, shot)
@@ -175,3 +178,5 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
 
         page.locator(".aibro-tab", has_text="Machines").click()
         assert page.locator('.aibro-machine-table tr[data-machine-id="local-cpu"]').count() == 1
+        kernels = requests.get(f"{url}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=10)
+        assert kernels.json() == [], "all of it without a kernel ever starting"
