@@ -176,13 +176,13 @@ def test_events_long_poll(client: BackendClient, first_job) -> None:  # noqa: AN
     job_id = first_job["job_id"]
     t0 = time.monotonic()
     page = client.events(job_id, 0, wait=5)
-    assert page["events"] and time.monotonic() - t0 < 1.0
+    assert page["events"] and time.monotonic() - t0 < 2.5
     last = page["events"][-1]["seq"]
     assert [e["seq"] for e in client.events(job_id, last - 3)["events"]] == [last - 2, last - 1, last]
     t0 = time.monotonic()
     page = client.events(job_id, last, wait=5)
     assert page["events"] == [] and page["status"] == v.COMPLETED
-    assert time.monotonic() - t0 < 1.0, "a final job has nothing more to wait for"
+    assert time.monotonic() - t0 < 2.5, "a final job has nothing more to wait for"
     cursor = client.user_events(0)["cursor"]
     t0 = time.monotonic()
     page = client.user_events(cursor, wait=2)
