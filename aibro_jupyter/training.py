@@ -208,7 +208,10 @@ class Training:
                     )
         if directory_to_save_log:
             self.get_tensorboard_logs(view.job_id, directory_to_save_log)
-        return model, history_from(view, {"epochs": view.epochs}, model)
+        params = {"epochs": view.epochs}
+        if view.last_batch and view.last_batch.get("steps"):
+            params["steps"] = int(view.last_batch["steps"])  # what a local fit's History.params says too
+        return model, history_from(view, params, model)
 
     # -- the seed API -----------------------------------------------------------------------------
     @classmethod

@@ -296,3 +296,19 @@ def test_unsafe_trains_a_lambda_model(kernel, client) -> None:  # noqa: ANN001
     assert found and found.group(1) == found.group(2), res.stdout
     job = next(j for j in reversed(client.jobs()) if j["description"] == "lambda unsafe")
     assert job["status"] == "COMPLETED"
+
+
+def test_the_same_cell_without_the_magic_does_the_same_locally(kernel) -> None:  # noqa: ANN001
+    body = (
+        "m = build()\n"
+        "h = m.fit(x_train[:320], y_train[:320], epochs=2, batch_size=32, validation_data=(x_val, y_val), verbose=0)\n"
+        "print('SHAPE', type(h).__name__, h.epoch, sorted(h.history), h.params['epochs'], h.params['steps'],"
+        " h.model is m, int(m.optimizer.iterations.numpy()))"
+    )
+    local = run_cell(kernel, body)
+    remote = run_cell(kernel, "%%cloud_fit -m local-cpu --cool-down 900 --quiet\n" + body)
+    assert not local.error and not remote.error, local.error + remote.error
+    shapes = [re.search(r"SHAPE .*", r.stdout).group(0) for r in (local, remote)]
+    assert (
+        shapes[0] == shapes[1] == ("SHAPE History [0, 1] ['accuracy', 'loss', 'val_accuracy', 'val_loss'] 2 10 True 20")
+    ), shapes
