@@ -17,6 +17,8 @@ def _client() -> BackendClient:
 
 
 def cmd_backend(args: argparse.Namespace) -> int:
+    if args.name and args.action != "add-user":
+        raise AibroError(f"`aibro backend {args.action}` takes no name (only add-user does): drop {args.name!r}")
     if args.action == "serve":
         from aibro_backend.app import main as serve_main
 

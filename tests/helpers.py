@@ -15,21 +15,34 @@ import numpy as np
 from aibro_jupyter.client import BackendClient
 
 
-def aibro_cli(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def user_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user whose aibro home is `home` (never a configured backend from the outer shell)."""
+    env = {k: val for k, val in os.environ.items() if k not in ("AIBRO_BACKEND_URL", "AIBRO_TOKEN")}
+    return {**env, "AIBRO_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
+
+
+def run_as_user(home: Path, args: list[str], timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
+    """Run a command the way a user with aibro home `home` would."""
+    return subprocess.run(args, env=user_env(home, **extra), capture_output=True, text=True, timeout=timeout)
+
+
+def aibro_cli(home: Path, *args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
     """Run the `aibro` CLI as a user would, against the backend under `home`."""
-    env = {**os.environ, "AIBRO_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run(
-        [sys.executable, "-m", "aibro_jupyter.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_as_user(home, [sys.executable, "-m", "aibro_jupyter.cli", *args], timeout, **extra)
+
+
+def backend_db(home: Path, sql: str, *params: Any) -> list[tuple]:
+    """Rows from the backend's own database (for what the API never shows: pids, worker numbering, WAL mode)."""
+    db = sqlite3.connect(str(home / "state" / "aibro.db"))
+    try:
+        return db.execute(sql, params).fetchall()
+    finally:
+        db.close()
 
 
 def instance_pid(home: Path, instance_id: str) -> int:
     """The worker's pid, read from the backend's own database (the API never shows pids)."""
-    db = sqlite3.connect(str(home / "state" / "aibro.db"))
-    try:
-        return int(db.execute("SELECT pid FROM instances WHERE id=?", (instance_id,)).fetchone()[0])
-    finally:
-        db.close()
+    return int(backend_db(home, "SELECT pid FROM instances WHERE id=?", instance_id)[0][0])
 
 
 def wait_for(client: BackendClient, job_id: str, pred: Any, timeout: float = 300) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -13,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import backend_db, run_as_user
+
 PROBE = "from aibro_jupyter import config; t = config.resolve(); print(t.url)"
 
 
 def _run(args: list[str], home: Path) -> subprocess.CompletedProcess:
-    env = {k: val for k, val in os.environ.items() if k not in ("AIBRO_BACKEND_URL", "AIBRO_TOKEN")}
-    env["AIBRO_HOME"] = str(home)
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    return run_as_user(home, args, timeout=120)
 
 
 def _alive(pid: int) -> bool:
@@ -51,11 +50,7 @@ def test_first_client_starts_a_daemon_that_outlives_it(home: Path) -> None:
     token = json.loads((home / "credentials.json").read_text())["token"]
     assert len(token) >= 32
 
-    db = sqlite3.connect(str(home / "state" / "aibro.db"))
-    try:
-        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal", "the store runs in WAL mode"
-    finally:
-        db.close()
+    assert backend_db(home, "PRAGMA journal_mode") == [("wal",)], "the store runs in WAL mode"
 
     second = _run([sys.executable, "-c", PROBE], home)
     assert second.stdout.strip() == url
@@ -66,6 +61,8 @@ def test_backend_cli_status_and_stop(home: Path) -> None:
     installed = shutil.which("aibro")
     assert installed, "pip install puts an `aibro` command on PATH"
     aibro = [installed]
+    stray = _run([*aibro, "backend", "stop", "bob"], home)
+    assert stray.returncode == 2 and "takes no name" in stray.stderr, stray.stderr
     down = _run([*aibro, "backend", "status"], home)
     assert down.returncode == 3 and "no backend running" in down.stdout
     started = _run([*aibro, "backend", "start"], home)

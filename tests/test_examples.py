@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,14 +10,13 @@ import pytest
 
 from aibro_jupyter.client import BackendClient
 
+from helpers import run_as_user
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(script: str, home: Path) -> str:
-    env = {**os.environ, "AIBRO_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script)], env=env, capture_output=True, text=True, timeout=900
-    )
+    out = run_as_user(home, [sys.executable, str(ROOT / "examples" / script)], timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out.stdout
 

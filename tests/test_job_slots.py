@@ -4,9 +4,7 @@ or, with wait_new_job_create_s, waits for a slot and starts when the running job
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,13 +15,11 @@ from aibro_jupyter.client import BackendClient
 from aibro_jupyter.errors import ApiError
 
 from conftest import make_model
-from helpers import slow_data, wait_for
+from helpers import aibro_cli, slow_data, wait_for
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: val for k, val in os.environ.items() if k not in ("AIBRO_BACKEND_URL", "AIBRO_TOKEN")}
-    env.update(AIBRO_HOME=str(home), AIBRO_MAX_ACTIVE_JOBS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "aibro_jupyter.cli", *args], env=env, capture_output=True, text=True)
+    return aibro_cli(home, *args, AIBRO_MAX_ACTIVE_JOBS="1")  # the daemon it starts inherits the limit
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ from aibro_jupyter import Training, config
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import epochs_seen, instance_pid, slow_data, wait_for
+from helpers import backend_db, epochs_seen, instance_pid, slow_data, wait_for
 
 CLIENT_A = textwrap.dedent(
     """
@@ -132,13 +131,9 @@ def test_backend_killed_and_restarted_loses_nothing(client: BackendClient, aibro
     statuses = [(e["data"]["status"], e["data"]["substatus"]) for e in events if e["type"] == "status"]
     assert len(statuses) == len(set(statuses)), f"no status event is duplicated: {statuses}"
     # every event the worker numbered reached the log once, those it made while the backend was down included
-    db = sqlite3.connect(str(aibro_home / "state" / "aibro.db"))
-    try:
-        rows = db.execute(
-            "SELECT attempt, wseq, ts FROM events WHERE job_id=? AND wseq IS NOT NULL ORDER BY gid", (job_id,)
-        ).fetchall()
-    finally:
-        db.close()
+    rows = backend_db(
+        aibro_home, "SELECT attempt, wseq, ts FROM events WHERE job_id=? AND wseq IS NOT NULL ORDER BY gid", job_id
+    )
     assert {r[0] for r in rows} == {0}
     assert [r[1] for r in rows] == list(range(1, len(rows) + 1))
     assert any(killed_at < r[2] < back_at for r in rows), "the worker kept producing events with the backend down"

@@ -93,7 +93,7 @@ class Scheduler:
         job = self.store.job(inst["job_id"])
         if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
             return
-        wait = float(job["spec"].get("wait_request_s", 0) or 0)
+        wait = float(job["spec"]["wait_request_s"])  # set by jobspec.validate_spec on every job
         if wait <= 0 or now - inst["created"] < wait:
             return
         self.providers[inst["provider"]].terminate(inst)

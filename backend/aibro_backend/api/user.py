@@ -35,7 +35,7 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
         "instance_id": job["instance_id"],
         "machines": spec["machines"],
         "cool_down_s": spec.get("cool_down_s", 0),
-        "wait_request_s": spec.get("wait_request_s", 60),
+        "wait_request_s": spec["wait_request_s"],
         "epochs": spec["fit"]["epochs"],
         "epochs_done": job["epochs_done"],
         "attempt": job["attempt"],
