@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
+import subprocess
 import sys
+
+from aibro_core.files import write_private
 
 from . import config
 from .client import BackendClient
@@ -20,23 +25,16 @@ def cmd_backend(args: argparse.Namespace) -> int:
     if args.name and args.action != "add-user":
         raise AibroError(f"`aibro backend {args.action}` takes no name (only add-user does): drop {args.name!r}")
     if args.action == "serve":
-        from aibro_backend.app import main as serve_main
-
-        serve_main(["--home", str(config.home()), "--host", args.host, "--port", str(args.port)])
-        return 0
+        _exec_backend("aibro_backend", "--home", str(config.home()), "--host", args.host, "--port", str(args.port))
     if args.action == "start":
         t = config.resolve()
         print(f"aibro backend running at {t.url}")
         return 0
     if args.action == "add-user":
-        from aibro_backend.accounts import add_user
-
         if not args.name:
             raise AibroError("add-user needs a name: aibro backend add-user NAME")
-        token = add_user(config.home(), args.name)
-        print(f"user {args.name}: token {token}")
-        print(f"give it to {args.name} once (it is stored hashed): aibro login BACKEND_URL --token {token}")
-        return 0
+        cmd = [sys.executable, "-m", "aibro_backend.accounts", "add-user", args.name, "--home", str(config.home())]
+        return subprocess.run(cmd).returncode
     if args.action == "stop":
         print("stopped" if config.stop_embedded() else "no embedded backend was running")
         return 0
@@ -134,17 +132,32 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_login(args: argparse.Namespace) -> int:
-    BackendClient(args.url, args.token).health()
-    config.write_private(config.login_file(), {"url": args.url, "token": args.token})
+    """The token comes from a prompt or stdin (`--token-stdin`), so it stays out of `ps` and shell history;
+    `--token=TOKEN` still works where that is acceptable."""
+    token = args.token
+    if token is None:
+        if args.token_stdin or not sys.stdin.isatty():
+            token = sys.stdin.readline().strip()
+        else:
+            token = getpass.getpass(f"token for {args.url}: ").strip()
+    if not token:
+        raise AibroError("no token given: pipe it in with --token-stdin, type it at the prompt, or pass --token=TOKEN")
+    BackendClient(args.url, token).health()
+    write_private(config.login_file(), {"url": args.url, "token": token})
     print(f"logged in to {args.url}; saved in {config.login_file()} (mode 0600)")
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from aibro_backend.worker.agent import main as worker_main
-
-    worker_main()
+    _exec_backend("aibro_backend.worker")
     return 0
+
+
+def _exec_backend(module: str, *argv: str) -> None:
+    """Become a backend-side program: the notebook package never imports the backend (imports run one way)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(fn=cmd_fit)
     lg = sub.add_parser("login", help="use a shared or cloud backend")
     lg.add_argument("url")
-    lg.add_argument("--token", required=True)
+    how = lg.add_mutually_exclusive_group()
+    how.add_argument("--token", default=None, help="the token (prefer --token-stdin: argv shows in ps and history)")
+    how.add_argument("--token-stdin", action="store_true", help="read the token from standard input")
     lg.set_defaults(fn=cmd_login)
     sub.add_parser("worker", help="run the worker agent (started by providers)").set_defaults(fn=cmd_worker)
     return p

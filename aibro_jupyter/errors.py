@@ -1,29 +1,7 @@
-"""Errors a user sees: each names the problem and the fix."""
+"""Errors a user sees (defined in the shared core, so the backend and the worker raise the same ones)."""
 
 from __future__ import annotations
 
+from aibro_core.errors import AibroError, ApiError, AuthError, BackendUnreachable, JobFailed, ValidationError
 
-class AibroError(Exception):
-    """Base of every error aibro raises on purpose."""
-
-
-class BackendUnreachable(AibroError):
-    pass
-
-
-class AuthError(AibroError):
-    pass
-
-
-class ApiError(AibroError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ValidationError(AibroError):
-    """Bad input caught before anything is uploaded."""
-
-
-class JobFailed(AibroError):
-    pass
+__all__ = ["AibroError", "ApiError", "AuthError", "BackendUnreachable", "JobFailed", "ValidationError"]

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
 
 
 @dataclass

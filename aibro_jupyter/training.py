@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
 
 from . import bundle as b
 from .client import BackendClient

@@ -12,9 +12,9 @@ import pytest
 
 from aibro_backend.blobs import BlobError, BlobStore, check_artifact_name, check_sha
 from aibro_backend.store import Store
+from aibro_core.errors import ApiError
 from aibro_jupyter import client as client_mod
 from aibro_jupyter.client import BackendClient
-from aibro_jupyter.errors import ApiError
 
 
 def _put(client: BackendClient, sha: str, offset: int, total: int, data: bytes) -> dict[str, Any]:

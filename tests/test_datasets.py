@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 
 from aibro_backend.worker.datatree import load_dataset
+from aibro_core.errors import ApiError
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.dataset_blob import save_dataset
-from aibro_jupyter.errors import ApiError
 
 from conftest import make_model
 from helpers import wait_for

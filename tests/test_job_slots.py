@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
+from aibro_core.errors import ApiError
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
-from aibro_jupyter.errors import ApiError
 
 from conftest import make_model
 from helpers import aibro_cli, slow_data, wait_for

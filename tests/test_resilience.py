@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
 from aibro_jupyter import Training, config
 from aibro_jupyter.client import BackendClient
 

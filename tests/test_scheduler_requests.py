@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from aibro_backend import vocabulary as v
 from aibro_backend.policy import Policy
 from aibro_backend.scheduler import Scheduler
 from aibro_backend.store import Store
+from aibro_core import vocabulary as v
 
 
 class ScriptedProvider:

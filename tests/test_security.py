@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
@@ -121,7 +121,7 @@ def bob(client: BackendClient, aibro_home: Path, tmp_path_factory: pytest.TempPa
     `aibro login` from bob's own home."""
     made = aibro_cli(aibro_home, "backend", "add-user", "bob")
     assert made.returncode == 0, made.stderr[-2000:]
-    token = re.search(r"--token (\S+)", made.stdout).group(1)
+    token = re.search(r"--token=(\S+)", made.stdout).group(1)
     bob_home = tmp_path_factory.mktemp("bob-home")
     login = aibro_cli(bob_home, "login", client.url, "--token", token)
     assert login.returncode == 0, login.stderr[-2000:]
@@ -143,7 +143,7 @@ def test_add_user_refuses_bad_names_and_mints_a_new_token_each_time(client: Back
     for _ in range(2):
         out = aibro_cli(aibro_home, "backend", "add-user", "carol")
         assert out.returncode == 0, out.stderr[-2000:]
-        tokens.append(re.search(r"--token (\S+)", out.stdout).group(1))
+        tokens.append(re.search(r"--token=(\S+)", out.stdout).group(1))
     assert tokens[0] != tokens[1]
     assert [BackendClient(client.url, t).health()["user"] for t in tokens] == ["carol", "carol"]
     out = aibro_cli(aibro_home.parent / "nowhere", "backend", "add-user", "dave")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from aibro_backend import vocabulary as v
 from aibro_backend.providers.local import pid_alive
+from aibro_core import vocabulary as v
 from aibro_jupyter import Training, bundle
 from aibro_jupyter.client import BackendClient
 

@@ -22,11 +22,11 @@ import keras
 import numpy as np
 import pytest
 
-from aibro_backend.vocabulary import JOB_FINAL
+from aibro_core.errors import ApiError, AuthError, BackendUnreachable, ValidationError
+from aibro_core.vocabulary import JOB_FINAL
 from aibro_jupyter import Training
 from aibro_jupyter.bundle import check_model
 from aibro_jupyter.client import BackendClient
-from aibro_jupyter.errors import ApiError, AuthError, BackendUnreachable, ValidationError
 
 from conftest import kill_workers, make_model
 from helpers import wait_for

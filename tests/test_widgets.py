@@ -7,7 +7,7 @@ import math
 import bqplot as bq
 import pytest
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.progress import JobView
 from aibro_jupyter.training import Training

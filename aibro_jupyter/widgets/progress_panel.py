@@ -11,7 +11,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
 
 from ..progress import JobView
 

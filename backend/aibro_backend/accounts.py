@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
+import sys
 from pathlib import Path
 
-from aibro_jupyter.errors import ValidationError
+from aibro_core.errors import AibroError, ValidationError
 
 from .store import Store
 
@@ -35,3 +38,25 @@ def add_user(home: Path, name: str) -> str:
         return store.new_token(store.ensure_user(name))
     finally:
         store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m aibro_backend.accounts add-user NAME`: what `aibro backend add-user NAME` runs."""
+    parser = argparse.ArgumentParser(prog="aibro backend add-user", description="Mint a token for a user.")
+    parser.add_argument("action", choices=["add-user"])
+    parser.add_argument("name")
+    parser.add_argument("--home", default=os.environ.get("AIBRO_HOME", str(Path.home() / ".aibro")))
+    args = parser.parse_args(argv)
+    try:
+        token = add_user(Path(args.home), args.name)
+    except AibroError as exc:
+        print(f"aibro: {exc}", file=sys.stderr)
+        return 2
+    print(f"user {args.name}: token {token}")
+    print(f"give it to {args.name} once (it is stored hashed); they run: aibro login BACKEND_URL --token-stdin")
+    print(f"  or, where a token on the command line is acceptable: aibro login BACKEND_URL --token={token}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,8 @@ import tornado.httpserver
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
-from aibro_jupyter.config import write_private
+from aibro_core.files import write_private
+from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
 from .accounts import store_path
 from .api import user, worker
@@ -29,7 +30,6 @@ from .providers.local import LocalProvider
 from .scheduler import Scheduler
 from .state import Backend
 from .store import Store
-from .vocabulary import CLOSING, INSTANCE_LIVE
 
 log = logging.getLogger("aibro.backend")
 MAX_BODY = 64 * 1024 * 1024

@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import vocabulary as v
+from aibro_core import vocabulary as v
+from aibro_core.files import new_token
+
 from .policy import Policy
 from .providers.base import Provider
 from .store import Store
@@ -192,7 +194,7 @@ class Scheduler:
 
     def _launch(self, job: dict[str, Any], provider_name: str, machine_id: str) -> None:
         instance_id = "inst-" + secrets.token_hex(6)
-        token = secrets.token_urlsafe(32)
+        token = new_token("w")
         self.store.create_instance(
             instance_id, job["user_id"], provider_name, machine_id, token, job["spec"]["cool_down_s"]
         )

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
-from . import vocabulary as v
+from aibro_core import vocabulary as v
+from aibro_core.files import new_token
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created REAL NOT NULL);
@@ -66,7 +66,7 @@ class Store:
         return int(cur.lastrowid)
 
     def new_token(self, user_id: int) -> str:
-        token = secrets.token_urlsafe(32)
+        token = new_token("u")
         self.db.execute(
             "INSERT INTO tokens (hash, user_id, created) VALUES (?, ?, ?)", (hash_token(token), user_id, time.time())
         )

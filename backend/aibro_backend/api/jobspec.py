@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .. import vocabulary as v
+from aibro_core import vocabulary as v
+
 from ..blobs import SHA_RE
 from .base import ApiError
 

@@ -6,7 +6,8 @@ import secrets
 import time
 from typing import Any
 
-from .. import vocabulary as v
+from aibro_core import vocabulary as v
+
 from ..blobs import BlobError, check_artifact_name, check_sha
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec

@@ -6,7 +6,8 @@ import json
 import time
 from typing import Any
 
-from .. import vocabulary as v
+from aibro_core import vocabulary as v
+
 from ..blobs import BlobError, check_artifact_name
 from .base import ApiError, BaseHandler
 from .jobspec import spec_blobs
@@ -50,7 +51,7 @@ class AssignmentHandler(WorkerHandler):
             store.set_instance_state(inst["id"], v.EXECUTING, "", job_id=job["id"])
         resume = None
         if job["epochs_done"] > 0:
-            resume = {"epoch": job["epochs_done"], "checkpoint": checkpoint_name(job["epochs_done"] - 1)}
+            resume = {"epoch": job["epochs_done"], "checkpoint": v.checkpoint_name(job["epochs_done"] - 1)}
         self.send(
             {
                 "action": "train",
@@ -61,10 +62,6 @@ class AssignmentHandler(WorkerHandler):
                 "cancel": job["cancel_requested"],
             }
         )
-
-
-def checkpoint_name(epoch: int) -> str:
-    return f"checkpoints/epoch-{epoch + 1:04d}.keras"
 
 
 class WorkerBlobHandler(WorkerHandler):

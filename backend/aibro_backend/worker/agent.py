@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aibro_backend import vocabulary as v
-from aibro_jupyter.client import Transport
-from aibro_jupyter.errors import ApiError, AuthError, BackendUnreachable
+from aibro_core import vocabulary as v
+from aibro_core.errors import ApiError, AuthError, BackendUnreachable
+from aibro_core.transport import Transport
 
 from .outbox import Outbox
 
@@ -120,9 +120,7 @@ class Worker:
         tb_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=self.workdir))
 
         def upload_checkpoint(which: Any, epoch: int) -> None:
-            from aibro_backend.api.worker import checkpoint_name
-
-            self._upload_model(which, job_id, attempt, checkpoint_name(epoch))
+            self._upload_model(which, job_id, attempt, v.checkpoint_name(epoch))
 
         from .callbacks import EpochTensorBoard, EventCallback
         from .pipeline import EpochPipeline, shadow_loader

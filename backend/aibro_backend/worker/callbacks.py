@@ -8,7 +8,7 @@ from typing import Any
 
 import keras
 
-from aibro_backend import vocabulary as v
+from aibro_core import vocabulary as v
 
 from .outbox import Outbox
 from .pipeline import EpochPipeline

@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Any
 
-from aibro_jupyter.client import Transport
-from aibro_jupyter.errors import ApiError, BackendUnreachable
+from aibro_core.errors import ApiError, BackendUnreachable
+from aibro_core.transport import Transport
 
 HEARTBEAT_S = 0.5
 

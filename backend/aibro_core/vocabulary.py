@@ -62,3 +62,8 @@ FIT_KWARGS = (
     "validation_freq",
     "validation_split",
 )
+
+
+def checkpoint_name(epoch: int) -> str:
+    """The artifact a worker uploads after epoch `epoch` (0-based) and a resumed attempt starts from."""
+    return f"checkpoints/epoch-{epoch + 1:04d}.keras"
