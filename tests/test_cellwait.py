@@ -67,10 +67,22 @@ def test_cancel_reaches_the_magic_as_keyboard_interrupt() -> None:
 
 
 def test_run_sync_turns_sigint_into_keyboard_interrupt_inside_the_magic() -> None:
+    """Ctrl-C in a terminal or script: Python's default SIGINT handler raises KeyboardInterrupt, and run_sync hands
+    it to the magic. The test installs that handler itself, since a runner started with SIGINT ignored (`nohup ...
+    &`) passes SIG_IGN on to us, and a guard timer ends the wait after 10 s so a lost signal fails instead of hangs."""
     flag, log = threading.Event(), []
-    timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT))
-    timer.start()
-    assert run_sync(_waits(flag, log)) == "detached" and log == ["interrupted"]
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT))
+    guard = threading.Timer(10.0, flag.set)
+    try:
+        interrupt.start()
+        guard.start()
+        result = run_sync(_waits(flag, log))
+    finally:
+        interrupt.cancel()
+        guard.cancel()
+        signal.signal(signal.SIGINT, old)
+    assert result == "detached" and log == ["interrupted"], "SIGINT did not reach the magic within 10 s"
 
 
 def test_unhandled_interrupt_ends_the_cell_as_cancelled() -> None:
