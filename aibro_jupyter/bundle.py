@@ -4,7 +4,6 @@ Every check here runs before anything is uploaded, and each error names the prob
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 import warnings
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .blobsource import ArraySource, ByteSource, FileSource
 from .dataset_blob import check_dataset, is_dataset, save_dataset
 from .errors import ValidationError
 
@@ -35,34 +35,32 @@ TRAVELLING_CALLBACKS = {
 
 @dataclass
 class Bundle:
-    """Files to upload (sha → path) and the job-spec pieces that point at them."""
+    """What to upload (sha → a source read in place) and the job-spec pieces that point at it. Arrays are never
+    copied to disk; only the saved model and tf.data datasets are written, into `workdir`, removed after submit."""
 
     workdir: Path
-    files: dict[str, Path] = field(default_factory=dict)
+    sources: dict[str, ByteSource] = field(default_factory=dict)
     model_sha: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    code: dict[str, Any] | None = None
 
     @property
     def total_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.files.values())
+        return sum(src.size for src in self.sources.values())
 
-    def add_file(self, path: Path) -> str:
-        sha = _sha256(path)
-        self.files.setdefault(sha, path)
+    def add(self, source: ByteSource) -> str:
+        sha = source.sha256()
+        self.sources.setdefault(sha, source)
         return sha
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    def add_file(self, path: Path) -> str:
+        return self.add(FileSource(path))
 
 
 # -- model -------------------------------------------------------------------------------------------
-def check_model(model: Any, safe_mode: bool = True) -> list[str]:
-    """Refuse what cannot train remotely; return the modules the worker must import for custom layers."""
+def check_model(model: Any, safe_mode: bool = True) -> list[Any]:
+    """Refuse what cannot train remotely; return the custom classes and functions the model names (their code
+    travels or their package is installed on the worker: see travel.py)."""
     import keras
 
     if not isinstance(model, keras.Model):
@@ -74,7 +72,6 @@ def check_model(model: Any, safe_mode: bool = True) -> list[str]:
         raise ValidationError(
             f"model '{model.name}' is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) first"
         )
-    modules: list[str] = []
     for layer in _all_layers(model):
         if isinstance(layer, keras.layers.Lambda) and safe_mode:
             raise ValidationError(
@@ -82,11 +79,12 @@ def check_model(model: Any, safe_mode: bool = True) -> list[str]:
                 "the worker: replace it with a registered custom layer, or opt out with safe_mode=False "
                 "(`--unsafe` in %%cloud_fit) if you trust this code"
             )
+    objects: list[Any] = []
     for what, obj in _custom_objects(model):
-        module = _custom_module(what, obj)
-        if module and module not in modules:
-            modules.append(module)
-    return modules
+        custom = _custom_object(what, obj)
+        if custom is not None and custom not in objects:
+            objects.append(custom)
+    return objects
 
 
 def _custom_objects(model: Any) -> list[tuple[str, Any]]:
@@ -110,8 +108,8 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
-def _custom_module(what: str, obj: Any) -> str | None:
-    """None for Keras' own objects; the module to import for a registered custom one; an error otherwise."""
+def _custom_object(what: str, obj: Any) -> Any:
+    """None for Keras' own objects; the class (or function) of a registered custom one; an error otherwise."""
     import keras
 
     cls = obj if _is_function(obj) else type(obj)
@@ -119,20 +117,14 @@ def _custom_module(what: str, obj: Any) -> str | None:
     if module.startswith("keras") or module.startswith("tensorflow"):
         return None
     name = getattr(cls, "__name__", repr(cls))
-    kind = "function" if _is_function(obj) else "class"
-    if module == "__main__":
-        raise ValidationError(
-            f"{what} {name} is a {kind} defined in __main__ (a notebook or script), which the worker cannot import: "
-            "move it into a module on the Python path, decorate it with "
-            "@keras.saving.register_keras_serializable(package='...') and import it from there"
-        )
     registered = keras.saving.get_registered_object(keras.saving.get_registered_name(cls))
     if registered is not cls:
+        where = "in a notebook cell" if module == "__main__" else f"in {module}"
         raise ValidationError(
-            f"{what} {name} ({module}) is not registered, so the worker cannot rebuild it: decorate it with "
-            "@keras.saving.register_keras_serializable(package='...') in an importable module"
+            f"{what} {name} (defined {where}) is not registered, so the worker cannot rebuild it: decorate it with "
+            "@keras.saving.register_keras_serializable(package='...')"
         )
-    return module
+    return cls
 
 
 def _is_function(obj: Any) -> bool:
@@ -143,6 +135,39 @@ def _is_function(obj: Any) -> bool:
 
 def _all_layers(model: Any) -> list[Any]:
     return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def build_from_data(model: Any, x: Any) -> None:
+    """A subclassed model that was compiled but never called has no weights to save or to copy back: call it
+    once on one sample of the training inputs, as fit would, so the worker and the kernel share its variables."""
+    if model.built and (model.weights or not _all_layers(model)):
+        return
+    sample = _first_sample(x)
+    if sample is None:
+        raise ValidationError(
+            f"model '{model.name}' is not built and its input shape cannot be read from the data: call "
+            "model.build(input_shape) or run it once on a batch (model(x[:1])) before training remotely"
+        )
+    try:
+        model(sample)
+    except Exception as exc:  # noqa: BLE001 - the user's own call(); say what happened and how to fix it
+        raise ValidationError(
+            f"model '{model.name}' is not built, and calling it on one sample of x failed ({type(exc).__name__}: "
+            f"{exc}): check that x matches what call() expects, or build it yourself first"
+        ) from None
+
+
+def _first_sample(x: Any) -> Any:
+    if is_dataset(x):
+        batch = next(iter(x.take(1)), None)
+        return None if batch is None else batch[0]
+    if isinstance(x, dict):
+        return {k: _first_sample(val) for k, val in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_first_sample(val) for val in x]
+    if hasattr(x, "shape") and len(x.shape) and x.shape[0]:
+        return x[:1]
+    return None
 
 
 def save_model(model: Any, bundle: Bundle) -> str:
@@ -174,11 +199,14 @@ def canonicalize_keras(path: Path) -> None:
 
 # -- data --------------------------------------------------------------------------------------------
 def as_array(value: Any, name: str) -> np.ndarray:
+    """A numpy array that can travel as .npy without pickle: numbers as they are, text as a unicode array."""
     if is_dataset(value):
         raise ValidationError(
             f"{name} is a tf.data.Dataset, which can only be x or validation_data: "
             "make one dataset yield (inputs, targets) and pass it as x"
         )
+    if _is_string_tensor(value):
+        value = value.numpy()
     try:
         arr = np.asarray(value)
     except Exception as exc:  # noqa: BLE001
@@ -187,15 +215,42 @@ def as_array(value: Any, name: str) -> np.ndarray:
             "sequences to one length (keras.utils.pad_sequences) and convert with np.asarray(value, dtype='float32')"
         ) from None
     if arr.dtype == object:
-        raise ValidationError(
-            f"{name} has dtype=object (ragged lists or mixed Python objects), which cannot travel without pickle: "
-            "convert it to a numeric array, e.g. np.asarray(value, dtype='float32')"
-        )
-    if arr.dtype.kind not in "biufcUSM?":
-        raise ValidationError(f"{name} has unsupported dtype {arr.dtype}: use a numeric dtype")
+        arr = _text_array(arr, name)
+    if arr.dtype.kind == "S":
+        arr = _decode_bytes(arr, name)
+    if arr.dtype.kind not in "biufcUM?":
+        raise ValidationError(f"{name} has unsupported dtype {arr.dtype}: use a numeric dtype, or strings")
     if arr.ndim == 0:
         raise ValidationError(f"{name} is a scalar: pass an array with one row per sample")
     return arr
+
+
+def _is_string_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("tensorflow") and getattr(getattr(value, "dtype", None), "name", "") in (
+        "string",
+    )
+
+
+def _text_array(arr: np.ndarray, name: str) -> np.ndarray:
+    """An object array of Python strings (what a TextVectorization model trains on) → a unicode array."""
+    flat = arr.reshape(-1)
+    if flat.size and all(isinstance(v, bytes) for v in flat):
+        return _decode_bytes(arr.astype("S"), name)
+    bad = next((v for v in flat if not isinstance(v, str)), None)
+    if flat.size and bad is None:
+        return arr.astype(str)
+    raise ValidationError(
+        f"{name} has dtype=object holding {type(bad).__name__} values (ragged lists or mixed Python objects), which "
+        "cannot travel without pickle: convert it to a numeric array (np.asarray(value, dtype='float32'), padding "
+        "ragged sequences with keras.utils.pad_sequences), or to strings"
+    )
+
+
+def _decode_bytes(arr: np.ndarray, name: str) -> np.ndarray:
+    try:
+        return np.char.decode(arr, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{name} holds bytes that are not UTF-8 text ({exc}): decode them to str first") from None
 
 
 def encode_tree(value: Any, name: str, bundle: Bundle) -> tuple[dict[str, Any] | None, int | None]:
@@ -209,9 +264,8 @@ def encode_tree(value: Any, name: str, bundle: Bundle) -> tuple[dict[str, Any] |
         items_l = [encode_tree(val, f"{name}[{i}]", bundle) for i, val in enumerate(value)]
         return {"list": [t for t, _ in items_l]}, _same_len(name, [n for _, n in items_l])
     arr = as_array(value, name)
-    path = bundle.workdir / f"{name.replace('[', '_').replace(']', '').replace(chr(39), '')}-{len(bundle.files)}.npy"
-    np.save(path, np.ascontiguousarray(arr), allow_pickle=False)
-    return {"blob": bundle.add_file(path), "shape": list(arr.shape), "dtype": str(arr.dtype)}, int(arr.shape[0])
+    sha = bundle.add(ArraySource(arr, name))
+    return {"blob": sha, "shape": list(arr.shape), "dtype": str(arr.dtype)}, int(arr.shape[0])
 
 
 def _same_len(name: str, lengths: list[int | None]) -> int | None:
@@ -316,6 +370,7 @@ def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def new_bundle() -> Bundle:
+    """A bundle whose work directory (for the saved model and datasets) is removed by its caller afterwards."""
     return Bundle(Path(tempfile.mkdtemp(prefix="aibro-bundle-")))
 
 

@@ -22,9 +22,10 @@ class CellResult:
     done: bool = False
 
 
-def start_kernel(env: dict[str, str] | None = None) -> tuple[KernelManager, Any]:
+def start_kernel(env: dict[str, str] | None = None, cwd: str | None = None) -> tuple[KernelManager, Any]:
+    """A real kernel, started in `cwd` (the notebook's folder) when given."""
     km = KernelManager(kernel_name="python3")
-    km.start_kernel(env={**os.environ, **(env or {})})
+    km.start_kernel(env={**os.environ, **(env or {})}, **({"cwd": cwd} if cwd else {}))
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=120)

@@ -6,10 +6,13 @@ import re
 from typing import Any
 
 from aibro_core import vocabulary as v
+from aibro_core.errors import ValidationError
+from aibro_core.requirements import check_requirements
 
 from ..blobs import SHA_RE
 from .base import ApiError
 
+CODE_PATH_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*){0,15}\.py")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 TRAVELLING_CALLBACKS = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN")
 
@@ -41,6 +44,9 @@ def tree_blobs(tree: Any, where: str, dataset_ok: bool = False) -> list[str]:
 def spec_blobs(spec: dict[str, Any]) -> list[str]:
     data = spec.get("data") or {}
     out = [spec["model"]]
+    code = spec.get("code")
+    if isinstance(code, dict) and isinstance(code.get("blob"), str):
+        out.append(code["blob"])
     parts = [("data", data)]
     if data.get("validation") is not None:
         parts.append(("data.validation", data["validation"]))
@@ -95,6 +101,16 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
             raise ApiError(400, f"callbacks that can travel: {list(TRAVELLING_CALLBACKS)}")
         if not isinstance(cb.get("config", {}), dict):
             raise ApiError(400, "a callback's config must be an object")
+    code = _check_code(spec.get("code"))
+    try:
+        requirements = check_requirements(spec.get("requirements") or [], "'requirements'")
+    except ValidationError as exc:
+        raise ApiError(400, str(exc)) from None
+    versions = spec.get("versions") or {}
+    if not isinstance(versions, dict) or len(versions) > 8 or not all(
+        isinstance(k, str) and isinstance(val, str) and len(k) <= 32 and len(val) <= 64 for k, val in versions.items()
+    ):
+        raise ApiError(400, "'versions' must be an object of at most 8 short strings (the kernel's versions)")
     meta = spec.get("meta") or {}
     if (
         not isinstance(meta, dict)
@@ -110,6 +126,9 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
         "model": spec["model"],
         "safe_mode": bool(spec.get("safe_mode", True)),
         "custom_modules": modules,
+        "code": code,
+        "requirements": requirements,
+        "versions": versions,
         "data": spec["data"],
         "fit": fit,
         "callbacks": callbacks,
@@ -119,3 +138,32 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
         "wait_request_s": float(spec.get("wait_request_s", 60) or 0),
         "record": bool(spec.get("record", True)),
     }
+
+
+def _check_code(code: Any) -> dict[str, Any] | None:
+    """The user's own code that travels: a blob of sources (never loaded here), the modules to import, a listing."""
+    if code is None:
+        return None
+    if not isinstance(code, dict) or not isinstance(code.get("blob"), str) or not SHA_RE.fullmatch(code["blob"]):
+        raise ApiError(400, "'code' must be an object whose 'blob' is the sha256 of the uploaded code")
+    modules = code.get("modules", [])
+    if not isinstance(modules, list) or len(modules) > 64 or not all(
+        isinstance(m, str) and len(m) <= 200 and MODULE_RE.match(m) for m in modules
+    ):
+        raise ApiError(400, "'code.modules' must be a list of at most 64 importable module names")
+    files = code.get("files", [])
+    if not isinstance(files, list) or len(files) > 200:
+        raise ApiError(400, "'code.files' must be a list of at most 200 files")
+    listing = []
+    for f in files:
+        if (
+            not isinstance(f, dict)
+            or not isinstance(f.get("path"), str)
+            or not CODE_PATH_RE.fullmatch(f["path"])
+            or not isinstance(f.get("bytes"), int)
+            or not isinstance(f.get("sha256"), str)
+            or not SHA_RE.fullmatch(f["sha256"])
+        ):
+            raise ApiError(400, "each of 'code.files' must be {path: relative .py path, bytes: int, sha256: hex}")
+        listing.append({"path": f["path"], "bytes": f["bytes"], "sha256": f["sha256"]})
+    return {"blob": code["blob"], "modules": modules, "files": listing}

@@ -46,6 +46,8 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
         "replay_of": job["replay_of"],
         "record": spec.get("record", True),
         "meta": spec.get("meta", {}),
+        "code": (spec.get("code") or {}).get("files", []),
+        "requirements": spec.get("requirements", []),
         "cost": 0.0,
         "timeline": timeline,
         "history": history,

@@ -46,7 +46,12 @@ class Worker:
         self.workdir = workdir
         self.cache = workdir / "cache"
         self.cache.mkdir(parents=True, exist_ok=True)
+        self.code_root = workdir / "code"
+        self.code_root.mkdir(parents=True, exist_ok=True)
+        self.env_cache = Path(os.environ.get("AIBRO_ENV_CACHE") or workdir.parent / "envs")
         self.keras: Any = None
+        self._code: Any = None
+        self._active_env = False
 
     def run(self) -> None:
         while True:
@@ -73,6 +78,8 @@ class Worker:
             log.exception("job %s failed", job_id)
             outcome, error = "failed", f"{type(exc).__name__}: {exc}"
             outbox.put(v.EV_LOG, {"message": traceback.format_exc()[-4000:]})
+        finally:
+            self._gear_down()
         if outbox.stale.is_set():
             outbox.close()
             return
@@ -93,7 +100,7 @@ class Worker:
         if cancel:
             return "canceled", None
         self._status(outbox, v.GEARING_UP_ENV)
-        keras = self._gear_up(spec)
+        keras = self._gear_up(outbox, job_id, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
         from .datatree import load_tree
 
@@ -149,14 +156,58 @@ class Worker:
                 self._put_artifact(job_id, attempt, name, path.read_bytes())
         return "completed", None
 
-    def _gear_up(self, spec: dict) -> Any:
+    def _gear_up(self, outbox: Outbox, job_id: str, spec: dict) -> Any:
+        """Packages first (a cached per-requirements environment), then the user's own code, then the imports the
+        model's custom objects need. What went in for this job comes out again in `_gear_down`."""
         if self.keras is None:
             import keras
 
             self.keras = keras
+        from aibro_core.requirements import runtime_versions, version_mismatch
+
+        from . import envs
+
+        mine = runtime_versions()
+        note = {"message": "worker: " + ", ".join(f"{k} {val}" for k, val in mine.items()), "versions": mine}
+        warning = version_mismatch(spec.get("versions") or {}, mine)
+        if warning:
+            note["warning"] = warning
+        outbox.put(v.EV_LOG, note)
+        requirements = spec.get("requirements") or []
+        if requirements:
+
+            def report(line: str) -> None:
+                outbox.put(v.EV_LOG, {"message": line, "stage": v.GEARING_UP_ENV})
+
+            report(f"installing {', '.join(requirements)}")
+            site = envs.ensure_env(requirements, self.env_cache, report)
+            envs.activate(site)
+            self._active_env = True
+        code = spec.get("code")
+        if code:
+            from .usercode import UserCode
+
+            self._code = UserCode(self.fetch_blob(code["blob"]), self.code_root)
+            self._code.activate()
         for mod in spec.get("custom_modules", []):
-            importlib.import_module(mod)
+            try:
+                importlib.import_module(mod)
+            except ModuleNotFoundError as exc:
+                raise RuntimeError(
+                    f"the model uses {mod}, which is not installed on the worker: add it to the job's requirements "
+                    f"(requirements=['{(exc.name or mod).split('.')[0]}'] or %%cloud_fit --requirements)"
+                ) from None
         return self.keras
+
+    def _gear_down(self) -> None:
+        if self._code is not None:
+            self._code.deactivate()
+            self._code = None
+        if self._active_env:
+            from . import envs
+
+            envs.deactivate()
+            self._active_env = False
 
     def _load_model(self, keras: Any, path: Path, safe_mode: bool) -> Any:
         import tensorflow as tf

@@ -1,4 +1,5 @@
-"""Data trees on the worker: arrays arrive as .npy blobs and load with allow_pickle=False; a tf.data dataset
+"""Data trees on the worker: arrays arrive as .npy blobs and load with allow_pickle=False (text as unicode
+arrays, handed to Keras as Python strings); a tf.data dataset
 arrives as a tar of its `Dataset.save` output and loads with `Dataset.load` (protobuf and raw tensors)."""
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
     if tree is None:
         return None
     if "blob" in tree:
-        return np.load(fetch(tree["blob"]), allow_pickle=False)
+        arr = np.load(fetch(tree["blob"]), allow_pickle=False)
+        if arr.dtype.kind in "US":  # text travels as a unicode array; Keras trains on Python strings (as given)
+            return arr.astype(object)
+        return arr
     if "dataset" in tree:
         return load_dataset(fetch(tree["dataset"]))
     if "list" in tree:
