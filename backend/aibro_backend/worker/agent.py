@@ -181,8 +181,17 @@ class Worker:
 
             report(f"installing {', '.join(requirements)}")
             site = envs.ensure_env(requirements, self.env_cache, report)
-            envs.activate(site)
+            shadowed = envs.activate(site)
             self._active_env = True
+            if shadowed:
+                outbox.put(
+                    v.EV_LOG,
+                    {
+                        "message": f"already loaded on the worker, kept at its own version: {', '.join(shadowed)}",
+                        "warning": f"the worker keeps its own {', '.join(shadowed)} (already imported before the "
+                        "job's requirements were installed); pin what the worker has, or leave them out",
+                    },
+                )
         code = spec.get("code")
         if code:
             from .usercode import UserCode
