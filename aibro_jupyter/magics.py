@@ -101,6 +101,16 @@ class CloudMagics(Magics):
             record=not args.no_record,
             safe_mode=not args.unsafe,
             meta={"variable": args.into or model_src},
+            argnames={
+                "machine_ids": "--machine",
+                "cool_down_period_s": "--cool-down",
+                "wait_request_s": "--wait-request",
+                "wait_new_job_create_s": "--wait-slot",
+                "description": "--description",
+                "train_X": "x",
+                "train_Y": "y",
+                "sample_weight": "sample_weight",
+            },
         )
         job_id = job["job_id"]
         if args.detach:

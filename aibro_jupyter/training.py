@@ -15,6 +15,7 @@ from typing import Any
 from aibro_core import vocabulary as v
 
 from . import bundle as b
+from .checks import check_before_upload
 from .client import BackendClient
 from .config import resolve
 from .dataset_blob import is_dataset
@@ -99,10 +100,29 @@ class Training:
         record: bool = True,
         safe_mode: bool = True,
         meta: dict[str, str] | None = None,
+        argnames: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Validate everything, upload what the backend lacks, and create the job; returns the job."""
+        """Validate everything, upload what the backend lacks, and create the job; returns the job.
+
+        `argnames` maps these Python argument names to what the user typed (`--cool-down` in %%cloud_fit), so
+        errors name the argument the user knows."""
         fit_kwargs = dict(fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
+        check_before_upload(  # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
+            lambda: self.client.policy(),
+            model,
+            train_X,
+            train_Y,
+            fit_kwargs.get("sample_weight"),
+            validation_data,
+            machine_ids=machine_ids,
+            cool_down_period_s=cool_down_period_s,
+            description=description,
+            wait_request_s=wait_request_s,
+            wait_new_job_create_s=wait_new_job_create_s,
+            wait_new_job_create_interval=wait_new_job_create_interval,
+            argnames=argnames,
+        )
         epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
         modules = b.check_model(model, safe_mode)
         if is_dataset(train_X) and fit_kwargs.get("validation_split"):
