@@ -107,3 +107,25 @@ def test_a_requirements_file(kernel, tmp_path: Path) -> None:  # noqa: ANN001
     bad.write_text("--index-url https://example.invalid/simple\n")
     res = run_cell(kernel, f"%%cloud_fit --machine local-cpu --requirements {bad}\nm.fit(x, y, epochs=1)\n")
     assert "line 1" in res.stdout + res.error and "index-url" in res.stdout + res.error, res.stdout + res.error
+
+
+def test_a_different_tensorflow_on_the_worker_is_a_warning_naming_both(client, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """The kernel says which versions it runs; the worker compares with its own and the watcher prints why."""
+    import numpy as np
+
+    from aibro_jupyter import Training, training
+
+    from conftest import make_model
+
+    monkeypatch.setattr(
+        training, "runtime_versions", lambda: {"python": "3.11.0", "tensorflow": "2.5.0", "keras": "2.5.0"}
+    )
+    rng = np.random.default_rng(3)
+    x, y = rng.random((128, 64), dtype=np.float32), rng.integers(0, 10, 128).astype("int32")
+    Training.online_fit(make_model(), x, y, machine_ids="local-cpu", epochs=1)
+    out = capsys.readouterr().out
+    import keras
+    import tensorflow as tf
+
+    assert f"TensorFlow 2.5.0 in the kernel but {tf.__version__} on the worker" in out, out
+    assert f"Keras 2.5.0 in the kernel but {keras.__version__} on the worker" in out, out
