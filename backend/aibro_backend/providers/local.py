@@ -7,8 +7,51 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+# What a worker inherits from the backend's own environment: what any process needs, the host's network settings
+# (proxies, CA bundles: the worker's pip installs a job's requirements) and the TensorFlow / GPU knobs an operator
+# may set for training. Nothing else: not PYTHONPATH (the client's or the notebook's folders), not AIBRO_HOME /
+# AIBRO_TOKEN / AIBRO_BACKEND_URL (the backend's state and credentials), not whatever else the first client that
+# started an embedded backend happened to have in its environment.
+_PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
+INHERITED = frozenset(
+    {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "TF_CPP_MIN_LOG_LEVEL"}
+    | {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
+    | {*_PROXIES, *(p.lower() for p in _PROXIES)}
+)
+INHERITED_PREFIXES = ("TF_", "CUDA_", "NVIDIA_", "XLA_")
+# What the scheduler may hand a worker in launch(env): where and how to reach the backend, its instance id, and
+# the per-hash environment cache.
+FROM_SCHEDULER = frozenset({"AIBRO_INSTANCE_ID", "AIBRO_ENV_CACHE"})
+FROM_SCHEDULER_PREFIXES = ("AIBRO_WORKER_",)
+
+
+def worker_env(
+    inherited: Mapping[str, str], scheduled: Mapping[str, str], workdir: Path, visible_devices: str
+) -> dict[str, str]:
+    """A worker's whole environment, built from allow-lists (never `{**os.environ, ...}`)."""
+    env = {k: val for k, val in inherited.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
+    env.update((k, val) for k, val in scheduled.items() if k in FROM_SCHEDULER or k.startswith(FROM_SCHEDULER_PREFIXES))
+    env["AIBRO_WORKER_DIR"] = str(workdir)
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def worker_python(configured: str | None) -> str:
+    """The interpreter workers run: AIBRO_WORKER_PYTHON when the backend has it set, else the backend's own."""
+    if not configured:
+        return sys.executable
+    found = shutil.which(configured)
+    if not found:
+        raise ValueError(
+            f"AIBRO_WORKER_PYTHON={configured!r} is not an executable Python interpreter: point it at the "
+            "python of an environment where the worker agent is installed (`pip install ./backend`), or unset it"
+        )
+    return os.path.abspath(found)  # not resolved: a venv's python is a symlink that must stay the venv's
 
 
 def _memory_gib() -> float:
@@ -47,12 +90,26 @@ def pid_alive(pid: int | None) -> bool:
 
 
 class LocalProvider:
-    """Offers what this host really has: its CPUs as `local-cpu`, and each GPU as `local-gpuN`."""
+    """Offers what this host really has: its CPUs as `local-cpu`, and each GPU as `local-gpuN`.
+
+    Each instance is a worker process `python -I -m aibro_backend.worker` in a fresh private directory
+    (`<state>/workers/<instance>/`, also its cwd), whose environment holds only the allow-listed basics and
+    TensorFlow/GPU knobs (see `worker_env`): a worker never sees the client's files, packages or PYTHONPATH, nor
+    the backend's state or credentials. Isolated mode (`-I`) keeps PYTHONPATH, the user site and the cwd off its
+    sys.path.
+
+    Environment of the backend read here, when the provider is built:
+
+    * `AIBRO_WORKER_PYTHON`: the interpreter workers run (default: the backend's own, `sys.executable`). Point
+      it at the python of a separate environment that holds only the worker agent (`pip install ./backend`) to
+      keep the notebook stack, and anything else installed next to the backend, away from users' jobs.
+    """
 
     name = "local"
 
     def __init__(self, state_dir: Path, capacity: int | None = None) -> None:
         self.state_dir = Path(state_dir)
+        self.python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
         self.capacity = capacity or max(1, os.cpu_count() or 1)
         self._procs: dict[int, subprocess.Popen] = {}
         self._gpu_names = _gpus()
@@ -92,14 +149,10 @@ class LocalProvider:
     def launch(self, instance_id: str, machine_id: str, env: dict[str, str]) -> int:
         workdir = self.state_dir / "workers" / instance_id
         workdir.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, **env, "AIBRO_WORKER_DIR": str(workdir)}
-        full_env["CUDA_VISIBLE_DEVICES"] = self._visible_devices(machine_id)
-        full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        for leak in ("AIBRO_TOKEN", "AIBRO_BACKEND_URL"):
-            full_env.pop(leak, None)
+        full_env = worker_env(os.environ, env, workdir, self._visible_devices(machine_id))
         log = open(workdir / "worker.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "aibro_backend.worker"],
+            [self.python, "-I", "-m", "aibro_backend.worker"],
             env=full_env,
             stdin=subprocess.DEVNULL,
             stdout=log,

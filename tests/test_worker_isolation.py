@@ -1,0 +1,282 @@
+"""A worker never sees the client's files, and the worker agent installs and trains on a bare host.
+
+Every local worker runs `python -I -m aibro_backend.worker` in a fresh private directory with an environment built
+from an allow-list: no PYTHONPATH, none of the backend's state or credentials. The agent is its own distribution
+(backend/pyproject.toml, `aibro-backend`): installed into a fresh venv with only what it declares, that venv
+holds none of the notebook stack, and a backend whose AIBRO_WORKER_PYTHON names it trains a real job there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from aibro_backend.providers.local import FROM_SCHEDULER, INHERITED, pid_alive
+from aibro_core import vocabulary as v
+from aibro_jupyter import Training
+from aibro_jupyter.client import BackendClient
+
+from conftest import kill_workers, make_model
+from helpers import instance_pid, run_as_user, user_env
+
+REPO = Path(__file__).resolve().parent.parent
+NEVER = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "AIBRO_HOME", "AIBRO_TOKEN", "AIBRO_BACKEND_URL")
+NOTEBOOK_STACK = ("jupyterlab", "ipywidgets", "bqplot", "aibro_jupyter", "tornado")
+
+
+def proc_environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
+
+
+def allowed(name: str) -> bool:
+    """What a worker's environment may hold (providers/local.py's allow-lists, spelled out again here)."""
+    return (
+        name in INHERITED
+        or name in FROM_SCHEDULER
+        or name.startswith(("TF_", "CUDA_", "NVIDIA_", "XLA_", "AIBRO_WORKER_"))
+    )
+
+
+def assert_isolated(pid: int, home: Path, instance_id: str) -> dict[str, str]:
+    """The worker `pid` runs isolated, in its own fresh directory under the backend's state; returns its env."""
+    assert pid_alive(pid), "the worker must still be cooling (alive) to be inspected"
+    env = proc_environ(pid)
+    for name in NEVER:
+        assert name not in env, f"the worker's environment holds {name}={env[name]!r}"
+    assert sorted(k for k in env if not allowed(k)) == [], "only allow-listed variables reach a worker"
+    workdir = (home / "state" / "workers" / instance_id).resolve()
+    assert env["AIBRO_WORKER_DIR"] == str(home / "state" / "workers" / instance_id)
+    assert env["AIBRO_INSTANCE_ID"] == instance_id
+    assert Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == workdir, "cwd is the worker's own private directory"
+    cmd = proc_cmdline(pid)
+    assert cmd[1:] == ["-I", "-m", "aibro_backend.worker"], cmd
+    return env
+
+
+# -- the session's embedded backend --------------------------------------------------------------------------
+def test_worker_runs_isolated_in_its_own_directory(client: BackendClient, aibro_home: Path, digits) -> None:  # noqa: ANN001
+    x, y, xv, yv = digits
+    job_id, _, history = Training.online_fit(
+        make_model(),
+        x,
+        y,
+        machine_ids="local-cpu",
+        batch_size=64,
+        epochs=1,
+        validation_data=(xv, yv),
+        description="isolation",
+        cool_down_period_s=600,
+    )
+    job = client.job(job_id)
+    assert job["status"] == v.COMPLETED
+    instance_id = job["instance_id"]
+    pid = instance_pid(aibro_home, instance_id)
+    env = assert_isolated(pid, aibro_home, instance_id)
+    # The filter is what keeps these out: the backend that started the worker does hold AIBRO_HOME.
+    backend_pid = json.loads((aibro_home / "backend.json").read_text())["pid"]
+    assert "AIBRO_HOME" in proc_environ(backend_pid)
+    assert env["CUDA_VISIBLE_DEVICES"] == "-1", "local-cpu hides the GPUs"
+    assert len(history.epoch) == 1
+
+
+# -- the agent alone, in a fresh venv ------------------------------------------------------------------------
+def _pip_env() -> dict[str, str]:
+    return {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_USER")}
+
+
+@pytest.fixture(scope="module")
+def agent_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv (no system site packages) holding `pip install backend/` and only what that declares."""
+    root = tmp_path_factory.mktemp("agent-venv")
+    src = root / "backend"  # a copy: no build output ever lands in the repository
+    shutil.copytree(
+        REPO / "backend", src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
+    )
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_pip_env())
+    python = venv / "bin" / "python"
+    start = time.monotonic()
+    pip = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=_pip_env(),
+    )
+    took = time.monotonic() - start
+    print(f"\n[worker isolation] pip install of the agent into a fresh venv took {took:.0f} s")
+    if pip.returncode != 0:
+        out = pip.stdout[-3000:] + pip.stderr[-3000:]
+        offline = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable")
+        if any(s in out for s in offline):
+            pytest.skip(f"no package index reachable to install the agent's declared dependencies:\n{out[-800:]}")
+        pytest.fail(f"pip install of backend/ failed:\n{out}")
+    assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
+    return python
+
+
+@pytest.mark.timeout(1800)
+def test_agent_installs_without_the_notebook_stack(agent_venv: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import importlib, json, sys
+        missing = {}
+        for name in sys.argv[1:]:
+            try:
+                importlib.import_module(name)
+                missing[name] = False
+            except ImportError:
+                missing[name] = True
+        import aibro_backend, aibro_backend.worker.agent, aibro_backend.worker.callbacks
+        import aibro_backend.worker.datatree, aibro_backend.worker.envs, aibro_backend.worker.pipeline
+        import aibro_backend.worker.usercode
+        print(json.dumps({
+            "missing": missing,
+            "agent": aibro_backend.__file__,
+            "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tornado", "aibro_jupyter")
+                             or m.startswith("aibro_backend.api") or m in ("aibro_backend.app", "aibro_backend.store")),
+        }))
+        """
+    )
+    venv = agent_venv.parent.parent
+    out = subprocess.run(
+        [str(agent_venv), "-I", "-c", script, *NOTEBOOK_STACK],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(venv),
+        env={**_pip_env(), "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["missing"] == {name: True for name in NOTEBOOK_STACK}, (
+        "the agent's venv holds part of the notebook stack"
+    )
+    assert Path(got["agent"]).is_relative_to(venv), "the agent imported is the venv's own copy"
+    assert got["loaded"] == [], "the worker path imports nothing of the service or the notebook package"
+
+
+CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import make_model
+    from sklearn.datasets import load_digits
+    from aibro_jupyter import Training
+    d = load_digits()
+    x, y = (d.data / 16.0).astype("float32"), d.target.astype("int32")
+    job_id, _, history = Training.online_fit(make_model(), x[:1400], y[:1400], machine_ids="local-cpu",
+                                             batch_size=32, epochs=2, validation_data=(x[1400:], y[1400:]),
+                                             description="agent venv", cool_down_period_s=600)
+    print("RESULT " + json.dumps({{"job_id": job_id, "val_accuracy": history.history["val_accuracy"][-1]}}))
+    """
+)
+
+CANARY = textwrap.dedent(
+    """
+    import os
+    open(os.path.join(os.path.dirname(__file__), "imported-by-%d" % os.getpid()), "w").close()
+    """
+)
+
+
+def _wait_backend(home: Path, proc: subprocess.Popen, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = json.loads((home / "backend.json").read_text())
+            if info.get("pid") == proc.pid and (home / "credentials.json").exists():
+                return info
+        except (OSError, ValueError):
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    log = (home / "backend.log").read_text(errors="replace") if (home / "backend.log").exists() else ""
+    raise AssertionError(f"the backend did not start:\n{log[-3000:]}")
+
+
+def _stop_backend(home: Path, proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    kill_workers(home)
+
+
+@pytest.mark.timeout(1800)
+def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    # The client's own files: a folder on the backend's PYTHONPATH whose sitecustomize leaves a mark in every
+    # process that imports it. The backend does; its worker must not.
+    client_files = tmp_path / "client-files"
+    client_files.mkdir()
+    (client_files / "sitecustomize.py").write_text(CANARY)
+    backend_env = user_env(
+        home,
+        AIBRO_WORKER_PYTHON=str(agent_venv),
+        PYTHONPATH=str(client_files),
+        AIBRO_TOKEN="aibro_u_must_not_reach_a_worker",
+        AIBRO_BACKEND_URL="http://must-not-reach-a-worker.invalid",
+        AIBRO_ISOLATION_CANARY="must-not-reach-a-worker",
+    )
+    with open(home / "backend.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aibro_backend", "--home", str(home), "--port", "0"],
+            env=backend_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(tmp_path),
+        )
+    try:
+        info = _wait_backend(home, proc)
+        token = json.loads((home / "credentials.json").read_text())["token"]
+        assert (client_files / f"imported-by-{proc.pid}").exists(), "the canary works: the backend imported it"
+
+        script = tmp_path / "client.py"
+        script.write_text(CLIENT.format(tests=str(Path(__file__).parent)))
+        # Named explicitly, so the client can only ever reach this backend (never start an embedded one).
+        res = run_as_user(
+            home, [sys.executable, str(script)], timeout=900, AIBRO_BACKEND_URL=info["url"], AIBRO_TOKEN=token
+        )
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert res.returncode == 0 and lines, f"client failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+        result = json.loads(lines[-1].removeprefix("RESULT "))
+
+        client = BackendClient(info["url"], token)
+        job = client.job(result["job_id"])
+        assert job["status"] == v.COMPLETED, job
+        assert result["val_accuracy"] > 0.5, result
+        instance_id = job["instance_id"]
+        pid = instance_pid(home, instance_id)
+        env = assert_isolated(pid, home, instance_id)
+        assert "AIBRO_ISOLATION_CANARY" not in env
+        assert proc_cmdline(pid)[0] == str(agent_venv), "the worker runs the interpreter AIBRO_WORKER_PYTHON names"
+        site = str(agent_venv.parent.parent / "lib" / f"python3.{sys.version_info.minor}" / "site-packages")
+        mapped = {ln.split()[-1] for ln in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/" in ln}
+        assert any(p.startswith(f"{site}/tensorflow/") for p in mapped), "the worker trained with the venv's TensorFlow"
+        foreign = sorted(p for p in mapped if "-packages/" in p and not p.startswith(f"{site}/"))
+        assert foreign == [], "the worker loaded libraries from outside its venv"
+        assert not (client_files / f"imported-by-{pid}").exists(), "the worker imported the client's files"
+    finally:
+        _stop_backend(home, proc)
