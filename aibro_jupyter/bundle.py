@@ -332,7 +332,7 @@ def _validation_part(validation_data: Any, bundle: Bundle, model: Any) -> dict[s
 
 def _dataset_part(ds: Any, name: str, bundle: Bundle, model: Any) -> dict[str, Any]:
     check_dataset(ds, name, model)
-    path = save_dataset(ds, bundle.workdir / f"{name}-{len(bundle.files)}.tar")
+    path = save_dataset(ds, bundle.workdir / f"{name}-{len(bundle.sources)}.tar")
     return {"x": {"dataset": bundle.add_file(path)}, "y": None, "sample_weight": None}
 
 

@@ -123,6 +123,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         description=args.description,
         cool_down_period_s=args.cool_down,
         safe_mode=not args.unsafe,
+        argnames={
+            "machine_ids": "--machine",
+            "cool_down_period_s": "--cool-down",
+            "description": "--description",
+            "train_X": "--x",
+            "train_Y": "--y",
+        },
     )
     print(f"{job['job_id']} started on {', '.join(job['machines'])}", flush=True)
     if args.detach:
