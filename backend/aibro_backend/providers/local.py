@@ -18,7 +18,7 @@ from typing import Any
 # started an embedded backend happened to have in its environment.
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 INHERITED = frozenset(
-    {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "TF_CPP_MIN_LOG_LEVEL"}
+    {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "TF_CPP_MIN_LOG_LEVEL", "LD_LIBRARY_PATH", "OMP_NUM_THREADS"}
     | {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
     | {*_PROXIES, *(p.lower() for p in _PROXIES)}
 )
