@@ -3,23 +3,97 @@
 from __future__ import annotations
 
 import hashlib
+import re
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aibro_core.errors import BackendUnreachable
 from aibro_core.transport import Transport
 
+if TYPE_CHECKING:
+    import requests
+
+    from .config import Target
+
 CHUNK = 8 * 1024 * 1024
 
 
-class BackendClient:
-    """What kernels, the CLI and the server extension ask of the backend."""
+RETRY_MAX_S = 15.0  # the longest pause between two tries while a configured backend does not answer
+# calls that create something: never sent twice, as the first one may have arrived before the backend died
+_NOT_RETRIED = re.compile(r"POST /(jobs|jobs/[^/]+/replay|auth/login)")
 
-    def __init__(self, url: str, token: str) -> None:
-        self.t = Transport(url, token)
-        self.url = self.t.url
+
+def _notify_stderr(message: str) -> None:
+    print(f"aibro: {message}", file=sys.stderr, flush=True)
+
+
+class _Transport(Transport):
+    """The shared transport, plus one recovery (`BackendClient.recover`) before a call reports the backend
+    unreachable. `recover=False` on a call skips it (the event follower recovers on its own, with notices)."""
+
+    def __init__(self, url: str, token: str, on_unreachable: Callable[[], bool] | None) -> None:
+        super().__init__(url, token)
+        self.on_unreachable = on_unreachable
+
+    def send(self, method: str, path: str, *, recover: bool = True, **kw: Any) -> requests.Response:
+        try:
+            return super().send(method, path, **kw)
+        except BackendUnreachable:
+            retry = recover and self.on_unreachable and not _NOT_RETRIED.fullmatch(f"{method} {path}")
+            if not retry or not self.on_unreachable():
+                raise
+        return super().send(method, path, **kw)
+
+
+class BackendClient:
+    """What kernels, the CLI and the server extension ask of the backend.
+
+    `restart`, when given (`training.connect()` gives `config.start_embedded` for the embedded backend), brings an
+    unreachable backend back: a call that finds it gone restarts it, points this client at its (possibly new) URL
+    and tries once more, telling `notify` (stderr by default); `follow` does the same for as long as it takes and
+    tells its watchers through local events. Without it an unreachable backend raises, and `follow` retries with
+    backoff."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        restart: Callable[[], Target] | None = None,
+        notify: Callable[[str], None] | None = None,
+    ) -> None:
+        self.t = _Transport(url, token, self.recover if restart else None)
+        self._restart = restart
+        self.notify = notify or _notify_stderr
+
+    @property
+    def url(self) -> str:
+        return self.t.url
+
+    # -- when the backend is gone -----------------------------------------------------------------
+    def restart(self) -> None:
+        """Start the embedded backend again (its own lock makes one start however many clients ask; it reuses
+        the last port when free) and point this client at it. Raises BackendUnreachable when it cannot."""
+        if self._restart is None:
+            raise BackendUnreachable(f"the aibro backend at {self.url} is not one this client can restart")
+        target = self._restart()
+        self.t.url = target.url.rstrip("/")
+        if target.token != self.t.token:
+            self.t.token = target.token
+            self.t.session.headers["Authorization"] = f"Bearer {target.token}"
+
+    def recover(self) -> bool:
+        """One call found the backend unreachable: restart it, saying so; True when it is back."""
+        self.notify("backend unreachable, restarting…")
+        try:
+            self.restart()
+        except BackendUnreachable as exc:
+            self.notify(f"could not restart the backend: {exc}")
+            return False
+        self.notify(f"backend is back at {self.url}")
+        return True
 
     # -- discovery --------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -74,17 +148,38 @@ class BackendClient:
     def replay(self, job_id: str, **overrides: Any) -> dict[str, Any]:
         return self.t.json("POST", f"/jobs/{job_id}/replay", json=overrides)
 
-    def events(self, job_id: str, after: int = 0, wait: float = 0) -> dict[str, Any]:
-        return self.t.json("GET", f"/jobs/{job_id}/events", params={"after": after, "wait": wait}, timeout=wait + 30)
+    def events(self, job_id: str, after: int = 0, wait: float = 0, recover: bool = True) -> dict[str, Any]:
+        params = {"after": after, "wait": wait}
+        return self.t.json("GET", f"/jobs/{job_id}/events", params=params, timeout=wait + 30, recover=recover)
 
     def follow(self, job_id: str, after: int = 0, wait: float = 25) -> Iterator[dict[str, Any]]:
-        """Every event of a job from `after`, live, until the job is final; reconnects on its own."""
+        """Every event of a job from `after`, live, until the job is final.
+
+        When the backend stops answering, the watchers hear it from a local event (`local_event`: a "log" whose
+        seq is the last one seen, so no view advances on it): "backend unreachable, restarting…" and the embedded
+        backend is started again, or "retrying…" with backoff for a configured one; then "backend is back", and
+        the events go on after the last seq seen, so none is lost or repeated."""
+        down = 0  # failed tries in this outage
         while True:
             try:
-                page = self.events(job_id, after, wait)
-            except BackendUnreachable:
-                time.sleep(1.0)
+                page = self.events(job_id, after, wait, recover=False)
+            except BackendUnreachable as exc:
+                if down == 0:
+                    say = "restarting…" if self._restart else f"retrying… ({exc})"
+                    yield local_event(job_id, after, f"backend unreachable, {say}", "warning")
+                else:
+                    time.sleep(min(RETRY_MAX_S, 2.0 ** (down - 1)))
+                down += 1
+                if self._restart is not None:
+                    try:
+                        self.restart()
+                    except BackendUnreachable as failed:
+                        if down == 1:
+                            yield local_event(job_id, after, f"{failed}; trying again", "warning")
                 continue
+            if down:
+                down = 0
+                yield local_event(job_id, after, f"backend is back at {self.url}; carrying on", "info")
             for ev in page["events"]:
                 after = ev["seq"]
                 yield ev
@@ -112,6 +207,13 @@ class BackendClient:
 
     def terminate(self, instance_id: str) -> dict[str, Any]:
         return self.t.json("POST", f"/instances/{instance_id}/terminate")
+
+
+def local_event(job_id: str, seq: int, message: str, level: str = "info") -> dict[str, Any]:
+    """A notice from this client to its watchers, shaped like a backend "log" event (data.local marks it): it
+    carries the last seq seen, so a JobView does not advance on it, and it never reaches the backend."""
+    data = {"message": message, "level": level, "local": True}
+    return {"type": "log", "seq": seq, "job_id": job_id, "ts": time.time(), "data": data}
 
 
 def sha256_file(path: Path) -> str:

@@ -18,7 +18,7 @@ from IPython.display import display
 from .cellsplit import SplitCell, split_cell
 from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
-from .progress import JobView, TextProgress
+from .progress import JobView, TextProgress, local_notice
 from .training import Training, format_machines
 
 
@@ -170,8 +170,8 @@ class CloudMagics(Magics):
                 if stop.is_set():
                     raise _Stop
                 panel.update(view, ev)
-                if not quiet and ev["type"] in ("epoch", "error"):
-                    text(view, ev)
+                if local_notice(ev) or (not quiet and ev["type"] in ("epoch", "error")):
+                    text(view, ev)  # a notice ("backend unreachable, restarting…") shows even with --quiet
 
             try:
                 result["view"] = self.trainer.watch(job_id, [watcher])

@@ -48,6 +48,13 @@ class JobView:
         return {k: [self.history[e]["logs"].get(k) for e in sorted(self.history)] for k in keys}
 
 
+def local_notice(ev: dict[str, Any]) -> str | None:
+    """The message of a notice the client itself made for its watchers (e.g. "backend unreachable, restarting…"),
+    or None for an event from the backend. Such a notice carries the last seq seen, so JobView.apply keeps still."""
+    d = ev.get("data") or {}
+    return str(d.get("message", "")) if ev.get("type") == v.EV_LOG and d.get("local") else None
+
+
 def format_logs(logs: dict[str, Any]) -> str:
     return " - ".join(f"{k}: {val:.4f}" if isinstance(val, float) else f"{k}: {val}" for k, val in logs.items())
 
@@ -69,5 +76,7 @@ class TextProgress:
                 file=self.out,
                 flush=True,
             )
-        elif ev["type"] in (v.EV_ERROR, v.EV_LOG) and d.get("message") and ev["type"] == v.EV_ERROR:
+        elif ev["type"] == v.EV_ERROR and d.get("message"):
             print(f"[{view.job_id}] error: {d['message']}", file=self.out, flush=True)
+        elif local_notice(ev):
+            print(f"[{view.job_id}] {local_notice(ev)}", file=self.out, flush=True)

@@ -17,7 +17,7 @@ from aibro_core import vocabulary as v
 from . import bundle as b
 from .checks import check_before_upload
 from .client import BackendClient
-from .config import resolve
+from .config import resolve, start_embedded
 from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
 from .progress import JobView, TextProgress
@@ -26,9 +26,10 @@ Watcher = Callable[[JobView, dict[str, Any]], None]
 
 
 def connect() -> BackendClient:
-    """A client for the configured backend, or the embedded one (started on first use)."""
+    """A client for the configured backend, or the embedded one (started on first use, and started again by the
+    client when it dies: a fit that is following its job says so and carries on)."""
     target = resolve()
-    client = BackendClient(target.url, target.token)
+    client = BackendClient(target.url, target.token, restart=start_embedded if target.embedded else None)
     client.health()
     return client
 

@@ -13,7 +13,7 @@ import ipywidgets as w
 
 from aibro_core import vocabulary as v
 
-from ..progress import JobView
+from ..progress import JobView, local_notice
 
 STEPS = v.SUBSTATUS_ORDER
 
@@ -29,6 +29,7 @@ class ProgressPanel(w.VBox):
         self._on_cancel: Callable[[], None] | None = None
         self.header = w.HTML(self._header_html(description, machines or []))
         self.stepper = w.HTML()
+        self.notice = w.HTML("")  # what the client itself has to say, e.g. "backend unreachable, restarting…"
         self.epoch_bar = w.IntProgress(value=0, min=0, max=1, description="epoch", bar_style="info")
         self.epoch_label = w.Label("0/?")
         self.batch_bar = w.IntProgress(value=0, min=0, max=1, description="batch")
@@ -47,6 +48,7 @@ class ProgressPanel(w.VBox):
             [
                 self.header,
                 self.stepper,
+                self.notice,
                 w.HBox([self.epoch_bar, self.epoch_label]),
                 w.HBox([self.batch_bar, self.batch_label]),
                 w.HBox([self.metrics, self.figure]),
@@ -87,6 +89,9 @@ class ProgressPanel(w.VBox):
         """Apply the job's state to the traits; safe to call from a background thread."""
         self.status, self.substatus = view.status, view.substatus
         self._render_stepper()
+        if ev is not None and local_notice(ev):
+            color = "#ef6c00" if ev["data"].get("level") == "warning" else "#2e7d32"
+            self.notice.value = f'<small style="color:{color}">{html.escape(local_notice(ev) or "")}</small>'
         if view.epochs:
             self.epoch_bar.max = view.epochs
         self.epoch_bar.value = len(view.history)
