@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 from aibro_core.errors import BackendUnreachable
 from aibro_core.transport import Transport
 
+from .blobsource import CHUNK, ByteSource, FileSource
+
 if TYPE_CHECKING:
     import requests
 
     from .config import Target
-
-CHUNK = 8 * 1024 * 1024
-
 
 RETRY_MAX_S = 15.0  # the longest pause between two tries while a configured backend does not answer
 # calls that create something: never sent twice, as the first one may have arrived before the backend died
@@ -111,25 +110,26 @@ class BackendClient:
     # -- blobs ------------------------------------------------------------------------------------
     def upload_blob(self, path: Path, sha: str | None = None) -> tuple[str, int]:
         """Upload a file content-addressed, resuming a partial upload; returns (sha, bytes sent)."""
-        path = Path(path)
-        sha = sha or sha256_file(path)
-        total = path.stat().st_size
+        source = FileSource(Path(path))
+        return self.upload_source(source, sha or source.sha256())
+
+    def upload_source(self, source: ByteSource, sha: str) -> tuple[str, int]:
+        """Upload bytes from where they are (an array's buffer, a file), content-addressed: nothing is sent when
+        the backend has them, and a partial upload resumes where it stopped. Returns (sha, bytes sent)."""
+        total = source.size
         head = self.t.request("HEAD", f"/blobs/{sha}")
         if head.status_code == 200:
             return sha, 0
         offset = int(head.headers.get("X-Received", "0"))
         sent = 0
-        with open(path, "rb") as f:
-            f.seek(offset)
-            while True:
-                chunk = f.read(CHUNK)
-                if not chunk and offset >= total and total > 0:
-                    break
-                r = self.t.json("PUT", f"/blobs/{sha}", params={"offset": offset, "total": total}, data=chunk)
-                offset += len(chunk)
-                sent += len(chunk)
-                if r["complete"]:
-                    break
+        chunks = source.chunks(offset, CHUNK) if offset < total else iter([memoryview(b"")])
+        for chunk in chunks:
+            body = bytes(chunk)
+            r = self.t.json("PUT", f"/blobs/{sha}", params={"offset": offset, "total": total}, data=body)
+            offset += len(body)
+            sent += len(body)
+            if r["complete"]:
+                break
         return sha, sent
 
     # -- jobs -------------------------------------------------------------------------------------

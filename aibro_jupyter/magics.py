@@ -18,7 +18,7 @@ from IPython.display import display
 from .cellsplit import SplitCell, split_cell
 from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
-from .progress import JobView, TextProgress, local_notice
+from .progress import JobView, TextProgress, local_notice, worker_note
 from .training import Training, format_machines
 
 
@@ -50,6 +50,12 @@ class CloudMagics(Magics):
     @argument("--into", default=None, help="variable that receives the trained model (default: the receiver)")
     @argument("--no-record", action="store_true", help="do not keep the job for replay")
     @argument("--unsafe", action="store_true", help="load the model with safe_mode=False (Lambda layers)")
+    @argument(
+        "--requirements",
+        "-r",
+        default=None,
+        help="packages the worker installs: a requirements file, or specs like 'cowsay==6.1,humanize'",
+    )
     @argument("--quiet", "-q", action="store_true", help="no per-epoch text lines under the panel")
     @cell_magic
     def cloud_fit(self, line: str, cell: str) -> Any:
@@ -101,7 +107,9 @@ class CloudMagics(Magics):
             record=not args.no_record,
             safe_mode=not args.unsafe,
             meta={"variable": args.into or model_src},
+            requirements=args.requirements,
             argnames={
+                "requirements": "--requirements",
                 "machine_ids": "--machine",
                 "cool_down_period_s": "--cool-down",
                 "wait_request_s": "--wait-request",
@@ -170,7 +178,7 @@ class CloudMagics(Magics):
                 if stop.is_set():
                     raise _Stop
                 panel.update(view, ev)
-                if local_notice(ev) or (not quiet and ev["type"] in ("epoch", "error")):
+                if local_notice(ev) or (not quiet and (ev["type"] in ("epoch", "error") or worker_note(ev))):
                     text(view, ev)  # a notice ("backend unreachable, restarting…") shows even with --quiet
 
             try:

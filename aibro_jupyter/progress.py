@@ -55,6 +55,19 @@ def local_notice(ev: dict[str, Any]) -> str | None:
     return str(d.get("message", "")) if ev.get("type") == v.EV_LOG and d.get("local") else None
 
 
+def worker_note(ev: dict[str, Any]) -> str | None:
+    """A worker's log line meant for the user: environment progress while GEARING UP ENV (pip's lines), or a
+    warning such as a TensorFlow/Keras version that differs from the kernel's."""
+    d = ev.get("data") or {}
+    if ev.get("type") != v.EV_LOG:
+        return None
+    if d.get("warning"):
+        return f"warning: {d['warning']}"
+    if d.get("stage"):
+        return f"{d['stage']}: {d.get('message', '')}"
+    return None
+
+
 def format_logs(logs: dict[str, Any]) -> str:
     return " - ".join(f"{k}: {val:.4f}" if isinstance(val, float) else f"{k}: {val}" for k, val in logs.items())
 
@@ -80,3 +93,5 @@ class TextProgress:
             print(f"[{view.job_id}] error: {d['message']}", file=self.out, flush=True)
         elif local_notice(ev):
             print(f"[{view.job_id}] {local_notice(ev)}", file=self.out, flush=True)
+        elif worker_note(ev):
+            print(f"[{view.job_id}] {worker_note(ev)}", file=self.out, flush=True)

@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from aibro_core import vocabulary as v
+from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
+from .blobsource import BytesSource
 from .checks import check_before_upload
 from .client import BackendClient
 from .config import resolve, start_embedded
 from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
 from .progress import JobView, TextProgress
+from .travel import plan_code, requirements_from, warn_missing_requirements
 
 Watcher = Callable[[JobView, dict[str, Any]], None]
 
@@ -101,6 +104,7 @@ class Training:
         record: bool = True,
         safe_mode: bool = True,
         meta: dict[str, str] | None = None,
+        requirements: list[str] | str | None = None,
         argnames: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Validate everything, upload what the backend lacks, and create the job; returns the job.
@@ -125,7 +129,7 @@ class Training:
             argnames=argnames,
         )
         epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
-        modules = b.check_model(model, safe_mode)
+        objects = b.check_model(model, safe_mode)
         if is_dataset(train_X) and fit_kwargs.get("validation_split"):
             raise ValidationError(
                 "validation_split cannot split a tf.data.Dataset: pass validation_data=another dataset instead, "
@@ -135,8 +139,12 @@ class Training:
             if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
                 raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
             batch_size = int(batch_size)
+        reqs = requirements_from(requirements, (argnames or {}).get("requirements", "requirements"))
+        code = plan_code(objects)
+        warn_missing_requirements(code, reqs)
         client = self.client
         machines = _machine_list(machine_ids, client.machines())
+        limit = client.policy()["max_job_bytes"]
         bundle = b.new_bundle()
         try:
             b.encode_data(bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data, model)
@@ -144,28 +152,35 @@ class Training:
             fit_kwargs.pop("verbose", None)
             if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:
                 fit_kwargs["class_weight"] = {int(k): float(w) for k, w in fit_kwargs["class_weight"].items()}
-            limit = client.policy()["max_job_bytes"]
             data_bytes = bundle.total_bytes
             if data_bytes > limit:
                 raise ValidationError(
                     f"this job's data is {data_bytes} bytes, over the {limit}-byte limit per job: "
                     "train on a sample, or use lower precision (float32/uint8)"
                 )
+            b.build_from_data(model, train_X)
             b.save_model(model, bundle)
+            code_spec = None
+            if code.files:
+                code_spec = {"blob": bundle.add(BytesSource(code.blob(), "code")), "modules": code.modules}
+                code_spec["files"] = code.listing()
             if bundle.total_bytes > limit:
                 raise ValidationError(
                     f"this job's model and data are {bundle.total_bytes} bytes, over the {limit}-byte limit per job: "
                     "use a smaller model or less data, or raise the limit (AIBRO_MAX_JOB_BYTES) on the backend"
                 )
-            for sha, path in bundle.files.items():
-                client.upload_blob(path, sha)
+            for sha, source in bundle.sources.items():
+                client.upload_source(source, sha)
             fit = {"epochs": epochs, **fit_kwargs}
             if batch_size is not None:
                 fit["batch_size"] = batch_size
             spec = {
                 "model": bundle.model_sha,
                 "safe_mode": safe_mode,
-                "custom_modules": modules,
+                "custom_modules": sorted(code.installed),
+                "code": code_spec,
+                "requirements": reqs,
+                "versions": runtime_versions(),
                 "data": bundle.data,
                 "fit": fit,
                 "callbacks": callbacks,
@@ -256,6 +271,7 @@ class Training:
         record: bool = True,
         safe_mode: bool = True,
         verbose: bool = True,
+        requirements: list[str] | str | None = None,
     ) -> tuple[str, Any, Any]:
         """Train `model` remotely; returns (job_id, trained_model, history). The trained weights and optimizer
         state land in the same `model` object. Ctrl-C detaches: the job goes on, `Training.attach` resumes."""
@@ -276,6 +292,7 @@ class Training:
             wait_new_job_create_interval,
             record,
             safe_mode,
+            requirements=requirements,
         )
         job_id = job["job_id"]
         if verbose:
