@@ -107,8 +107,13 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
     except ValidationError as exc:
         raise ApiError(400, str(exc)) from None
     versions = spec.get("versions") or {}
-    if not isinstance(versions, dict) or len(versions) > 8 or not all(
-        isinstance(k, str) and isinstance(val, str) and len(k) <= 32 and len(val) <= 64 for k, val in versions.items()
+    if (
+        not isinstance(versions, dict)
+        or len(versions) > 8
+        or not all(
+            isinstance(k, str) and isinstance(val, str) and len(k) <= 32 and len(val) <= 64
+            for k, val in versions.items()
+        )
     ):
         raise ApiError(400, "'versions' must be an object of at most 8 short strings (the kernel's versions)")
     meta = spec.get("meta") or {}
@@ -147,8 +152,10 @@ def _check_code(code: Any) -> dict[str, Any] | None:
     if not isinstance(code, dict) or not isinstance(code.get("blob"), str) or not SHA_RE.fullmatch(code["blob"]):
         raise ApiError(400, "'code' must be an object whose 'blob' is the sha256 of the uploaded code")
     modules = code.get("modules", [])
-    if not isinstance(modules, list) or len(modules) > 64 or not all(
-        isinstance(m, str) and len(m) <= 200 and MODULE_RE.match(m) for m in modules
+    if (
+        not isinstance(modules, list)
+        or len(modules) > 64
+        or not all(isinstance(m, str) and len(m) <= 200 and MODULE_RE.match(m) for m in modules)
     ):
         raise ApiError(400, "'code.modules' must be a list of at most 64 importable module names")
     files = code.get("files", [])
