@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import socket
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import aibro_cli, instance_pid, wait_for
+from helpers import aibro_cli, instance_pid, user_env, wait_for
 
 SHA = "a" * 64
 ROUTES = [
@@ -148,6 +151,44 @@ def test_add_user_refuses_bad_names_and_mints_a_new_token_each_time(client: Back
     assert [BackendClient(client.url, t).health()["user"] for t in tokens] == ["carol", "carol"]
     out = aibro_cli(aibro_home.parent / "nowhere", "backend", "add-user", "dave")
     assert out.returncode == 2 and "no backend store" in out.stderr, out.stderr
+
+
+def test_tokens_never_begin_with_a_dash_and_login_takes_every_form(
+    client: BackendClient, aibro_home: Path, tmp_path: Path
+) -> None:
+    """A token that began with '-' (1 in 64 before) broke `aibro login URL --token TOKEN` in argparse."""
+    from aibro_core.files import new_token
+
+    assert not any(new_token(kind).startswith("-") for kind in ("u", "w") for _ in range(2000))
+    out = aibro_cli(aibro_home, "backend", "add-user", "erin")
+    token = re.search(r"--token=(\S+)", out.stdout).group(1)
+    assert token.startswith("aibro_u_") and "--token-stdin" in out.stdout
+    for n, args, stdin in [
+        (1, ["--token", token], None),
+        (2, [f"--token={token}"], None),
+        (3, ["--token-stdin"], token + "\n"),
+        (4, [], token + "\n"),  # no tty: read from stdin, never from argv
+    ]:
+        home = tmp_path / f"erin{n}"
+        done = subprocess.run(
+            [sys.executable, "-m", "aibro_jupyter.cli", "login", client.url, *args],
+            input=stdin or "",
+            env=user_env(home),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+        assert json.loads((home / "login.json").read_text())["token"] == token
+    bad = subprocess.run(
+        [sys.executable, "-m", "aibro_jupyter.cli", "login", client.url, "--token-stdin"],
+        input="\n",
+        env=user_env(tmp_path / "nobody"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "no token given" in bad.stderr, bad.stderr
 
 
 @pytest.fixture(scope="module")
