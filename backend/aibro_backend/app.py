@@ -20,7 +20,7 @@ from aibro_core.files import write_private
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
 from .accounts import store_path
-from .api import user, worker
+from .api import tokens, transfer, user, worker
 from .api.base import BaseHandler
 from .api.openapi import OpenApiHandler
 from .blobs import BlobStore
@@ -49,8 +49,8 @@ def routes(backend: Backend) -> list:
         (p + r"/machines", user.MachinesHandler, a),
         (p + r"/policy", user.PolicyHandler, a),
         (p + r"/stats", user.StatsHandler, a),
-        (p + r"/auth/tokens", user.TokensHandler, a),
-        (p + r"/blobs/([^/]+)", user.BlobHandler, a),
+        (p + r"/auth/tokens", tokens.TokensHandler, a),
+        (p + r"/blobs/([^/]+)", transfer.BlobHandler, a),
         (p + r"/jobs", user.JobsHandler, a),
         (p + r"/jobs/([\w-]+)", user.JobHandler, a),
         (p + r"/jobs/([\w-]+)/cancel", user.CancelHandler, a),
@@ -58,14 +58,14 @@ def routes(backend: Backend) -> list:
         (p + r"/jobs/([\w-]+)/events", user.JobEventsHandler, a),
         (p + r"/events", user.UserEventsHandler, a),
         (p + r"/jobs/([\w-]+)/artifacts", user.ArtifactsHandler, a),
-        (p + r"/jobs/([\w-]+)/artifacts/(.+)", user.ArtifactHandler, a),
+        (p + r"/jobs/([\w-]+)/artifacts/(.+)", transfer.ArtifactHandler, a),
         (p + r"/instances", user.InstancesHandler, a),
         (p + r"/instances/([\w-]+)/terminate", user.TerminateHandler, a),
         (p + r"/openapi.json", OpenApiHandler, a),
         (p + r"/worker/assignment", worker.AssignmentHandler, a),
-        (p + r"/worker/blobs/([0-9a-f]{64})", worker.WorkerBlobHandler, a),
+        (p + r"/worker/blobs/([0-9a-f]{64})", transfer.WorkerBlobHandler, a),
         (p + r"/worker/jobs/([\w-]+)/events", worker.WorkerEventsHandler, a),
-        (p + r"/worker/jobs/([\w-]+)/artifacts/(.+)", worker.WorkerArtifactHandler, a),
+        (p + r"/worker/jobs/([\w-]+)/artifacts/(.+)", transfer.WorkerArtifactHandler, a),
         (p + r"/worker/jobs/([\w-]+)/finish", worker.WorkerFinishHandler, a),
     ]
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 
-from ..blobs import BlobError, check_artifact_name, check_sha
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
 
@@ -75,54 +74,6 @@ class PolicyHandler(UserHandler):
 class StatsHandler(UserHandler):
     def get(self) -> None:
         self.send({"counters": self.backend.store.counters(self.uid)})
-
-
-class TokensHandler(UserHandler):
-    def post(self) -> None:
-        self.send({"token": self.backend.store.new_token(self.uid)}, 201)
-
-
-class BlobHandler(UserHandler):
-    def head(self, sha: str) -> None:
-        check = self._sha(sha)
-        size = self.backend.store.blob_size(check, self.uid)
-        if size is not None:
-            self.set_header("X-Blob-Size", str(size))
-            self.set_status(200)
-        else:
-            self.set_header("X-Received", str(self.backend.blobs.received(check, str(self.uid))))
-            self.set_status(404)
-        self.finish()
-
-    def put(self, sha: str) -> None:
-        check = self._sha(sha)
-        try:
-            offset = int(self.get_query_argument("offset", "0"))
-            total = int(self.get_query_argument("total", ""))
-        except (ValueError, TypeError):
-            raise ApiError(400, "PUT /blobs/{sha} needs integer ?offset=&total= query arguments") from None
-        if total > self.backend.policy.max_job_bytes:
-            raise ApiError(413, f"a blob of {total} bytes is over the {self.backend.policy.max_job_bytes}-byte limit")
-        body = self.request.body
-        store = self.backend.store
-        if store.blob_size(check, self.uid) is not None:
-            self.send({"complete": True, "received": total})
-            return
-        try:
-            done = self.backend.blobs.write_chunk(check, str(self.uid), offset, body, total)
-        except BlobError as exc:
-            raise ApiError(409, str(exc)) from None
-        store.bump(self.uid, "blob_bytes_received", len(body))
-        if done:
-            store.add_blob(check, self.uid, total)
-        self.send({"complete": done, "received": offset + len(body)})
-
-    @staticmethod
-    def _sha(sha: str) -> str:
-        try:
-            return check_sha(sha)
-        except BlobError as exc:
-            raise ApiError(400, str(exc)) from None
 
 
 class JobsHandler(UserHandler):
@@ -233,22 +184,6 @@ class ArtifactsHandler(UserHandler):
     def get(self, job_id: str) -> None:
         self.own_job(job_id)
         self.send({"artifacts": self.backend.store.artifacts(job_id)})
-
-
-class ArtifactHandler(UserHandler):
-    def get(self, job_id: str, name: str) -> None:
-        self.own_job(job_id)
-        try:
-            path = self.backend.blobs.artifact_path(job_id, check_artifact_name(name))
-        except BlobError as exc:
-            raise ApiError(400, str(exc)) from None
-        if not path.is_file():
-            raise ApiError(404, f"job {job_id} has no artifact '{name}' (GET /jobs/{job_id}/artifacts lists them)")
-        self.set_header("Content-Type", "application/octet-stream")
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                self.write(chunk)
-        self.finish()
 
 
 class InstancesHandler(UserHandler):

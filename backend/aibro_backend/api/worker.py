@@ -8,9 +8,7 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 
-from ..blobs import BlobError, check_artifact_name
 from .base import ApiError, BaseHandler
-from .jobspec import spec_blobs
 
 WORKER_SUBSTATUSES = (v.GEARING_UP_ENV, v.SENDING_MODEL_DATA, v.SUB_TRAINING, v.RETURNING)
 
@@ -64,19 +62,6 @@ class AssignmentHandler(WorkerHandler):
         )
 
 
-class WorkerBlobHandler(WorkerHandler):
-    def get(self, sha: str) -> None:
-        inst = self.backend.store.instance(self.instance["id"])
-        job = self.backend.store.job(inst["job_id"]) if inst["job_id"] else None
-        if job is None or sha not in spec_blobs(job["spec"]):
-            raise ApiError(403, "this blob is not part of the job assigned to this instance")
-        self.set_header("Content-Type", "application/octet-stream")
-        with open(self.backend.blobs.blob_path(sha), "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                self.write(chunk)
-        self.finish()
-
-
 class WorkerEventsHandler(WorkerHandler):
     def post(self, job_id: str) -> None:
         body = self.body_json()
@@ -98,30 +83,6 @@ class WorkerEventsHandler(WorkerHandler):
                 scheduler.on_event(stored)
         job = self.backend.store.job(job_id)
         self.send({"acked": self.backend.store.max_wseq(job_id, attempt), "cancel": job["cancel_requested"]})
-
-
-class WorkerArtifactHandler(WorkerHandler):
-    def get(self, job_id: str, name: str) -> None:
-        self.assigned_job(job_id)
-        path = self._path(job_id, name)
-        if not path.is_file():
-            raise ApiError(404, f"no artifact {name}")
-        self.set_header("Content-Type", "application/octet-stream")
-        self.finish(path.read_bytes())
-
-    def put(self, job_id: str, name: str) -> None:
-        attempt = int(self.get_query_argument("attempt", "-1"))
-        self.assigned_job(job_id, attempt)
-        self._path(job_id, name)
-        size, sha = self.backend.blobs.write_artifact(job_id, name, self.request.body)
-        self.backend.store.add_artifact(job_id, name, size, sha)
-        self.send({"name": name, "size": size, "sha256": sha})
-
-    def _path(self, job_id: str, name: str):  # noqa: ANN202
-        try:
-            return self.backend.blobs.artifact_path(job_id, check_artifact_name(name))
-        except BlobError as exc:
-            raise ApiError(400, str(exc)) from None
 
 
 class WorkerFinishHandler(WorkerHandler):
