@@ -69,3 +69,27 @@ def slow_data(n: int = 6000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     w = rng.normal(size=(64, 10)).astype("float32")
     y = np.argmax(x @ w, axis=1).astype("int32")
     return x, y
+
+
+def worker_process(pid: int) -> int:
+    """The worker's own Python process: `pid` itself, or, when the worker is sandboxed, the process bubblewrap
+    (whose pid the backend keeps) started inside its namespaces."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    todo = [pid]
+    while todo:
+        cur = todo.pop(0)
+        try:
+            cmd = (Path(f"/proc/{cur}/cmdline").read_bytes()).split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0] != b"bwrap" and b"aibro_backend.worker" in cmd:
+            return cur
+        todo += children.get(cur, [])
+    raise AssertionError(f"no worker process under pid {pid}")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
 import requests
@@ -30,10 +31,11 @@ def _cli(home: Path, *args: str) -> str:
     return out.stdout
 
 
-def _start_job(home: Path, files: dict[str, Path], epochs: int, description: str, y: str = "y") -> str:
+def _start_job(home: Path, files: dict[str, Path], epochs: int, description: str, model: str = "model") -> str:
+    unsafe = ["--unsafe"] if model != "model" else []
     out = _cli(
-        home, "fit", str(files["model"]), "--x", str(files["x"]), "--y", str(files[y]), "--epochs", str(epochs),
-        "--machine", "local-cpu", "--cool-down", "300", "--description", description, "--detach",
+        home, "fit", str(files[model]), "--x", str(files["x"]), "--y", str(files["y"]), "--epochs", str(epochs),
+        "--machine", "local-cpu", "--cool-down", "300", "--description", description, "--detach", *unsafe,
     )  # fmt: skip
     m = re.search(r"(job-\S+) started on local-cpu", out)
     assert m, out
@@ -70,8 +72,16 @@ def job_files(tmp_path: Path, digits) -> dict[str, Path]:  # noqa: ANN001
     make_model().save(files["model"])
     np.save(files["x"], np.repeat(x, 8, axis=0))
     np.save(files["y"], np.repeat(y, 8, axis=0))
-    files["bad_y"] = tmp_path / "bad_y.npy"  # labels a 10-class softmax cannot take: training fails on the worker
-    np.save(files["bad_y"], np.full(len(x) * 8, 50, dtype="int32"))
+    files["failing_model"] = tmp_path / "failing.keras"  # fine in the kernel, fails on the worker as it loads
+    failing = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Lambda(lambda t: t if not __import__("os").environ.get("AIBRO_WORKER_DIR") else [][0]),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    failing.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    failing.save(files["failing_model"])
     return files
 
 
@@ -140,7 +150,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         assert _card(page, short).get_attribute("data-status") == "COMPLETED" and _epochs(page, short) == 2
         page.screenshot(path=str(ARTIFACTS / "sidebar-completed.png"))
 
-        failing = _start_job(aibro_home, job_files, 2, "sidebar failing job", y="bad_y")
+        failing = _start_job(aibro_home, job_files, 2, "sidebar failing job", model="failing_model")
         page.wait_for_selector(".Toastify__toast >> text=/sidebar failing job.*failed/", timeout=240_000)
         assert client.job(failing)["status"] == "CANCELED" and client.job(failing)["error"]
         assert _card(page, failing).locator(".aibro-job-error").inner_text(), "the card says why it failed"

@@ -169,7 +169,7 @@ def test_every_spelling_of_the_sparse_loss(loss: Any) -> None:
     model.compile(optimizer="adam", loss=loss)
     x, y = fresh_data(32)
     with pytest.raises(ValidationError, match=r"labels from 0 to 12"):
-        checks.check_fit_data(model, x, np.r_[y[:-1], 12], None, None)
+        checks.check_fit_data(model, x, np.r_[0, y[1:-1], 12], None, None)
 
 
 def test_ignore_class_is_allowed() -> None:
@@ -223,7 +223,7 @@ def test_scans_run_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
         warnings.simplefilter("always")
         checks.check_fit_data(make_model(), x, y, None, None)
     assert any("first in row 37" in str(w.message) for w in caught), [str(w.message) for w in caught]
-    y[45] = 11
+    y[0], y[45] = 0, 11
     with pytest.raises(ValidationError, match=r"labels from 0 to 11"):
         checks.check_fit_data(make_model(), x, y, None, None)
 

@@ -27,7 +27,7 @@ class ScriptedProvider:
     def offers(self) -> list[dict[str, Any]]:
         return [{"machine_id": m, "provider": self.name, "capacity": 2} for m in ("spot-a", "spot-b")]
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str]) -> int | None:
+    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int | None:
         self.launched.append(machine_id)
         return None
 

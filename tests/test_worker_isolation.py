@@ -26,7 +26,7 @@ from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import kill_workers, make_model
-from helpers import instance_pid, run_as_user, user_env
+from helpers import instance_pid, run_as_user, user_env, worker_process
 
 REPO = Path(__file__).resolve().parent.parent
 NEVER = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "AIBRO_HOME", "AIBRO_TOKEN", "AIBRO_BACKEND_URL")
@@ -45,7 +45,8 @@ def proc_cmdline(pid: int) -> list[str]:
 def allowed(name: str) -> bool:
     """What a worker's environment may hold (providers/local.py's allow-lists, spelled out again here)."""
     return (
-        name in INHERITED
+        name == "PWD"  # bubblewrap sets it to the directory it starts the worker in (checked below)
+        or name in INHERITED
         or name in FROM_SCHEDULER
         or name.startswith(("TF_", "CUDA_", "NVIDIA_", "XLA_", "AIBRO_WORKER_"))
     )
@@ -62,8 +63,12 @@ def assert_isolated(pid: int, home: Path, instance_id: str) -> dict[str, str]:
     assert env["AIBRO_WORKER_DIR"] == str(home / "state" / "workers" / instance_id)
     assert env["AIBRO_INSTANCE_ID"] == instance_id
     assert Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == workdir, "cwd is the worker's own private directory"
+    assert env.get("PWD", str(workdir)) == str(workdir)
     cmd = proc_cmdline(pid)
     assert cmd[1:] == ["-I", "-m", "aibro_backend.worker"], cmd
+    if shutil.which("bwrap") and os.geteuid() == 0:  # the README's test command installs bubblewrap
+        assert os.stat(f"/proc/{pid}").st_uid >= 200_000, "a sandboxed worker runs as an unprivileged uid"
+        assert os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino, "own mount namespace"
     return env
 
 
@@ -84,7 +89,7 @@ def test_worker_runs_isolated_in_its_own_directory(client: BackendClient, aibro_
     job = client.job(job_id)
     assert job["status"] == v.COMPLETED
     instance_id = job["instance_id"]
-    pid = instance_pid(aibro_home, instance_id)
+    pid = worker_process(instance_pid(aibro_home, instance_id))
     env = assert_isolated(pid, aibro_home, instance_id)
     # The filter is what keeps these out: the backend that started the worker does hold AIBRO_HOME.
     backend_pid = json.loads((aibro_home / "backend.json").read_text())["pid"]
@@ -268,7 +273,7 @@ def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path:
         assert job["status"] == v.COMPLETED, job
         assert result["val_accuracy"] > 0.5, result
         instance_id = job["instance_id"]
-        pid = instance_pid(home, instance_id)
+        pid = worker_process(instance_pid(home, instance_id))
         env = assert_isolated(pid, home, instance_id)
         assert "AIBRO_ISOLATION_CANARY" not in env
         assert proc_cmdline(pid)[0] == str(agent_venv), "the worker runs the interpreter AIBRO_WORKER_PYTHON names"

@@ -69,6 +69,8 @@ class Scheduler:
     # -- the periodic tick --------------------------------------------------------------------------
     def tick(self) -> None:
         try:
+            for provider in self.providers.values():
+                getattr(provider, "reap", lambda: None)()
             self._check_instances()
             self._check_cancels()
             self._assign_queued()
@@ -200,7 +202,7 @@ class Scheduler:
         )
         env = {"AIBRO_WORKER_URL": self.worker_url(), "AIBRO_WORKER_TOKEN": token, "AIBRO_INSTANCE_ID": instance_id}
         try:
-            pid = self.providers[provider_name].launch(instance_id, machine_id, env)
+            pid = self.providers[provider_name].launch(instance_id, machine_id, env, user_id=job["user_id"])
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
             self.store.set_instance_state(instance_id, v.CLOSED, v.TERMINATED)
             self.emit(job["id"], v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})

@@ -11,11 +11,15 @@ class Provider(Protocol):
     def offers(self) -> list[dict[str, Any]]:
         """The marketplace: one dict per machine_id this provider can start."""
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str]) -> int | None:
-        """Start an instance that runs `aibro worker` with `env`; return a handle (pid) if any."""
+    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int | None:
+        """Start an instance that runs `aibro worker` with `env` for backend user `user_id` (an instance serves one
+        user only, so a provider may confine it per user); return a handle (pid) if any."""
 
     def alive(self, instance: dict[str, Any]) -> bool:
         """Whether the instance's worker can still be running."""
 
     def terminate(self, instance: dict[str, Any]) -> None:
         """Make sure the instance is gone."""
+
+    def reap(self) -> None:
+        """Release whatever finished instances still hold (exited processes); called on every scheduler tick."""

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .sandbox import Sandbox
+
 # What a worker inherits from the backend's own environment: what any process needs, the host's network settings
 # (proxies, CA bundles: the worker's pip installs a job's requirements) and the TensorFlow / GPU knobs an operator
 # may set for training. Nothing else: not PYTHONPATH (the client's or the notebook's folders), not AIBRO_HOME /
@@ -110,6 +112,7 @@ class LocalProvider:
     def __init__(self, state_dir: Path, capacity: int | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
+        self.sandbox = Sandbox.choose(self.python)
         self.capacity = capacity or max(1, os.cpu_count() or 1)
         self._procs: dict[int, subprocess.Popen] = {}
         self._gpu_names = _gpus()
@@ -146,13 +149,23 @@ class LocalProvider:
             return ",".join(str(i) for i in range(len(self._gpu_names)))
         return machine_id.removeprefix("local-gpu")
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str]) -> int:
+    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int:
+        uid = self.sandbox.uid_for(user_id)
+        (self.state_dir / "workers").mkdir(parents=True, exist_ok=True, mode=0o700)
         workdir = self.state_dir / "workers" / instance_id
-        workdir.mkdir(parents=True, exist_ok=True)
-        full_env = worker_env(os.environ, env, workdir, self._visible_devices(machine_id))
+        self.sandbox.prepare(workdir, uid)
+        envs = self.state_dir / "envs" / f"u{int(user_id or 0)}"  # one user's cached environments, never shared
+        (self.state_dir / "envs").mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.sandbox.prepare(envs, uid)
+        full_env = worker_env(
+            os.environ, {**env, "AIBRO_ENV_CACHE": str(envs)}, workdir, self._visible_devices(machine_id)
+        )
+        if self.sandbox.kind != "none":
+            full_env["HOME"] = str(workdir)
         log = open(workdir / "worker.log", "ab")
+        argv = [self.python, "-I", "-m", "aibro_backend.worker"]
         proc = subprocess.Popen(
-            [self.python, "-I", "-m", "aibro_backend.worker"],
+            self.sandbox.command(argv, workdir, [envs], uid),
             env=full_env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -163,6 +176,12 @@ class LocalProvider:
         log.close()
         self._procs[proc.pid] = proc
         return proc.pid
+
+    def reap(self) -> None:
+        """Collect every worker process that has exited, so none lingers as a zombie."""
+        for pid, proc in list(self._procs.items()):
+            if proc.poll() is not None:
+                self._procs.pop(pid, None)
 
     def alive(self, instance: dict[str, Any]) -> bool:
         pid = instance.get("pid")

@@ -1,0 +1,160 @@
+"""How a local worker is confined: it runs the user's own code (Lambda layers, custom layers, travelling modules),
+so it must not see the backend's state, credentials, other users' data, or other workers.
+
+Chosen when the provider starts (`AIBRO_SANDBOX=auto|bwrap|none`, default auto):
+
+* `bwrap` (Debian's `bubblewrap`): the worker runs in its own mount, PID, IPC and UTS namespaces whose file system
+  holds only the system (`/usr`, `/etc`, read-only), the worker's Python installation and the aibro worker
+  packages (read-only), its own private directory and its user's environment cache (writable), a fresh `/tmp`,
+  `/proc` of its own PID namespace, and a minimal `/dev` (plus GPUs). The backend's home, database, blobs,
+  artifacts, credentials and every other worker's directory simply do not exist in there. When the backend runs
+  as root, the worker also drops to an unprivileged uid of its own per backend user (`AIBRO_SANDBOX_UID_BASE` +
+  user id, no capabilities, no supplementary groups), so even a file that leaks into view is not readable.
+  Chosen over running as a separate OS user alone because a plain uid switch still shows every world-readable
+  file on the host, and over containers because it needs no daemon and no image, only one Debian package.
+* `none`: no confinement beyond the allow-listed environment and the private directory (still the case for the
+  embedded single-user backend where bubblewrap is not installed); the backend logs a warning at start.
+
+The network is shared: a worker reaches the backend at 127.0.0.1 with its per-instance token, which reaches only
+the job assigned to that instance."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("aibro.sandbox")
+
+UID_BASE = 200_000
+_PROBE = (
+    "import json, os, sys, aibro_backend, aibro_core\n"
+    "paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}\n"
+    "paths |= {os.path.dirname(os.path.realpath(os.path.dirname(sys.executable)))}\n"
+    "pkgs = [os.path.dirname(m.__file__) for m in (aibro_backend, aibro_core)]\n"
+    "print(json.dumps({'paths': sorted(p for p in paths if p), 'packages': pkgs}))\n"
+)
+
+
+@dataclass
+class Sandbox:
+    """Wraps a worker's command line; `kind` says what confinement it gets ('bwrap' or 'none')."""
+
+    kind: str
+    python: str
+    readonly: list[str] = field(default_factory=list)
+    drop_uid: bool = False
+    uid_base: int = UID_BASE
+
+    @classmethod
+    def choose(cls, python: str, mode: str | None = None) -> Sandbox:
+        mode = (mode or os.environ.get("AIBRO_SANDBOX") or "auto").lower()
+        if mode not in ("auto", "bwrap", "none"):
+            raise ValueError(f"AIBRO_SANDBOX={mode!r}: use auto, bwrap or none")
+        uid_base = int(os.environ.get("AIBRO_SANDBOX_UID_BASE") or UID_BASE)
+        if mode == "none":
+            return cls("none", python)
+        if shutil.which("bwrap") is None:
+            if mode == "bwrap":
+                raise ValueError("AIBRO_SANDBOX=bwrap but bwrap is not installed: apt-get install bubblewrap")
+            log.warning("workers are NOT sandboxed: install bubblewrap (apt-get install bubblewrap) to confine them")
+            return cls("none", python)
+        try:
+            readonly = _worker_paths(python)
+            box = cls("bwrap", python, readonly, drop_uid=os.geteuid() == 0, uid_base=uid_base)
+            box._selftest()
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            if mode == "bwrap":
+                raise ValueError(f"AIBRO_SANDBOX=bwrap but the sandbox does not work here: {exc}") from None
+            log.warning("workers are NOT sandboxed: bubblewrap does not work on this host (%s)", exc)
+            return cls("none", python)
+        log.info("workers run sandboxed (bubblewrap%s)", ", unprivileged uid" if box.drop_uid else "")
+        return box
+
+    def uid_for(self, user_id: int | None) -> int | None:
+        return self.uid_base + int(user_id or 0) if self.drop_uid else None
+
+    def prepare(self, path: Path, uid: int | None) -> None:
+        """A private directory the worker (and only it) can write."""
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if uid is not None:
+            os.chown(path, uid, uid)
+        os.chmod(path, 0o700)
+
+    def command(self, argv: list[str], workdir: Path, writable: list[Path], uid: int | None) -> list[str]:
+        if self.kind == "none":
+            return argv
+        cmd = ["bwrap", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"):
+            if os.path.islink(top):
+                cmd += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                cmd += ["--ro-bind", top, top]
+        if os.path.isdir("/sys"):
+            cmd += ["--ro-bind", "/sys", "/sys"]
+        cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+        cmd += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+        for dev in sorted(Path("/dev").glob("nvidia*")):
+            cmd += ["--dev-bind", str(dev), str(dev)]
+        mounts = [(p, "--ro-bind") for p in self.readonly] + [(str(p), "--bind") for p in [workdir, *writable]]
+        for parent in _parents([m for m, _ in mounts]):
+            cmd += ["--perms", "0755", "--dir", parent]
+        for path, how in mounts:
+            cmd += [how, path, path]
+        cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--chdir", str(workdir)]
+        if uid is not None:
+            cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+            cmd += ["--bounding-set=-all", "--no-new-privs", "--"]
+        return cmd + argv
+
+    def _selftest(self) -> None:
+        """Run the worker's interpreter once inside the sandbox: fail here, not on the first job."""
+        probe = Path(os.environ.get("TMPDIR") or "/tmp") / f"aibro-sandbox-probe-{os.getpid()}"
+        uid = self.uid_for(0)
+        self.prepare(probe, uid)
+        try:
+            argv = [self.python, "-I", "-c", "import aibro_backend.worker.usercode"]
+            done = subprocess.run(
+                self.command(argv, probe, [], uid),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(probe)},
+            )
+            if done.returncode != 0:
+                raise ValueError((done.stderr or done.stdout).strip()[-500:] or f"exit {done.returncode}")
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+
+
+def _worker_paths(python: str) -> list[str]:
+    """What the worker's interpreter needs to see: its installation and the aibro worker packages, nothing more
+    (an editable install's source folder is bound package by package, never the folder around it)."""
+    done = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise ValueError(f"cannot inspect {python}: {done.stderr.strip()[-300:]}")
+    found = json.loads(done.stdout)
+    paths = [p for p in found["paths"] if os.path.isdir(p) and not p.startswith(("/usr/", "/etc/"))]
+    outside = [p for p in found["packages"] if not any(p.startswith(q.rstrip("/") + "/") for q in paths)]
+    keep: list[str] = []
+    for p in sorted(set(paths + outside), key=len):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in keep):
+            keep.append(p)
+    return keep
+
+
+def _parents(paths: list[str]) -> list[str]:
+    """Every folder above the mount points, created traversable (0755) so an unprivileged worker can reach them
+    even when the host's folder is private (a Python under /root)."""
+    out: list[str] = []
+    for path in paths:
+        parts = Path(path).parts
+        for i in range(2, len(parts)):
+            parent = str(Path(*parts[:i]))
+            if parent not in out and parent not in ("/usr", "/etc", "/tmp", "/proc", "/dev", "/sys"):
+                out.append(parent)
+    return out
