@@ -663,6 +663,13 @@ def check_before_upload(
         wait_new_job_create_interval,
         names,
     )
+    limits = policy()
+    cap = limits.get("max_cool_down_s")
+    if cap is not None and cool_down_period_s > cap:
+        raise ValidationError(
+            f"{names['cool_down_period_s']}={cool_down_period_s:g} is over this backend's cap of {cap:g} s (a warm "
+            f"machine is held at most that long): use at most {_example(names['cool_down_period_s'], f'{cap:g}')}"
+        )
     parts = data_sizes(x, y, sample_weight, validation_data, names)
-    check_size(sum(parts.values()), int(policy()["max_job_bytes"]), names, parts)
+    check_size(sum(parts.values()), int(limits["max_job_bytes"]), names, parts)
     check_fit_data(model, x, y, sample_weight, validation_data, names)

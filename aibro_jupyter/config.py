@@ -83,7 +83,7 @@ def _pid_alive(pid: int) -> bool:
 @contextmanager
 def _start_lock() -> Iterator[None]:
     home().mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(home() / "start.lock", "w") as f:
+    with os.fdopen(os.open(home() / "start.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -100,9 +100,12 @@ def start_embedded(timeout: float = 60.0) -> Target:
         h = home()
         h.mkdir(parents=True, exist_ok=True, mode=0o700)
         (h / "backend.json").unlink(missing_ok=True)
-        log = open(h / "backend.log", "ab")
+        fd = os.open(h / "backend.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # private from the first byte, and so is one an older version made
+        log = os.fdopen(fd, "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "aibro_backend", "--home", str(h)],
+            env={**os.environ, "AIBRO_ALLOW_UNSAFE": os.environ.get("AIBRO_ALLOW_UNSAFE") or "all"},  # one user
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

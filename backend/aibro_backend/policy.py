@@ -14,6 +14,8 @@ class Policy:
     max_job_bytes: int = 2 * 1024**3
     max_attempts: int = 3
     cancel_grace_s: float = 20.0
+    max_cool_down_s: float = 3600.0  # like SageMaker's warm pools: a warm machine is held at most an hour
+    allow_unsafe: str = "none"  # who may load models with safe_mode=False: "all", "none" or "alice,bob"
 
     @classmethod
     def from_env(cls) -> Policy:
@@ -28,7 +30,15 @@ class Policy:
             max_job_bytes=int(num("AIBRO_MAX_JOB_BYTES", cls.max_job_bytes, int)),
             max_attempts=int(num("AIBRO_MAX_ATTEMPTS", cls.max_attempts, int)),
             cancel_grace_s=float(num("AIBRO_CANCEL_GRACE_S", cls.cancel_grace_s, float)),
+            max_cool_down_s=float(num("AIBRO_MAX_COOL_DOWN_S", cls.max_cool_down_s, float)),
+            allow_unsafe=(os.environ.get("AIBRO_ALLOW_UNSAFE") or cls.allow_unsafe).strip(),
         )
+
+    def unsafe_allowed(self, user: str) -> bool:
+        """Whether `user` may run models with safe_mode=False (Lambda layers run their Python on the worker).
+        On by default for the embedded single-user backend, off for `aibro backend serve`."""
+        allowed = {u.strip() for u in self.allow_unsafe.split(",") if u.strip()}
+        return "all" in allowed or user in allowed
 
     def as_dict(self) -> dict:
         return asdict(self)

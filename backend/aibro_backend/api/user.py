@@ -91,6 +91,19 @@ class JobsHandler(UserHandler):
 def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None = None) -> dict[str, Any]:
     backend = handler.backend
     spec = validate_spec(raw, backend.scheduler.machine_index())
+    if not spec["safe_mode"] and not backend.policy.unsafe_allowed(handler.user["name"]):
+        raise ApiError(
+            403,
+            f"this backend's policy does not let user {handler.user['name']!r} load models with safe_mode=False "
+            "(Lambda layers run their Python code on the worker): replace the Lambda layers with registered custom "
+            "layers, or ask the backend's admin to allow it (AIBRO_ALLOW_UNSAFE=all or a list of users)",
+        )
+    if spec["cool_down_s"] > backend.policy.max_cool_down_s:
+        raise ApiError(
+            400,
+            f"cool_down_s={spec['cool_down_s']:g} is over this backend's cap of {backend.policy.max_cool_down_s:g} s "
+            "(a warm machine is held at most that long): ask for less (--cool-down / cool_down_period_s)",
+        )
     total = 0
     for sha in set(spec_blobs(spec)):
         size = backend.store.blob_size(sha, handler.uid)
