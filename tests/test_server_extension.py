@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -79,6 +83,110 @@ def test_jupyter_auth_guards_every_route_and_only_the_user_api_passes(fresh_lab)
     assert r.status_code == 404 and "job-nope" in r.json()["error"], "backend errors pass through as they were"
 
 
+def _connections_to(port: int) -> int:
+    """Open TCP connections to 127.0.0.1:port, as this host's kernel lists them."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            n += fields[2].endswith(f":{port:04X}") and fields[3] == "01"  # remote port, ESTABLISHED
+    return n
+
+
+def test_health_answers_at_once_while_forty_long_polls_wait(fresh_lab) -> None:  # noqa: ANN001
+    """Long-polls hold a socket each, never a thread: /aibro/api/health answers while 40 of them wait in the
+    backend (a 32-thread pool made it wait behind them)."""
+    url, token, home, _ = fresh_lab
+    _wait_backend(home)
+    auth = {"Authorization": f"token {token}"}
+    cursor = requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=30).json()["cursor"]  # no job runs yet
+    backend_port = urlsplit(_backend(home)[1]).port
+    polls, wait = 40, 15
+
+    def long_poll() -> requests.Response:
+        return requests.get(f"{url}/aibro/api/events", params={"after": cursor, "wait": wait}, headers=auth, timeout=60)
+
+    with ThreadPoolExecutor(polls) as pool:
+        started = time.monotonic()
+        waiting = [pool.submit(long_poll) for _ in range(polls)]
+        while (held := _connections_to(backend_port)) < polls:
+            assert time.monotonic() - started < wait - 3, f"only {held} of {polls} long-polls reached the backend"
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        health = requests.get(f"{url}/aibro/api/health", headers=auth, timeout=30)
+        took = time.monotonic() - t0
+        pending = sum(not f.done() for f in waiting)
+        answers = [f.result() for f in waiting]
+    elapsed = time.monotonic() - started
+    assert health.status_code == 200 and health.json()["ok"] is True, health.text
+    assert pending == polls, f"only {pending} of {polls} long-polls were still waiting when health answered"
+    assert took < 2, f"/aibro/api/health took {took:.1f} s behind {polls} long-polls"
+    assert all(a.status_code == 200 and a.json()["events"] == [] for a in answers), [a.text for a in answers][:3]
+    assert wait <= elapsed < 2 * wait, f"the long-polls waited side by side, not in turns ({elapsed:.1f} s)"
+
+
+def test_bad_event_query_values_get_400_from_the_proxy(fresh_lab) -> None:  # noqa: ANN001
+    url, token, _, _ = fresh_lab
+    auth = {"Authorization": f"token {token}"}
+    # A job the backend does not know would answer 404: 400 says the proxy refused the value first.
+    for path in ("events", "jobs/job-nope/events", "jobs"):
+        for query, name in BAD_QUERIES:
+            r = requests.get(f"{url}/aibro/api/{path}?{query}", headers=auth, timeout=30)
+            assert r.status_code == 400, (path, query, r.status_code, r.text)
+            assert f"'{name}' must be" in r.json()["error"], (path, query, r.text)
+
+
+BAD_QUERIES = [
+    ("wait=nan", "wait"),
+    ("wait=NaN", "wait"),
+    ("wait=inf", "wait"),
+    ("wait=-1", "wait"),
+    ("wait=1e9", "wait"),
+    ("wait=abc", "wait"),
+    ("wait=", "wait"),
+    ("after=abc", "after"),
+    ("after=-1", "after"),
+    ("after=1.5", "after"),
+    ("after=99999999999999999999", "after"),
+    ("after=" + "9" * 5000, "after"),
+    ("after=", "after"),
+]
+
+
+@pytest.fixture(scope="module")
+def dead_backend_lab(tmp_path_factory: pytest.TempPathFactory):
+    """JupyterLab whose configured backend (AIBRO_BACKEND_URL) listens nowhere."""
+    root = tmp_path_factory.mktemp("dead-lab-root")
+    home = tmp_path_factory.mktemp("dead-aibro-home")
+    with socket.socket() as s:  # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend_url, backend_token = f"http://127.0.0.1:{port}", "aibro_u_" + secrets.token_hex(16)
+    env = {"AIBRO_HOME": str(home), "AIBRO_BACKEND_URL": backend_url, "AIBRO_TOKEN": backend_token}
+    with jupyterlab(root, env, root / "lab.log") as (url, token):
+        yield url, token, backend_url, backend_token, root / "lab.log"
+
+
+def test_502_names_no_backend_url_or_token(dead_backend_lab) -> None:  # noqa: ANN001
+    url, token, backend_url, backend_token, log = dead_backend_lab
+    auth = {"Authorization": f"token {token}"}
+    port = str(urlsplit(backend_url).port)
+    for path in ("jobs", "health", "events?after=0&wait=5", "jobs/job-x/events?wait=1"):
+        t0 = time.monotonic()
+        r = requests.get(f"{url}/aibro/api/{path}", headers=auth, timeout=60)
+        assert r.status_code == 502 and r.json()["reconnecting"] is True, (path, r.status_code, r.text)
+        assert "not reachable" in r.json()["error"], r.text
+        for secret in (backend_url, "127.0.0.1", port, backend_token):
+            assert secret not in r.text, f"the 502 for {path} shows {secret!r}: {r.text}"
+        assert time.monotonic() - t0 < 15, f"a refused connection took {time.monotonic() - t0:.1f} s to say so"
+    r = requests.post(f"{url}/aibro/api/jobs/job-x/cancel", headers=auth, timeout=60)
+    assert r.status_code == 502 and backend_url not in r.text and port not in r.text, r.text
+    assert backend_url in log.read_text(), "the Jupyter server log names the backend it cannot reach"
+    assert backend_token not in log.read_text()
+    for query, _ in BAD_QUERIES:  # refused before any call to the (dead) backend
+        assert requests.get(f"{url}/aibro/api/events?{query}", headers=auth, timeout=30).status_code == 400, query
+
+
 def test_proxy_follows_jobs_cancels_and_never_leaks_the_token(fresh_lab, digits, tmp_path: Path) -> None:  # noqa: ANN001
     url, token, home, _ = fresh_lab
     _wait_backend(home)
@@ -129,8 +237,12 @@ def test_backend_killed_the_proxy_finds_a_new_one(fresh_lab) -> None:  # noqa: A
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     auth = {"Authorization": f"token {token}"}
+    _, backend_url, backend_token = _backend(home)
     r = requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=90)
     assert r.status_code == 502 and r.json()["reconnecting"] is True, "the browser hears that the backend is gone"
+    assert "being restarted" in r.json()["error"], r.text
+    for secret in (backend_url, str(urlsplit(backend_url).port), backend_token):
+        assert secret not in r.text, f"the 502 shows {secret!r}: {r.text}"
     deadline = time.monotonic() + 60
     while (r := requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=90)).status_code != 200:
         assert r.status_code == 502 and time.monotonic() < deadline, r.text

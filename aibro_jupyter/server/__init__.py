@@ -13,6 +13,6 @@ from .upstream import Upstream
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
     upstream = Upstream(log=server_app.log)
-    upstream.warm_up()
+    server_app.io_loop.add_callback(upstream.warm_up)  # runs once the loop starts
     setup_handlers(server_app.web_app, upstream)
     server_app.log.info("aibro_jupyter: /aibro/api/* proxies the aibro backend")

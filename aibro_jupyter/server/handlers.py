@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+import math
 import re
 from typing import Any
 
@@ -11,8 +11,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from ..errors import AibroError
-from .upstream import LONG_POLL_SLACK_S, Upstream
+from .upstream import Unreachable, Upstream
 
 _ID = r"[\w-]{1,100}"
 ALLOWED = {
@@ -32,7 +31,35 @@ ALLOWED = {
     ],
     "POST": [re.compile(p) for p in (rf"jobs/{_ID}/cancel", rf"instances/{_ID}/terminate")],
 }
-PASSED_QUERY = ("after", "wait")
+# The query the event routes take, checked on every route so a bad value never reaches the backend.
+EVENT_ROUTES = (re.compile(r"events"), re.compile(rf"jobs/{_ID}/events"))
+MAX_AFTER = 2**63 - 1  # SQLite's INTEGER
+MAX_WAIT_S = 60.0  # the backend's own cap on a long-poll
+
+
+class BadQuery(ValueError):
+    pass
+
+
+def event_query(get: Any) -> tuple[dict[str, str], float]:
+    """`after` (an event cursor: a non-negative integer) and `wait` (seconds, 0..60) as the backend gets them."""
+    query: dict[str, str] = {}
+    after = get("after", None)
+    if after is not None:
+        if not (after.isascii() and after.isdigit() and len(after) <= 19 and int(after) <= MAX_AFTER):
+            raise BadQuery(f"'after' must be an event cursor, a whole number from 0 to {MAX_AFTER}")
+        query["after"] = str(int(after))
+    wait = 0.0
+    raw = get("wait", None)
+    if raw is not None:
+        try:
+            wait = float(raw)
+        except ValueError:
+            wait = math.nan
+        if not (0 <= wait <= MAX_WAIT_S):  # also false for NaN
+            raise BadQuery(f"'wait' must be a number of seconds from 0 to {MAX_WAIT_S:g}")
+        query["wait"] = f"{wait:g}"
+    return query, wait
 
 
 class ProxyHandler(APIHandler):
@@ -53,27 +80,25 @@ class ProxyHandler(APIHandler):
         if not any(p.fullmatch(path) for p in ALLOWED[method]):
             self._reply(404, {"error": f"/aibro/api/{path[:100]} is not something the proxy passes on ({method})"})
             return
-        params = {k: self.get_query_argument(k) for k in PASSED_QUERY if self.get_query_argument(k, None)}
         try:
-            wait = float(params.get("wait", 0))
-        except ValueError:
-            self._reply(400, {"error": "'wait' must be a number of seconds"})
+            query, wait = event_query(self.get_query_argument)
+        except BadQuery as exc:
+            self._reply(400, {"error": str(exc)})
             return
-        loop = asyncio.get_running_loop()
+        if not any(p.fullmatch(path) for p in EVENT_ROUTES):
+            query, wait = {}, 0.0  # only the event routes take them
         try:
-            resp = await loop.run_in_executor(
-                self.upstream.pool,
-                lambda: self.upstream.forward(method, f"/{path}", params, timeout=wait + LONG_POLL_SLACK_S),
-            )
-        except AibroError as exc:
-            self._reply(502, {"error": str(exc), "reconnecting": True})
+            answer = await self.upstream.forward(method, f"/{path}", query, wait)
+        except Unreachable as exc:
+            self.log.warning("aibro_jupyter: %s", exc.detail)
+            self._reply(502, {"error": exc.message, "reconnecting": True})
             return
-        if resp.status_code == 401:  # the extension's token, not the user's session: never ask the browser for it
+        if answer.status == 401:  # the extension's token, not the user's session: never ask the browser for it
             self._reply(502, {"error": "the aibro backend rejected this server's token; run `aibro login` again"})
             return
-        self.set_status(resp.status_code)
+        self.set_status(answer.status)
         self.set_header("Content-Type", "application/json")
-        self.finish(resp.content)
+        self.finish(answer.body)
 
     def _reply(self, status: int, body: dict[str, Any]) -> None:
         self.set_status(status)

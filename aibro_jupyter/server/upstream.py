@@ -1,63 +1,124 @@
-"""The backend the server extension talks to, found (or started) once and re-found after it restarts."""
+"""The backend the server extension talks to: found (or started) once, found again after it goes away, and called
+through tornado's AsyncHTTPClient, so a long-poll waiting in the backend holds a socket, never a thread."""
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
-import requests
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
+from tornado.httputil import HTTPInputError
+from tornado.simple_httpclient import HTTPTimeoutError, SimpleAsyncHTTPClient
 
 from .. import config
-from ..client import Transport
-from ..errors import AibroError, BackendUnreachable
+from ..errors import AibroError
 
+CONNECT_TIMEOUT_S = 5.0
+QUICK_TIMEOUT_S = 30.0
 LONG_POLL_SLACK_S = 15.0
+# Sockets open at once. Long-polls get their own client, so a call that answers at once never queues behind them.
+MAX_QUICK = 32
+MAX_LONG_POLLS = 256
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class Unreachable(Exception):
+    """The backend did not answer. `message` is for the browser and names no URL, port or token; `detail` is for
+    the Jupyter server's log."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
 
 
 class Upstream:
-    """Forwards calls through the one HTTP client (`client.Transport`), on a thread pool so long-polls never
-    block Jupyter's event loop."""
+    """Forwards calls to the backend on Jupyter's own event loop, any number at once."""
 
-    def __init__(self, log: Any, workers: int = 32) -> None:
+    def __init__(self, log: Any) -> None:
         self.log = log
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aibro-proxy")
-        self._lock = threading.Lock()
         self._target: config.Target | None = None
-        self._local = threading.local()
+        self._finding: asyncio.Lock | None = None
+        self._quick: AsyncHTTPClient | None = None
+        self._polls: AsyncHTTPClient | None = None
+        self._search: asyncio.Future[None] | None = None
 
-    def warm_up(self) -> None:
-        """Find or start the backend in the background, so the first sidebar request finds it ready."""
-        self.pool.submit(self._safe_target)
-
-    def _safe_target(self) -> None:
+    async def warm_up(self) -> None:
+        """Find or start the backend as soon as Jupyter's loop runs, so the first sidebar request finds it ready."""
         try:
-            self.target()
-        except AibroError as exc:
-            self.log.warning("aibro_jupyter: %s", exc)
+            await self.target()
+        except Unreachable as exc:
+            self.log.warning("aibro_jupyter: %s", exc.detail)
 
-    def target(self) -> config.Target:
-        with self._lock:
+    async def target(self) -> config.Target:
+        """The configured backend, else the embedded one, started if it is not running. `config.resolve` reads
+        files and may wait for a daemon to start, so it runs on a worker thread, one search at a time."""
+        if self._finding is None:
+            self._finding = asyncio.Lock()
+        async with self._finding:
             if self._target is None:
-                self._target = config.resolve(start=True)
+                try:
+                    self._target = await asyncio.get_running_loop().run_in_executor(None, config.resolve)
+                except AibroError as exc:
+                    message = "the aibro backend could not be found or started; the Jupyter server log says why"
+                    raise Unreachable(message, str(exc)) from None
             return self._target
 
-    def _transport(self, target: config.Target) -> Transport:
-        t = getattr(self._local, "transport", None)
-        if t is None or t.url != target.url.rstrip("/") or t.token != target.token:
-            t = Transport(target.url, target.token)
-            self._local.transport = t
-        return t
+    def _client(self, long_poll: bool) -> AsyncHTTPClient:
+        # Made on first use, inside the running loop; force_instance keeps them apart from the shared client
+        # (whose default of 10 sockets would queue everything behind ten long-polls).
+        if self._quick is None or self._polls is None:
+            limits = {"force_instance": True, "max_body_size": MAX_BODY_BYTES}
+            self._quick = SimpleAsyncHTTPClient(max_clients=MAX_QUICK, **limits)
+            self._polls = SimpleAsyncHTTPClient(max_clients=MAX_LONG_POLLS, **limits)
+        return self._polls if long_poll else self._quick
 
-    def forward(self, method: str, path: str, params: dict[str, str], timeout: float) -> requests.Response:
-        """One call to the backend. If it is gone the call fails (the sidebar says "reconnecting") and the next
-        call finds it again, starting the embedded backend anew if that is the one that went away."""
-        target = self.target()
+    async def forward(self, method: str, path: str, query: dict[str, str], wait: float) -> Answer:
+        """One call to the backend, whatever status it answers. If the backend cannot be reached the call raises
+        `Unreachable` (the sidebar says "reconnecting") and the next call looks for it again, starting the
+        embedded backend anew if that is the one that went away."""
+        target = await self.target()
+        url = f"{target.url.rstrip('/')}/api/v1{path}" + (f"?{urlencode(query)}" if query else "")
+        request = HTTPRequest(
+            url,
+            method=method,
+            headers={"Authorization": f"Bearer {target.token}", "Accept": "application/json"},
+            body=b"" if method == "POST" else None,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            request_timeout=wait + LONG_POLL_SLACK_S if wait > 0 else QUICK_TIMEOUT_S,
+            follow_redirects=False,
+        )
         try:
-            return self._transport(target).send(method, path, params=params, timeout=timeout)
-        except BackendUnreachable:
-            self.log.info("aibro_jupyter: backend at %s unreachable; the next call looks for it again", target.url)
-            with self._lock:
-                if self._target is target:
-                    self._target = None
-            raise
+            response: HTTPResponse = await self._client(wait > 0).fetch(request, raise_error=False)
+        except HTTPInputError as exc:  # an answer over MAX_BODY_BYTES, or not HTTP at all
+            message = "the aibro backend's answer was too large or malformed"
+            raise Unreachable(message, f"{method} {target.url}/api/v1{path} failed: {exc!r}") from None
+        except (OSError, HTTPClientError) as exc:  # refused, reset, or a timeout (HTTPTimeoutError, 599)
+            self._forget(target)
+            if isinstance(exc, HTTPTimeoutError):
+                message = "the aibro backend did not answer in time; retrying"
+            elif target.embedded:
+                message = "the aibro backend is not reachable; it is being restarted"
+                self._search_soon()
+            else:
+                message = "the aibro backend is not reachable; retrying (the Jupyter server log names it)"
+            raise Unreachable(message, f"{method} {target.url}/api/v1{path} failed: {exc!r}") from None
+        return Answer(response.code, response.body or b"")
+
+    def _search_soon(self) -> None:
+        """Start the search now rather than on the next call, so "it is being restarted" is true."""
+        if self._search is None or self._search.done():
+            self._search = asyncio.ensure_future(self.warm_up())
+
+    def _forget(self, target: config.Target) -> None:
+        """The next search resolves the backend again (`config.resolve` starts a new embedded one if it died)."""
+        if self._target is target:
+            self._target = None
