@@ -33,6 +33,7 @@ class Scheduler:
         self.policy = policy
         self.worker_url = worker_url
         self.on_event = on_event
+        self._waiting: dict[str, str] = {}  # job id → what it last said it waits for
 
     # -- helpers used by the API too --------------------------------------------------------------
     def machine_index(self) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -172,6 +173,7 @@ class Scheduler:
         spec = job["spec"]
         index = self.machine_index()
         passed = self._passed_over(job)
+        waiting: list[str] = []
         for machine_id in spec["machines"]:
             warm = [i for i in self.store.instances(job["user_id"], (v.COOLING,)) if i["machine_id"] == machine_id]
             if warm:
@@ -179,6 +181,7 @@ class Scheduler:
                 self.store.set_instance_state(
                     inst["id"], v.EXECUTING, "", job_id=job["id"], cool_down_s=spec["cool_down_s"], cooling_until=None
                 )
+                self._waiting.pop(job["id"], None)
                 self._bind(job, inst["id"], machine_id, f"reusing warm instance {inst['id']}")
                 return
             if machine_id not in index or machine_id in passed:
@@ -186,13 +189,49 @@ class Scheduler:
             provider_name, offer = index[machine_id]
             live_user = self.store.instances(job["user_id"], v.INSTANCE_LIVE)
             live_machine = [i for i in self.store.instances(None, v.INSTANCE_LIVE) if i["machine_id"] == machine_id]
-            if len(live_user) >= self.policy.max_active_instances or len(live_machine) >= offer["capacity"]:
+            if len(live_user) >= self.policy.max_active_instances:
                 cooling = [i for i in live_user if i["status"] == v.COOLING]
-                if cooling and len(live_user) >= self.policy.max_active_instances:
+                if cooling:
                     self.close_instance(cooling[0])
+                    continue
+                waiting.append(
+                    f"your {len(live_user)} active instances are the limit ({self.policy.max_active_instances}): "
+                    "waiting for one of your jobs to end"
+                )
                 continue
+            if len(live_machine) >= offer["capacity"]:
+                if self._evict_cooling(job, machine_id, live_machine):
+                    return
+                busy = sum(1 for i in live_machine if i["status"] != v.COOLING)
+                waiting.append(f"waiting for {machine_id}: all {offer['capacity']} in use ({busy} training)")
+                continue
+            self._waiting.pop(job["id"], None)
             self._launch(job, provider_name, machine_id)
             return
+        if waiting:
+            self._say_waiting(job, waiting[0])
+
+    def _evict_cooling(self, job: dict[str, Any], machine_id: str, live: list[dict[str, Any]]) -> bool:
+        """A machine held warm (cooling) never blocks another job that waits for it: the one cooling longest is
+        closed to make room, and the waiting job's log says so. Fair to its owner: warmth is a bonus, not a lease."""
+        cooling = sorted((i for i in live if i["status"] == v.COOLING), key=lambda i: i["updated"])
+        if not cooling:
+            return False
+        victim = cooling[0]
+        self.close_instance(victim)
+        whose = "one of yours" if victim["user_id"] == job["user_id"] else "another user's"
+        self.emit(
+            job["id"],
+            v.EV_LOG,
+            {"message": f"closed a cooling {machine_id} instance ({whose}) to make room for this job"},
+        )
+        return True
+
+    def _say_waiting(self, job: dict[str, Any], message: str) -> None:
+        """A queued job's substatus message says what it waits for (once per change, not every tick)."""
+        if self._waiting.get(job["id"]) != message:
+            self._waiting[job["id"]] = message
+            self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, message)
 
     def _launch(self, job: dict[str, Any], provider_name: str, machine_id: str) -> None:
         instance_id = "inst-" + secrets.token_hex(6)

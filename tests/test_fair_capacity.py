@@ -1,0 +1,59 @@
+"""Capacity is shared fairly on the local provider: a machine one user keeps warm (cooling) never blocks another
+user's queued job, and a queued job says what it waits for."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from aibro_core import vocabulary as v
+from aibro_jupyter import Training
+from aibro_jupyter.client import BackendClient
+
+from conftest import make_model
+from helpers import backend_process, slow_data, user_env, wait_for
+
+
+def _final(events: list[dict]) -> bool:
+    return any(e["type"] == "status" and e["data"].get("status") in v.JOB_FINAL for e in events)
+
+
+def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_path: Path) -> None:
+    home = tmp_path / "shared"
+    with backend_process(home, AIBRO_LOCAL_CAPACITY="1") as alice:
+        made = subprocess.run(
+            [sys.executable, "-m", "aibro_backend.accounts", "add-user", "bob", "--home", str(home)],
+            env=user_env(home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert made.returncode == 0, made.stderr
+        bob = BackendClient(alice.url, re.search(r"--token=(\S+)", made.stdout).group(1))
+        x, y = slow_data(3000)
+        first = Training(alice).submit(
+            make_model(), x, y, machine_ids="local-cpu", epochs=3, batch_size=16, cool_down_period_s=600
+        )
+        wait_for(alice, first["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
+        second = Training(bob).submit(make_model(1), x[:500], y[:500], machine_ids="local-cpu", epochs=1)
+        queued = wait_for(
+            bob,
+            second["job_id"],
+            lambda evs: any("waiting for local-cpu" in e["data"].get("message", "") for e in evs),
+            timeout=120,
+        )
+        message = next(e["data"]["message"] for e in queued if "waiting for" in e["data"].get("message", ""))
+        assert message == "waiting for local-cpu: all 1 in use (1 training)", message
+        assert bob.job(second["job_id"])["substatus"] == v.REQUESTING_SERVER
+        wait_for(alice, first["job_id"], _final, timeout=300)
+        events = wait_for(bob, second["job_id"], _final, timeout=300)
+        assert bob.job(second["job_id"])["status"] == v.COMPLETED
+        evicted = [e["data"]["message"] for e in events if "to make room" in e["data"].get("message", "")]
+        assert evicted == ["closed a cooling local-cpu instance (another user's) to make room for this job"]
+        alice_instances = {i["id"]: i for i in alice.instances()}
+        first_instance = alice.job(first["job_id"])["instance_id"]
+        assert alice_instances[first_instance]["status"] in (v.CLOSING, v.CLOSED), "alice's warm machine was closed"
+        messages = [e["data"].get("message") for e in events if e["type"] == "status"]
+        assert messages.count(message) == 1, "the waiting message is said once, not every tick"
