@@ -143,3 +143,35 @@ def test_cool_down_over_the_cap_is_refused(client: BackendClient, digits: Any) -
     spec = {"model": "0" * 64, "data": {"x": {"blob": "0" * 64}}, "fit": {"epochs": 1}, "machines": ["local-cpu"]}
     with pytest.raises(ApiError, match=r"over this backend's cap"):
         client.submit({**spec, "cool_down_s": 7200})
+
+
+def _zombie_children(pid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "Z" and int(fields[1]) == pid:
+                found.append(int(proc.name))
+    return found
+
+
+def test_exited_workers_are_reaped(client: BackendClient, aibro_home: Path, digits: Any) -> None:
+    """A worker that has exited (its instance closed after the job) leaves no zombie behind the backend."""
+    import time
+
+    from conftest import make_model
+
+    job = Training(client).submit(make_model(), digits[0][:64], digits[1][:64], machine_ids="local-cpu", epochs=1)
+    wait_for(client, job["job_id"], lambda evs: any(_final(e) for e in evs), timeout=300)
+    instance = client.job(job["job_id"])["instance_id"]
+    backend_pid = json.loads((aibro_home / "backend.json").read_text())["pid"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        closed = {i["id"]: i["status"] for i in client.instances()}.get(instance) == "CLOSED"
+        if closed and not _zombie_children(backend_pid):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"zombies left behind the backend: {_zombie_children(backend_pid)}")
