@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from aibro_core.files import write_private
 
@@ -22,18 +23,27 @@ def _client() -> BackendClient:
 
 
 def cmd_backend(args: argparse.Namespace) -> int:
-    if args.name and args.action != "add-user":
-        raise AibroError(f"`aibro backend {args.action}` takes no name (only add-user does): drop {args.name!r}")
+    if args.name and args.action not in ("add-user", "revoke-tokens"):
+        raise AibroError(
+            f"`aibro backend {args.action}` takes no name (only add-user and revoke-tokens do): drop {args.name!r}"
+        )
     if args.action == "serve":
-        _exec_backend("aibro_backend", "--home", str(config.home()), "--host", args.host, "--port", str(args.port))
+        tls = ["--certfile", args.certfile] if args.certfile else []
+        tls += ["--keyfile", args.keyfile] if args.keyfile else []
+        home, port = str(config.home()), str(args.port)
+        _exec_backend("aibro_backend", "--home", home, "--host", args.host, "--port", port, *tls)
     if args.action == "start":
         t = config.resolve()
         print(f"aibro backend running at {t.url}")
         return 0
-    if args.action == "add-user":
+    if args.action in ("add-user", "revoke-tokens"):
         if not args.name:
-            raise AibroError("add-user needs a name: aibro backend add-user NAME")
-        cmd = [sys.executable, "-m", "aibro_backend.accounts", "add-user", args.name, "--home", str(config.home())]
+            raise AibroError(f"{args.action} needs a name: aibro backend {args.action} NAME")
+        cmd = [sys.executable, "-m", "aibro_backend.accounts", args.action, args.name, "--home", str(config.home())]
+        if args.expires_in is not None:
+            if args.action != "add-user":
+                raise AibroError("--expires-in goes with add-user (the new token's lifetime)")
+            cmd += ["--expires-in", str(args.expires_in)]
         return subprocess.run(cmd).returncode
     if args.action == "stop":
         print("stopped" if config.stop_embedded() else "no embedded backend was running")
@@ -155,6 +165,36 @@ def cmd_login(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """Your tokens on the backend you use: list them (ids and times, never secrets), mint one, revoke one."""
+    client = _client()
+    if args.action == "list":
+        if args.id:
+            raise AibroError(f"`aibro token list` takes no id: drop {args.id!r}")
+        print(f"{'id':<18} {'created':<17} {'expires':<17} {'last used':<17}")
+        for t in client.tokens():
+            times = " ".join(f"{_when(t[k]):<17}" for k in ("created", "expires", "last_used"))
+            print(f"{t['id']:<18} {times}{'  (this one)' if t.get('current') else ''}")
+        return 0
+    if args.action == "revoke":
+        if not args.id:
+            raise AibroError("revoke needs a token id: `aibro token list` shows them (tok_...)")
+        client.revoke_token(args.id)
+        print(f"revoked {args.id}")
+        return 0
+    if args.id:
+        raise AibroError(f"`aibro token new` takes no id: drop {args.id!r}")
+    made = client.mint_token(args.expires_in)
+    until = f" (expires {_when(made['expires'])})" if made.get("expires") else ""
+    print(f"{made['id']}{until}: {made['token']}")
+    print("shown once (the backend keeps only its hash); use it with: aibro login URL --token-stdin")
+    return 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     _exec_backend("aibro_backend.worker")
     return 0
@@ -171,11 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aibro", description="Train Keras models on remote machines.")
     sub = p.add_subparsers(dest="cmd", required=True)
     be = sub.add_parser("backend", help="start, stop or inspect the backend")
-    be.add_argument("action", choices=["start", "status", "stop", "serve", "add-user"])
-    be.add_argument("name", nargs="?", help="the user, for add-user")
-    be.add_argument("--host", default="127.0.0.1")
+    be.add_argument("action", choices=["start", "status", "stop", "serve", "add-user", "revoke-tokens"])
+    be.add_argument("name", nargs="?", help="the user, for add-user and revoke-tokens")
+    be.add_argument("--host", default="127.0.0.1", help="serve: address to bind (other than loopback: use TLS)")
     be.add_argument("--port", type=int, default=0)
+    be.add_argument("--certfile", default=None, help="serve: HTTPS with this certificate (PEM)")
+    be.add_argument("--keyfile", default=None, help="serve: the certificate's private key (PEM)")
+    be.add_argument("--expires-in", type=float, default=None, metavar="S", help="add-user: the token expires in S s")
     be.set_defaults(fn=cmd_backend)
+    tk = sub.add_parser("token", help="list, mint or revoke your tokens")
+    tk.add_argument("action", choices=["list", "new", "revoke"])
+    tk.add_argument("id", nargs="?", help="the token to revoke (tok_..., from `aibro token list`)")
+    tk.add_argument("--expires-in", type=float, default=None, metavar="S", help="new: the token expires in S s")
+    tk.set_defaults(fn=cmd_token)
     j = sub.add_parser("jobs", help="list your jobs")
     j.add_argument("--json", action="store_true")
     j.set_defaults(fn=cmd_jobs)

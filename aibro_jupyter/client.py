@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 RETRY_MAX_S = 15.0  # the longest pause between two tries while a configured backend does not answer
 # calls that create something: never sent twice, as the first one may have arrived before the backend died
-_NOT_RETRIED = re.compile(r"POST /(jobs|jobs/[^/]+/replay|auth/login)")
+_NOT_RETRIED = re.compile(r"POST /(jobs|jobs/[^/]+/replay|auth/login|auth/tokens)")
 
 
 def _notify_stderr(message: str) -> None:
@@ -131,6 +131,18 @@ class BackendClient:
             if r["complete"]:
                 break
         return sha, sent
+
+    # -- tokens -----------------------------------------------------------------------------------
+    def tokens(self) -> list[dict[str, Any]]:
+        """This user's live tokens: ids and times, never the secrets (`current` marks the one in use)."""
+        return self.t.json("GET", "/auth/tokens")["tokens"]
+
+    def mint_token(self, expires_in_s: float | None = None) -> dict[str, Any]:
+        body = {} if expires_in_s is None else {"expires_in_s": expires_in_s}
+        return self.t.json("POST", "/auth/tokens", json=body)
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self.t.json("DELETE", f"/auth/tokens/{token_id}")
 
     # -- jobs -------------------------------------------------------------------------------------
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:

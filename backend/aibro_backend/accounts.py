@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from aibro_core.errors import AibroError, ValidationError
 
+from .limits import Limits
+from .policy import Policy
 from .store import Store
+
+MAX_EXPIRES_IN_S = 10 * 365 * 86400.0
 
 USER_NAME_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 
@@ -20,39 +26,76 @@ def store_path(home: Path) -> Path:
     return Path(home) / "state" / "aibro.db"
 
 
-def add_user(home: Path, name: str) -> str:
-    """Make user `name` if new and return a fresh token for it. Only its hash is stored, so it is shown once."""
-    if not isinstance(name, str) or not USER_NAME_RE.fullmatch(name):
-        raise ValidationError(
-            f"user name {name!r} is not valid: use 1-64 characters, lowercase letters, digits, '_', '.', '-', "
-            "starting with a letter (e.g. alice)"
-        )
+def _open_store(home: Path) -> Store:
     path = store_path(home)
     if not path.exists():
         raise ValidationError(
             f"no backend store at {path}: run this on the backend's host, with the same AIBRO_HOME as "
             "`aibro backend serve`, after the backend has started once"
         )
-    store = Store(path)
+    return Store(path)
+
+
+def add_user(home: Path, name: str, expires_in_s: float | None = None) -> str:
+    """Make user `name` if new and return a fresh token for it (expiring after `expires_in_s` when given). Only its
+    hash is stored, so it is shown once. A user holds at most Limits.max_tokens_per_user live tokens."""
+    if not isinstance(name, str) or not USER_NAME_RE.fullmatch(name):
+        raise ValidationError(
+            f"user name {name!r} is not valid: use 1-64 characters, lowercase letters, digits, '_', '.', '-', "
+            "starting with a letter (e.g. alice)"
+        )
+    if expires_in_s is not None and not (math.isfinite(expires_in_s) and 0 < expires_in_s <= MAX_EXPIRES_IN_S):
+        raise ValidationError(f"--expires-in must be a number of seconds above 0 and at most {MAX_EXPIRES_IN_S:.0f}")
+    store = _open_store(home)
     try:
-        return store.new_token(store.ensure_user(name))
+        uid = store.ensure_user(name)
+        cap = Limits.from_env(Policy.from_env()).max_tokens_per_user
+        live = store.live_tokens(uid)
+        if live >= cap:
+            raise ValidationError(
+                f"{name} holds {live} live tokens, the limit: revoke them all with `aibro backend revoke-tokens "
+                f"{name}`, or {name} revokes unused ones (`aibro token list`, `aibro token revoke ID`)"
+            )
+        return store.new_token(uid, expires_in_s)
+    finally:
+        store.close()
+
+
+def revoke_tokens(home: Path, name: str) -> int:
+    """Revoke every token of user `name` (a lost laptop, a leaver); returns how many there were."""
+    store = _open_store(home)
+    try:
+        uid = store.user_id(name)
+        if uid is None:
+            raise ValidationError(f"no user {name!r} on this backend")
+        return store.revoke_all_tokens(uid)
     finally:
         store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m aibro_backend.accounts add-user NAME`: what `aibro backend add-user NAME` runs."""
-    parser = argparse.ArgumentParser(prog="aibro backend add-user", description="Mint a token for a user.")
-    parser.add_argument("action", choices=["add-user"])
+    """`python -m aibro_backend.accounts add-user NAME`: what `aibro backend add-user NAME` runs (and
+    `revoke-tokens NAME`, what `aibro backend revoke-tokens NAME` runs)."""
+    os.umask(0o077)  # a database file or WAL this makes is the backend's alone
+    parser = argparse.ArgumentParser(prog="aibro backend", description="Mint or revoke a user's tokens.")
+    parser.add_argument("action", choices=["add-user", "revoke-tokens"])
     parser.add_argument("name")
     parser.add_argument("--home", default=os.environ.get("AIBRO_HOME", str(Path.home() / ".aibro")))
+    parser.add_argument("--expires-in", type=float, default=None, metavar="S", help="the token expires after S seconds")
     args = parser.parse_args(argv)
     try:
-        token = add_user(Path(args.home), args.name)
+        if args.action == "revoke-tokens":
+            count = revoke_tokens(Path(args.home), args.name)
+            print(f"user {args.name}: {count} token(s) revoked")
+            return 0
+        token = add_user(Path(args.home), args.name, args.expires_in)
     except AibroError as exc:
         print(f"aibro: {exc}", file=sys.stderr)
         return 2
-    print(f"user {args.name}: token {token}")
+    until = ""
+    if args.expires_in is not None:
+        until = time.strftime(" (expires %Y-%m-%d %H:%M:%S UTC)", time.gmtime(time.time() + args.expires_in))
+    print(f"user {args.name}: token {token}{until}")
     print(f"give it to {args.name} once (it is stored hashed); they run: aibro login BACKEND_URL --token-stdin")
     print(f"  or, where a token on the command line is acceptable: aibro login BACKEND_URL --token={token}")
     return 0

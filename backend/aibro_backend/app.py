@@ -1,30 +1,48 @@
-"""The backend service: builds the tornado application, runs the scheduler, and writes where it listens."""
+"""The backend service: builds the tornado application, runs the scheduler, and writes where it listens.
+
+What a client can hold of the service is bounded here, before any handler runs (limits.py has the numbers):
+`GuardedApplication` answers a request from its headers alone when its token is missing, unknown or expired, or
+its Content-Length is over the route's limit (1 MiB for JSON, 64 MiB for one streamed upload chunk), so no body of
+a stranger is ever buffered; each body must arrive within a deadline; `GuardedHTTPServer` caps open connections
+(the next gets a short 503) and pauses accepting for a moment when the process is out of descriptors instead of
+spinning on accept(). The access log shows paths without query strings, and every log line has tokens redacted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import ipaddress
 import json
 import logging
 import os
+import re
+import resource
 import signal
 import socket
+import ssl
 import sys
+import time
+from email.utils import formatdate
 from pathlib import Path
+from typing import Any
 
 import tornado.httpserver
 import tornado.web
-from tornado.ioloop import PeriodicCallback
+from tornado import httputil
+from tornado.ioloop import IOLoop, PeriodicCallback
 
 from aibro_core.files import write_private
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
 from .accounts import store_path
 from .api import tokens, transfer, user, worker
-from .api.base import BaseHandler
+from .api.base import BaseHandler, UserHandler
 from .api.openapi import OpenApiHandler
 from .blobs import BlobStore
 from .bus import EventBus
+from .limits import Limits, limits_of
 from .policy import Policy
 from .providers.local import LocalProvider
 from .scheduler import Scheduler
@@ -32,7 +50,10 @@ from .state import Backend
 from .store import Store
 
 log = logging.getLogger("aibro.backend")
-MAX_BODY = 64 * 1024 * 1024
+access_log = logging.getLogger("tornado.access")
+LINGER_MAX = 64 * 1024  # a refused body up to this size is read and dropped, so the client can read the answer
+FD_RESERVE = 256  # descriptors kept free of client connections: the database, logs, blob files, worker pipes
+ACCEPT_PAUSE_S = 0.5
 
 
 class NotFoundHandler(BaseHandler):
@@ -50,6 +71,7 @@ def routes(backend: Backend) -> list:
         (p + r"/policy", user.PolicyHandler, a),
         (p + r"/stats", user.StatsHandler, a),
         (p + r"/auth/tokens", tokens.TokensHandler, a),
+        (p + r"/auth/tokens/([\w-]+)", tokens.TokenHandler, a),
         (p + r"/blobs/([^/]+)", transfer.BlobHandler, a),
         (p + r"/jobs", user.JobsHandler, a),
         (p + r"/jobs/([\w-]+)", user.JobHandler, a),
@@ -71,9 +93,10 @@ def routes(backend: Backend) -> list:
 
 
 def build_backend(home: Path) -> Backend:
-    home.mkdir(parents=True, exist_ok=True)
+    for d in (home, home / "state"):  # private whatever the umask was when an older version made them
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        d.chmod(0o700)
     state = home / "state"
-    state.mkdir(parents=True, exist_ok=True)
     store = Store(store_path(home))
     bus = EventBus()
     policy = Policy.from_env()
@@ -82,8 +105,312 @@ def build_backend(home: Path) -> Backend:
     holder: dict[str, Backend] = {}
     scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, lambda ev: bus.publish())
     backend = Backend(home, store, BlobStore(state / "blobs"), policy, bus, scheduler)
+    backend.extra["limits"] = Limits.from_env(policy)
     holder["b"] = backend
     return backend
+
+
+# -- the request guard: token and size from the headers, before any body is read -----------------------------------
+def _body_limit(handler_class: type, limits: Limits) -> int:
+    if handler_class is worker.WorkerEventsHandler:
+        return limits.events_max_body
+    return int(getattr(limits, getattr(handler_class, "BODY_LIMIT", "json_max_body")))
+
+
+def _bearer(headers: httputil.HTTPHeaders) -> str | None:
+    auth = headers.get("Authorization", "")
+    return auth[7:].strip() or None if auth.startswith("Bearer ") else None
+
+
+def header_refusal(
+    backend: Backend, handler_class: type, request: httputil.HTTPServerRequest
+) -> tuple[int, str] | None:
+    """Why this request is answered from its headers alone, or None. Also sets its body deadline and size cap."""
+    limits = limits_of(backend)
+    limit = _body_limit(handler_class, limits)
+    streamed = bool(getattr(handler_class, "_stream_request_body", False))
+    conn = request.connection
+    raw = request.headers.get("Content-Length")
+    length = int(raw) if raw is not None and raw.strip().isdigit() else None
+    if conn is not None:
+        conn.set_max_body_size(limit)  # also bounds a chunked (Transfer-Encoding) body as it arrives
+        extra = (length or 0) / limits.min_body_rate if streamed else 0.0
+        conn.set_body_timeout(limits.body_timeout_s + extra)
+    if issubclass(handler_class, (worker.WorkerHandler, UserHandler)):
+        token = _bearer(request.headers)
+        if token is None:
+            return 401, "this route needs a token: send 'Authorization: Bearer TOKEN'"
+        if issubclass(handler_class, worker.WorkerHandler):
+            if backend.store.instance_for_token(token) is None:
+                return 401, "unknown worker token"
+        else:
+            found = backend.store.token_lookup(token)
+            if found is None:
+                return 401, "the token is not valid for this backend: check AIBRO_TOKEN or run `aibro login`"
+            if found["expired"]:
+                when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(found["expires"]))
+                return 401, (
+                    f"the token {found['id']} expired at {when}: log in with a live one (`aibro login URL`); "
+                    "a shared backend's admin mints one with `aibro backend add-user NAME`"
+                )
+    if raw is not None and length is None:
+        return 400, f"Content-Length {raw[:40]!r} is not a whole number of bytes"
+    if length is not None and length > limit:
+        how = " per request: send it in chunks with ?offset=&total= (the client does)" if streamed else ""
+        return 413, f"the request body of {length} bytes is over this route's limit of {limit} bytes{how}"
+    return None
+
+
+class _Guard(httputil.HTTPMessageDelegate):
+    """Wraps a handler's delegate: a refused request is answered at once and its body is never handed on (a
+    small one is read and dropped so the client sees the answer, a large one closes the connection)."""
+
+    def __init__(
+        self, inner: httputil.HTTPMessageDelegate, request: httputil.HTTPServerRequest, check: Any, linger_s: float
+    ) -> None:
+        self.inner, self.request, self.check, self.linger_s = inner, request, check, linger_s
+        self.refused = False
+
+    def headers_received(
+        self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine, headers: httputil.HTTPHeaders
+    ) -> Any:
+        refusal = self.check()
+        if refusal is None:
+            return self.inner.headers_received(start_line, headers)
+        self.refused = True
+        status, message = refusal
+        conn = self.request.connection
+        assert conn is not None
+        body = json.dumps({"error": message, "status": status}).encode()
+        raw = self.request.headers.get("Content-Length", "0").strip()
+        small = raw.isdigit() and int(raw) <= LINGER_MAX and "Transfer-Encoding" not in self.request.headers
+        out = httputil.HTTPHeaders(
+            {
+                "Content-Type": "application/json",
+                "Cache-Control": "no-store",
+                "Content-Length": str(len(body)),
+                "Date": formatdate(usegmt=True),
+            }
+        )
+        if not small:
+            out["Connection"] = "close"
+        head = self.request.method == "HEAD"
+        conn.write_headers(
+            httputil.ResponseStartLine("HTTP/1.1", status, httputil.responses.get(status, "")),
+            out,
+            None if head else body,
+        )
+        _log_access(status, self.request, "refused from its headers")
+        if small:
+            conn.set_body_timeout(self.linger_s)
+        else:  # closes the connection once the answer is out: the body is never read (nor refused again as too long)
+            conn.set_max_body_size(1 << 62)
+            conn.finish()
+        return None
+
+    def data_received(self, chunk: bytes) -> Any:
+        return None if self.refused else self.inner.data_received(chunk)
+
+    def finish(self) -> None:
+        if self.refused:
+            assert self.request.connection is not None
+            self.request.connection.finish()
+        else:
+            self.inner.finish()
+
+    def on_connection_close(self) -> None:
+        if not self.refused:
+            self.inner.on_connection_close()
+
+
+class GuardedApplication(tornado.web.Application):
+    def get_handler_delegate(
+        self,
+        request: httputil.HTTPServerRequest,
+        target_class: type[tornado.web.RequestHandler],
+        target_kwargs: dict[str, Any] | None = None,
+        path_args: list[bytes] | None = None,
+        path_kwargs: dict[str, bytes] | None = None,
+    ) -> Any:
+        inner = super().get_handler_delegate(request, target_class, target_kwargs, path_args, path_kwargs)
+        backend = (target_kwargs or {}).get("backend")
+        if backend is None:
+            return inner
+        linger_s = limits_of(backend).linger_s
+        return _Guard(inner, request, lambda: header_refusal(backend, target_class, request), linger_s)
+
+
+def _log_access(status: int, request: httputil.HTTPServerRequest, note: str = "") -> None:
+    """One access-log line: the path without its query string (a token put there by mistake never lands here)."""
+    level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+    ms = 1000.0 * request.request_time()
+    access_log.log(
+        level,
+        "%d %s %s (%s) %.1fms%s",
+        status,
+        request.method,
+        request.path,
+        request.remote_ip,
+        ms,
+        f" {note}" if note else "",
+    )
+
+
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    _log_access(handler.get_status(), handler.request)
+
+
+class RedactingFormatter(logging.Formatter):
+    """Every log line with bearer tokens and `token=` values blanked, whoever wrote it (tornado included)."""
+
+    PATTERNS = (
+        (re.compile(r"(?i)\b((?:access_)?token=)[^&\s'\"]+"), r"\1[redacted]"),
+        (re.compile(r"(?i)(Bearer\s+)[^\s'\",]+"), r"\1[redacted]"),
+        (re.compile(r"\baibro_[uw]_[A-Za-z0-9_-]{8,}"), "aibro_[redacted]"),
+    )
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for pattern, repl in self.PATTERNS:
+            text = pattern.sub(repl, text)
+        return text
+
+
+# -- the server: a cap on open connections, and an accept loop that pauses at the descriptor limit -----------------
+class GuardedHTTPServer(tornado.httpserver.HTTPServer):
+    def initialize(self, *args: Any, max_connections: int = 1000, **kwargs: Any) -> None:
+        super().initialize(*args, **kwargs)
+        self.max_connections = max_connections
+        self.open_connections = 0
+        self.turned_away = 0
+        self._stopped = False
+        self._last_note = 0.0
+
+    def add_sockets(self, sockets: Any) -> None:
+        sockets = list(sockets)
+        super().add_sockets(sockets)  # registers tornado's accept handler (which stop() removes) ...
+        loop = IOLoop.current()
+        for sock in sockets:  # ... replaced by ours, under the same registration
+            loop.remove_handler(sock)
+            loop.add_handler(sock, self._accept_handler(sock), IOLoop.READ)
+
+    def _accept_handler(self, sock: socket.socket) -> Any:
+        def accept(fd: Any, events: int) -> None:
+            for _ in range(128):  # tornado's batch: other work runs between batches
+                if self._stopped:
+                    return
+                try:
+                    conn, address = sock.accept()
+                except BlockingIOError:
+                    return
+                except ConnectionAbortedError:
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        self._pause(sock, accept, exc)
+                        return
+                    raise
+                if self.open_connections >= self.max_connections:
+                    self._turn_away(conn)
+                    continue
+                self._handle_connection(conn, address)
+
+        return accept
+
+    def _pause(self, sock: socket.socket, accept: Any, exc: OSError) -> None:
+        """Out of descriptors: stop accepting for a moment (the waiting connections stay in the backlog) rather than
+        retrying accept() in a loop; one log line per 10 s at most."""
+        loop = IOLoop.current()
+        loop.remove_handler(sock)
+        self._note(
+            f"accept() failed ({exc.strerror}) with {self.open_connections} connections open: pausing "
+            f"{ACCEPT_PAUSE_S} s; raise the descriptor limit (ulimit -n) or lower AIBRO_MAX_CONNECTIONS"
+        )
+
+        def resume() -> None:
+            if not self._stopped and sock.fileno() != -1:
+                loop.add_handler(sock, accept, IOLoop.READ)
+
+        loop.call_later(ACCEPT_PAUSE_S, resume)
+
+    def _turn_away(self, conn: socket.socket) -> None:
+        body = json.dumps(
+            {
+                "error": f"the backend is serving its limit of {self.max_connections} connections: retry shortly",
+                "status": 503,
+            }
+        ).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        try:
+            conn.setblocking(False)
+            conn.send(head + body)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        self.turned_away += 1
+        self._note(f"at the cap of {self.max_connections} open connections: turned away {self.turned_away} so far")
+
+    def _note(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_note >= 10.0:
+            self._last_note = now
+            log.warning("%s", message)
+
+    def handle_stream(self, stream: Any, address: Any) -> None:
+        self.open_connections += 1
+        super().handle_stream(stream, address)
+
+    def on_close(self, server_conn: Any) -> None:
+        self.open_connections -= 1
+        super().on_close(server_conn)
+
+    def stop(self) -> None:
+        self._stopped = True
+        super().stop()
+
+
+def raise_fd_limit() -> int:
+    """Lift the soft descriptor limit to the hard one (at most 65536); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard if hard != resource.RLIM_INFINITY else 65536, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_cap(limits: Limits, fd_soft: int) -> int:
+    """The connection cap, kept FD_RESERVE below the descriptor limit unless AIBRO_MAX_CONNECTIONS says otherwise."""
+    room = max(16, fd_soft - FD_RESERVE)
+    if os.environ.get("AIBRO_MAX_CONNECTIONS"):
+        if limits.max_connections > room:
+            log.warning(
+                "AIBRO_MAX_CONNECTIONS=%d is above the %d descriptors free for connections (ulimit -n %d)",
+                limits.max_connections,
+                room,
+                fd_soft,
+            )
+        return limits.max_connections
+    return min(limits.max_connections, room)
+
+
+def sweep(backend: Backend) -> None:
+    """Partial uploads untouched for the TTL go; so do tokens expired for over a week."""
+    limits = limits_of(backend)
+    try:
+        removed = backend.blobs.sweep_partials(limits.partial_ttl_s)
+        if removed:
+            log.info("deleted %d partial uploads untouched for %g s", removed, limits.partial_ttl_s)
+        backend.store.drop_expired_tokens()
+    except Exception:  # noqa: BLE001 - a sweep that fails tries again next time
+        log.exception("sweep failed")
 
 
 def ensure_local_user(backend: Backend) -> None:
@@ -97,13 +424,18 @@ def ensure_local_user(backend: Backend) -> None:
     write_private(cred, {"user": "local", "token": backend.store.new_token(uid)})
 
 
-async def serve(home: Path, host: str, port: int) -> None:
+async def serve(home: Path, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
     backend = build_backend(home)
     ensure_local_user(backend)
-    app = tornado.web.Application(
-        routes(backend), default_handler_class=NotFoundHandler, default_handler_args={"backend": backend}
+    limits = limits_of(backend)
+    app = GuardedApplication(
+        routes(backend),
+        default_handler_class=NotFoundHandler,
+        default_handler_args={"backend": backend},
+        log_function=log_request,
     )
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     last_port = home / "state" / "last_port"
     if port == 0 and last_port.exists():
@@ -113,23 +445,36 @@ async def serve(home: Path, host: str, port: int) -> None:
             sock.bind((host, 0))
     else:
         sock.bind((host, port))
-    sock.listen(128)
+    sock.listen(1024)
     sock.setblocking(False)
-    server = tornado.httpserver.HTTPServer(app, max_body_size=MAX_BODY)
+    cap = connection_cap(limits, raise_fd_limit())
+    server = GuardedHTTPServer(
+        app,
+        ssl_options=tls,
+        max_body_size=limits.json_max_body,  # each request's own limit is set from its route (header_refusal)
+        body_timeout=limits.body_timeout_s,
+        idle_connection_timeout=limits.idle_timeout_s,
+        max_connections=cap,
+    )
     server.add_sockets([sock])
     bound = sock.getsockname()[1]
-    backend.url = f"http://{host}:{bound}"
+    shown = f"[{host}]" if ":" in host else host
+    backend.url = f"{'https' if tls else 'http'}://{shown}:{bound}"
     last_port.write_text(str(bound))
     write_private(home / "backend.json", {"url": backend.url, "pid": os.getpid(), "port": bound})
-    log.info("aibro backend listening on %s (home %s)", backend.url, home)
+    log.info("aibro backend listening on %s (home %s, at most %d connections)", backend.url, home, cap)
     ticker = PeriodicCallback(backend.scheduler.tick, 250)
     ticker.start()
+    sweep(backend)
+    sweeper = PeriodicCallback(lambda: sweep(backend), 1000 * min(600.0, max(1.0, limits.partial_ttl_s / 4)))
+    sweeper.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     ticker.stop()
+    sweeper.stop()
     shutdown_instances(backend)
     server.stop()
     try:
@@ -149,17 +494,53 @@ def shutdown_instances(backend: Backend) -> None:
             provider.terminate(inst)
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_http_warning(host: str) -> str:
+    return (
+        f"aibro backend: WARNING: listening on {host} over plain HTTP: tokens, models and data cross the network "
+        "unencrypted and anyone who can reach this port can try tokens. Serve TLS (--certfile CERT --keyfile KEY), "
+        "or keep --host 127.0.0.1 behind an HTTPS reverse proxy."
+    )
+
+
+def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:
+    if not certfile:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
 def main(argv: list[str] | None = None) -> None:
+    os.umask(0o077)  # everything the backend writes (database, WAL, logs, blobs, artifacts) is private to its user
     parser = argparse.ArgumentParser(prog="aibro-backend", description="Run the aibro training backend.")
     parser.add_argument("--home", default=os.environ.get("AIBRO_HOME", str(Path.home() / ".aibro")))
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (default: any free port)")
+    parser.add_argument("--certfile", default=None, help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--keyfile", default=None, help="the certificate's private key (PEM), if not in --certfile")
     args = parser.parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # the daemon's log file shows what happened, as it happens
         getattr(stream, "reconfigure", lambda **_: None)(line_buffering=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("tornado.access").setLevel(logging.WARNING)  # errors only: workers poll several times a second
-    asyncio.run(serve(Path(args.home), args.host, args.port))
+    try:
+        tls = tls_context(args.certfile, args.keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        parser.error(f"cannot load the TLS certificate/key: {exc}")
+    if tls is None and not is_loopback(args.host):
+        print(plain_http_warning(args.host), file=sys.stderr, flush=True)
+    asyncio.run(serve(Path(args.home), args.host, args.port, tls))
 
 
 if __name__ == "__main__":

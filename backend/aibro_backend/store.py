@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 import sqlite3
 import time
 from pathlib import Path
@@ -15,9 +17,12 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
+TOKEN_TOUCH_S = 60.0  # last_used is written at most this often per token, so a polling client costs no writes
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NULL, created REAL NOT NULL,
+    id TEXT, expires REAL, last_used REAL);
 CREATE TABLE IF NOT EXISTS blobs (sha TEXT NOT NULL, user_id INTEGER NOT NULL, size INTEGER NOT NULL,
     created REAL NOT NULL, PRIMARY KEY (sha, user_id));
 CREATE TABLE IF NOT EXISTS counters (user_id INTEGER NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
@@ -41,6 +46,11 @@ CREATE TABLE IF NOT EXISTS artifacts (job_id TEXT NOT NULL, name TEXT NOT NULL, 
 """
 
 
+def _token_id() -> str:
+    """A token's public name: what `aibro token list` shows and `aibro token revoke` takes."""
+    return "tok_" + secrets.token_hex(6)
+
+
 def hash_token(token: str) -> str:
     """Tokens are stored hashed so a copy of the database grants nothing."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -56,6 +66,22 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        self._migrate()
+        for suffix in ("", "-wal", "-shm"):  # 0600 whatever the opener's umask (SQLite gives WAL/SHM the db's mode)
+            try:
+                os.chmod(f"{self.path}{suffix}", 0o600)
+            except OSError:
+                pass
+
+    def _migrate(self) -> None:
+        """Columns added since a database was made: tokens got a public id, an optional expiry and last use."""
+        cols = {r["name"] for r in self.db.execute("PRAGMA table_info(tokens)").fetchall()}
+        for col, kind in (("id", "TEXT"), ("expires", "REAL"), ("last_used", "REAL")):
+            if col not in cols:
+                self.db.execute(f"ALTER TABLE tokens ADD COLUMN {col} {kind}")
+        for row in self.db.execute("SELECT hash FROM tokens WHERE id IS NULL").fetchall():
+            self.db.execute("UPDATE tokens SET id=? WHERE hash=?", (_token_id(), row["hash"]))
+        self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS tokens_id ON tokens (id)")
 
     # -- users and tokens -------------------------------------------------------------------------
     def ensure_user(self, name: str) -> int:
@@ -65,19 +91,76 @@ class Store:
         cur = self.db.execute("INSERT INTO users (name, created) VALUES (?, ?)", (name, time.time()))
         return int(cur.lastrowid)
 
-    def new_token(self, user_id: int) -> str:
-        token = new_token("u")
+    def new_token(self, user_id: int, expires_in_s: float | None = None) -> str:
+        return self.mint_token(user_id, expires_in_s)["token"]
+
+    def mint_token(self, user_id: int, expires_in_s: float | None = None) -> dict[str, Any]:
+        """A new token for the user: the secret is returned once (only its hash is kept) with its public id."""
+        token, now = new_token("u"), time.time()
+        expires = None if expires_in_s is None else now + float(expires_in_s)
+        tid = _token_id()
         self.db.execute(
-            "INSERT INTO tokens (hash, user_id, created) VALUES (?, ?, ?)", (hash_token(token), user_id, time.time())
+            "INSERT INTO tokens (hash, user_id, created, id, expires) VALUES (?, ?, ?, ?, ?)",
+            (hash_token(token), user_id, now, tid, expires),
         )
-        return token
+        return {"id": tid, "token": token, "created": now, "expires": expires}
 
     def user_for_token(self, token: str) -> dict[str, Any] | None:
+        found = self.token_lookup(token)
+        return {"id": found["user_id"], "name": found["name"]} if found and not found["expired"] else None
+
+    def token_lookup(self, token: str) -> dict[str, Any] | None:
+        """The token's row (id, user, expiry) whether expired or not, or None when unknown. Notes its last use."""
         row = self.db.execute(
-            "SELECT users.id, users.name FROM tokens JOIN users ON users.id = tokens.user_id WHERE tokens.hash=?",
+            "SELECT tokens.id, tokens.user_id, users.name, tokens.expires, tokens.last_used, tokens.hash "
+            "FROM tokens JOIN users ON users.id = tokens.user_id WHERE tokens.hash=?",
             (hash_token(token),),
         ).fetchone()
-        return dict(row) if row else None
+        if row is None:
+            return None
+        now = time.time()
+        expired = row["expires"] is not None and row["expires"] <= now
+        if not expired and (row["last_used"] is None or row["last_used"] < now - TOKEN_TOUCH_S):
+            self.db.execute("UPDATE tokens SET last_used=? WHERE hash=?", (now, row["hash"]))
+        return {
+            "id": row["id"],
+            "user_id": int(row["user_id"]),
+            "name": row["name"],
+            "expires": row["expires"],
+            "expired": expired,
+        }
+
+    def tokens(self, user_id: int) -> list[dict[str, Any]]:
+        """The user's live tokens, oldest first: ids and times, never the secret (nor its hash)."""
+        rows = self.db.execute(
+            "SELECT id, created, expires, last_used FROM tokens WHERE user_id=? AND (expires IS NULL OR expires>?) "
+            "ORDER BY created",
+            (user_id, time.time()),
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    def live_tokens(self, user_id: int) -> int:
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM tokens WHERE user_id=? AND (expires IS NULL OR expires>?)", (user_id, time.time())
+        ).fetchone()
+        return int(row[0])
+
+    def revoke_token(self, user_id: int, token_id: str) -> bool:
+        cur = self.db.execute("DELETE FROM tokens WHERE user_id=? AND id=?", (user_id, token_id))
+        return cur.rowcount > 0
+
+    def revoke_all_tokens(self, user_id: int) -> int:
+        return self.db.execute("DELETE FROM tokens WHERE user_id=?", (user_id,)).rowcount
+
+    def user_id(self, name: str) -> int | None:
+        row = self.db.execute("SELECT id FROM users WHERE name=?", (name,)).fetchone()
+        return int(row["id"]) if row else None
+
+    def drop_expired_tokens(self, grace_s: float = 7 * 86400) -> int:
+        """Expired tokens are kept a week (so a client still gets "expired", not "unknown"), then deleted."""
+        return self.db.execute(
+            "DELETE FROM tokens WHERE expires IS NOT NULL AND expires<?", (time.time() - grace_s,)
+        ).rowcount
 
     # -- counters ---------------------------------------------------------------------------------
     def bump(self, user_id: int, name: str, amount: int) -> None:

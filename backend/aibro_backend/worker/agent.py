@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError, AuthError, BackendUnreachable
 from aibro_core.transport import Transport
@@ -23,6 +25,9 @@ from .outbox import Outbox
 log = logging.getLogger("aibro.worker")
 POLL_S = 0.2
 BACKEND_GONE_S = 900.0
+UPLOAD_CHUNK = 8 * 1024 * 1024  # one PUT of an artifact upload (the backend takes up to 64 MiB per request)
+DOWNLOAD_TRIES = 5
+UPLOAD_TRIES = 10  # chunks in a row that fail before an upload gives up
 
 
 def retrying(fn: Callable[[], Any], what: str) -> Any:
@@ -153,7 +158,7 @@ class Worker:
         for path in sorted(tb_dir.rglob("*")):
             if path.is_file():
                 name = "tensorboard/" + path.relative_to(tb_dir).as_posix()
-                self._put_artifact(job_id, attempt, name, path.read_bytes())
+                self._put_artifact(job_id, attempt, name, path)
         return "completed", None
 
     def _gear_up(self, outbox: Outbox, job_id: str, spec: dict) -> Any:
@@ -234,38 +239,72 @@ class Worker:
         dest = self.cache / sha
         if dest.exists():
             return dest
-        resp = retrying(lambda: self.t.request("GET", f"/worker/blobs/{sha}", stream=True), "blob")
         tmp = dest.with_suffix(".part")
-        h = hashlib.sha256()
-        with open(tmp, "wb") as f:
-            for chunk in resp.iter_content(1 << 20):
-                h.update(chunk)
-                f.write(chunk)
-        if h.hexdigest() != sha:
+        digest = self._download(f"/worker/blobs/{sha}", tmp, "blob")
+        if digest != sha:
             tmp.unlink()
             raise RuntimeError(f"blob {sha} arrived corrupted")
         os.replace(tmp, dest)
         return dest
 
     def fetch_artifact(self, job_id: str, name: str) -> Path:
-        resp = retrying(lambda: self.t.request("GET", f"/worker/jobs/{job_id}/artifacts/{name}"), "artifact")
         dest = self.workdir / "resume.keras"
-        dest.write_bytes(resp.content)
+        self._download(f"/worker/jobs/{job_id}/artifacts/{name}", dest, "artifact")
         return dest
+
+    def _download(self, path: str, dest: Path, what: str) -> str:
+        """Stream `path` into `dest` piece by piece (never whole in memory); a connection that breaks mid-way is
+        tried again from the start, a few times. Returns the sha256 of what was written."""
+        for attempt in range(DOWNLOAD_TRIES):
+            resp = retrying(lambda: self.t.request("GET", path, stream=True), what)
+            h = hashlib.sha256()
+            try:
+                with resp, open(dest, "wb") as f:
+                    for chunk in resp.iter_content(1 << 20):
+                        h.update(chunk)
+                        f.write(chunk)
+                return h.hexdigest()
+            except requests.RequestException as exc:
+                if attempt == DOWNLOAD_TRIES - 1:
+                    raise BackendUnreachable(f"the {what} download broke off {DOWNLOAD_TRIES} times: {exc}") from None
+                log.info("%s download broke off (%s); starting it again", what, exc)
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+        raise AssertionError("unreachable")
 
     def _upload_model(self, model: Any, job_id: str, attempt: int, name: str) -> None:
         with tempfile.TemporaryDirectory(dir=self.workdir) as d:
             path = Path(d) / "model.keras"
             model.save(path)
-            self._put_artifact(job_id, attempt, name, path.read_bytes())
+            self._put_artifact(job_id, attempt, name, path)
 
-    def _put_artifact(self, job_id: str, attempt: int, name: str, data: bytes) -> None:
-        retrying(
-            lambda: self.t.request(
-                "PUT", f"/worker/jobs/{job_id}/artifacts/{name}", params={"attempt": attempt}, data=data
-            ),
-            "artifact upload",
-        )
+    def _put_artifact(self, job_id: str, attempt: int, name: str, source: Path) -> None:
+        """Upload a file in chunks of UPLOAD_CHUNK (so a checkpoint of any size up to the job's data limit goes,
+        however small the backend's limit per request), resuming from what the backend holds when a chunk's
+        connection breaks: HEAD says how many bytes arrived."""
+        url = f"/worker/jobs/{job_id}/artifacts/{name}"
+        total = source.stat().st_size
+        offset, failures = 0, 0
+        with open(source, "rb") as f:
+            while True:
+                f.seek(offset)
+                chunk = f.read(UPLOAD_CHUNK)
+                params = {"attempt": attempt, "offset": offset, "total": total}
+                try:
+                    reply = self.t.json("PUT", url, params=params, data=chunk)
+                except (BackendUnreachable, ApiError) as exc:
+                    resumable = isinstance(exc, BackendUnreachable) or (
+                        exc.status == 409 and ("resume from" in str(exc) or "in progress" in str(exc))
+                    )
+                    failures += 1
+                    if not resumable or failures > UPLOAD_TRIES:
+                        raise
+                    time.sleep(min(2.0, 0.2 * 2**failures))
+                    head = retrying(lambda: self.t.request("HEAD", url, params={"attempt": attempt}), "upload")
+                    offset = int(head.headers.get("X-Received", "0"))
+                    continue
+                if reply.get("complete"):
+                    return
+                offset, failures = int(reply["received"]), 0
 
 
 def _replicas(model: Any) -> int:
