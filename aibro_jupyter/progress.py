@@ -3,49 +3,26 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from aibro_core import vocabulary as v
+from aibro_core.jobpicture import JobPicture
 
 
-@dataclass
-class JobView:
-    """Everything a watcher knows about a job, rebuilt from its events (any watcher can start at seq 0)."""
+class JobView(JobPicture):
+    """Everything a watcher knows about a job, rebuilt from its events (any watcher can start at seq 0).
 
-    job_id: str
-    status: str = v.QUEUING
-    substatus: str = v.REQUESTING_SERVER
-    epochs: int | None = None
-    history: dict[int, dict[str, Any]] = field(default_factory=dict)
-    last_batch: dict[str, Any] | None = None
-    errors: list[str] = field(default_factory=list)
-    last_seq: int = 0
-    cost: float = 0.0
+    The reduction itself is aibro_core.jobpicture.JobPicture, the one the backend's job view uses too: status,
+    substatus, timeline, `history` (epoch index → that epoch's event data), `last_batch`, `errors`, `last_seq`,
+    `history_dict()`, `final`. A JobView adds the job id and the cost a watcher shows."""
 
-    def apply(self, ev: dict[str, Any]) -> None:
-        self.last_seq = max(self.last_seq, ev["seq"])
-        d = ev["data"]
-        if ev["type"] == v.EV_STATUS:
-            self.status = d.get("status", self.status)
-            self.substatus = d.get("substatus", self.substatus)
-        elif ev["type"] == v.EV_EPOCH:
-            self.epochs = d.get("epochs", self.epochs)
-            self.history[int(d["epoch"])] = d
-        elif ev["type"] == v.EV_BATCH:
-            self.last_batch = d
-        elif ev["type"] == v.EV_ERROR:
-            self.errors.append(d.get("message", ""))
+    def __init__(self, job_id: str, status: str = v.QUEUING, substatus: str = v.REQUESTING_SERVER) -> None:
+        super().__init__(status, substatus)
+        self.job_id = job_id
+        self.cost = 0.0
 
-    @property
-    def final(self) -> bool:
-        return self.status in v.JOB_FINAL
-
-    def history_dict(self) -> dict[str, list[Any]]:
-        keys: list[str] = []
-        for e in sorted(self.history):
-            keys += [k for k in self.history[e]["logs"] if k not in keys]
-        return {k: [self.history[e]["logs"].get(k) for e in sorted(self.history)] for k in keys}
+    def __repr__(self) -> str:
+        return f"JobView({self.job_id!r}, {self.status!r}, {self.substatus!r}, epochs={len(self.history)})"
 
 
 def local_notice(ev: dict[str, Any]) -> str | None:
