@@ -34,7 +34,7 @@ ALLOWED = {
 # The query the event routes take, checked on every route so a bad value never reaches the backend.
 EVENT_ROUTES = (re.compile(r"events"), re.compile(rf"jobs/{_ID}/events"))
 MAX_AFTER = 2**63 - 1  # SQLite's INTEGER
-MAX_WAIT_S = 60.0  # the backend's own cap on a long-poll
+MAX_WAIT_S = 60.0  # the backend waits no longer than this, whatever it is asked
 
 
 class BadQuery(ValueError):
@@ -42,7 +42,8 @@ class BadQuery(ValueError):
 
 
 def event_query(get: Any) -> tuple[dict[str, str], float]:
-    """`after` (an event cursor: a non-negative integer) and `wait` (seconds, 0..60) as the backend gets them."""
+    """`after` (an event cursor: a whole number) and `wait` (seconds, finite, >= 0; more than 60 waits 60), as the
+    backend's EventsQuery declares them."""
     query: dict[str, str] = {}
     after = get("after", None)
     if after is not None:
@@ -56,8 +57,9 @@ def event_query(get: Any) -> tuple[dict[str, str], float]:
             wait = float(raw)
         except ValueError:
             wait = math.nan
-        if not (0 <= wait <= MAX_WAIT_S):  # also false for NaN
-            raise BadQuery(f"'wait' must be a number of seconds from 0 to {MAX_WAIT_S:g}")
+        if not (0 <= wait < math.inf):  # also false for NaN
+            raise BadQuery("'wait' must be a finite number of seconds, 0 or more")
+        wait = min(wait, MAX_WAIT_S) or 0.0  # -0 too
         query["wait"] = f"{wait:g}"
     return query, wait
 
