@@ -1,21 +1,77 @@
-"""Shared request handling: bearer-token auth, JSON bodies and JSON errors."""
+"""Shared request handling: bearer-token auth, JSON bodies checked against declared models, and JSON errors."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Any, TypeVar
 
 import tornado.web
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticError
 
 from ..state import Backend
+from .models import explain
+
+MAX_JSON_DEPTH = 32
+M = TypeVar("M", bound=BaseModel)
 
 
 class ApiError(tornado.web.HTTPError):
-    """An error whose message is shown to the user as it is."""
+    """An error whose message is shown to the user as it is; `extra` fields join the error body."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
         super().__init__(status, reason=None)
         self.message = message
+        self.extra = extra
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number: send finite numbers only (or null)")
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """JSON as the standard has it: NaN, Infinity and -Infinity are refused (Python's json accepts them), and so
+    is anything nested deeper than MAX_JSON_DEPTH."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"it is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if _depth_over(data, MAX_JSON_DEPTH):
+        raise ValueError(f"it is nested deeper than {MAX_JSON_DEPTH} levels")
+    return data
+
+
+def _depth_over(data: Any, limit: int) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        elif not isinstance(node, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
+    return False
+
+
+def _finite(data: Any) -> Any:
+    """The same data with every NaN/Infinity as null (an old stored row may hold one); JSON has no such numbers."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(val) for k, val in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(val) for val in data]
+    return data
+
+
+def dumps(data: Any) -> str:
+    try:
+        return json.dumps(data, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(data), allow_nan=False)
 
 
 class BaseHandler(tornado.web.RequestHandler):
@@ -36,22 +92,52 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def body_json(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.request.body or b"{}")
+            data = parse_json(self.request.body or b"{}")
         except ValueError as exc:
             raise ApiError(400, f"the request body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
         return data
 
+    def body_model(self, model: type[M], what: str = "the request body", data: Any = None) -> M:
+        """The JSON body (or `data`) checked against `model`; 400 naming the first problem and its fix."""
+        try:
+            return model.model_validate(self.body_json() if data is None else data)
+        except PydanticError as exc:
+            raise ApiError(400, explain(exc, what)) from None
+
+    def query_model(self, model: type[M], messages: dict[str, str]) -> M:
+        """Query arguments checked against `model`; a bad one is a 400 with `messages[name]` and what came."""
+        raw = {name: self.get_query_argument(name) for name in model.model_fields if name in self.request.arguments}
+        try:
+            return model.model_validate(raw)
+        except PydanticError as exc:
+            err = exc.errors(include_url=False)[0]
+            name = str(err["loc"][0]) if err.get("loc") else ""
+            got = raw.get(name)
+            shown = "nothing" if got is None else repr(got[:40])
+            raise ApiError(400, f"{messages.get(name, f'{name!r} is not valid')}, got {shown}") from None
+
     def send(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
-        self.finish(json.dumps(data))
+        self.finish(dumps(data))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = getattr(exc, "message", None) or self._reason
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"error": message, "status": status_code}))
+        self.finish(dumps({**getattr(exc, "extra", {}), "error": message, "status": status_code}))
+
+    def allowed_methods(self) -> list[str]:
+        """The methods this handler implements (what a 405's Allow header lists)."""
+        base = tornado.web.RequestHandler
+        return [
+            m
+            for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")
+            if getattr(type(self), m.lower()) is not getattr(base, m.lower())
+        ]
 
 
 class UserHandler(BaseHandler):

@@ -7,50 +7,50 @@ import time
 from typing import Any
 
 from aibro_core import vocabulary as v
+from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES, JobPicture
 
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
+from .models import INT64_MAX, EventsQuery, ReplayOverrides, finite
 
 MAX_WAIT_S = 60.0
 
 
 def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
-    """What a client sees of a job: states, progress, timeline and cost, never other users' data."""
-    spec = job["spec"]
-    timeline, epochs, error = [], {}, None
-    for e in store.typed_events(job["id"], (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)):
-        if e["type"] == v.EV_STATUS:
-            timeline.append({"status": e["data"].get("status"), "substatus": e["data"].get("substatus"), "ts": e["ts"]})
-        elif e["type"] == v.EV_EPOCH:
-            epochs[int(e["data"]["epoch"])] = e["data"]["logs"]  # a resumed epoch replaces the lost attempt's
-        else:
-            error = e["data"].get("message")
-    history = [{"epoch": k + 1, **epochs[k]} for k in sorted(epochs)]
+    """What a client sees of a job (models.Job): states, progress, timeline and cost, never other users' data.
+
+    Built by the one event reduction (aibro_core.jobpicture), which skips an event it cannot use, and read from
+    the stored spec defensively: a row stored before requests were validated never turns this into a 500."""
+    spec = job["spec"] if isinstance(job["spec"], dict) else {}
+    picture = JobPicture().apply_all(store.typed_events(job["id"], (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
+    valid = job["status"] in JOB_STATUSES and job["substatus"] in JOB_SUBSTATUSES
+    fit = spec.get("fit") if isinstance(spec.get("fit"), dict) else {}
+    code = spec.get("code") if isinstance(spec.get("code"), dict) else {}
     return {
         "job_id": job["id"],
-        "status": job["status"],
-        "substatus": job["substatus"],
-        "description": job["description"],
+        "status": job["status"] if valid else picture.status,
+        "substatus": job["substatus"] if valid else picture.substatus,
+        "description": str(job["description"] or ""),
         "machine_id": job["machine_id"],
         "instance_id": job["instance_id"],
-        "machines": spec["machines"],
-        "cool_down_s": spec.get("cool_down_s", 0),
-        "wait_request_s": spec["wait_request_s"],
-        "epochs": spec["fit"]["epochs"],
+        "machines": [str(m) for m in spec.get("machines") or []],
+        "cool_down_s": finite(spec.get("cool_down_s", 0)),
+        "wait_request_s": finite(spec.get("wait_request_s", 0)),
+        "epochs": int(finite(fit.get("epochs", 1), 1)),
         "epochs_done": job["epochs_done"],
         "attempt": job["attempt"],
         "created": job["created"],
         "updated": job["updated"],
-        "cancel_requested": job["cancel_requested"],
+        "cancel_requested": bool(job["cancel_requested"]),
         "replay_of": job["replay_of"],
-        "record": spec.get("record", True),
-        "meta": spec.get("meta", {}),
-        "code": (spec.get("code") or {}).get("files", []),
-        "requirements": spec.get("requirements", []),
+        "record": bool(spec.get("record", True)),
+        "meta": spec.get("meta") or {},
+        "code": code.get("files") or [],
+        "requirements": spec.get("requirements") or [],
         "cost": 0.0,
-        "timeline": timeline,
-        "history": history,
-        "error": error,
+        "timeline": picture.timeline,
+        "history": picture.history_rows(),
+        "error": picture.error,
     }
 
 
@@ -148,11 +148,11 @@ class ReplayHandler(UserHandler):
         if not job["spec"].get("record", True):
             raise ApiError(409, f"job {job_id} was not recorded (record=False), so it cannot be replayed")
         spec = dict(job["spec"])
-        overrides = self.body_json()
-        if overrides.get("machines"):
-            spec["machines"] = overrides["machines"]
-        if overrides.get("description") is not None:
-            spec["description"] = overrides["description"]
+        overrides = self.body_model(ReplayOverrides, "the replay overrides")
+        if overrides.machines:
+            spec["machines"] = overrides.machines
+        if overrides.description is not None:
+            spec["description"] = overrides.description
         self.send(submit_job(self, spec, replay_of=job_id), 201)
 
 
@@ -168,7 +168,8 @@ class JobEventsHandler(UserHandler):
             await self.backend.bus.wait(deadline - time.monotonic())
             job = store.job(job_id)
             events = store.events(job_id, after)
-        self.send({"events": events, "status": job["status"], "substatus": job["substatus"]})
+        status, substatus = _job_state(job, store)
+        self.send({"events": events, "status": status, "substatus": substatus})
 
 
 class UserEventsHandler(UserHandler):
@@ -185,12 +186,23 @@ class UserEventsHandler(UserHandler):
 
 
 def _after_wait(handler: UserHandler) -> tuple[int, float]:
-    try:
-        after = int(handler.get_query_argument("after", "0"))
-        wait = float(handler.get_query_argument("wait", "0"))
-    except ValueError:
-        raise ApiError(400, "'after' must be an integer and 'wait' a number of seconds") from None
-    return max(0, after), min(max(0.0, wait), MAX_WAIT_S)
+    q = handler.query_model(
+        EventsQuery,
+        {
+            "after": f"'after' must be an integer from 0 to {INT64_MAX} (the last seq or cursor you have)",
+            "wait": "'wait' must be a finite number of seconds, 0 or more (at most 60 are waited)",
+        },
+    )
+    return q.after, min(q.wait, MAX_WAIT_S)
+
+
+def _job_state(job: dict[str, Any], store: Any) -> tuple[str, str]:
+    """The job's status and substatus; for a row a worker spoiled before events were validated, the last valid
+    ones its events give."""
+    if job["status"] in JOB_STATUSES and job["substatus"] in JOB_SUBSTATUSES:
+        return job["status"], job["substatus"]
+    picture = JobPicture().apply_all(store.typed_events(job["id"], (v.EV_STATUS,)))
+    return picture.status, picture.substatus
 
 
 class ArtifactsHandler(UserHandler):
@@ -220,4 +232,6 @@ class TerminateHandler(UserHandler):
             raise ApiError(409, f"{instance_id} is running job {inst['job_id']}: cancel the job first")
         if inst["status"] in v.INSTANCE_LIVE:
             self.backend.scheduler.close_instance(inst)
-        self.send({"instance": self.backend.store.instance(instance_id, self.uid)})
+        inst = self.backend.store.instance(instance_id, self.uid)
+        inst.pop("pid", None)
+        self.send({"instance": inst})

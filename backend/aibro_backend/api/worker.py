@@ -6,11 +6,13 @@ import json
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from aibro_core import vocabulary as v
+from aibro_core.jobpicture import JobPicture
 
 from .base import ApiError, BaseHandler
-
-WORKER_SUBSTATUSES = (v.GEARING_UP_ENV, v.SENDING_MODEL_DATA, v.SUB_TRAINING, v.RETURNING)
+from .models import INT64_MAX, WorkerEvents, WorkerFinish, explain
 
 
 class WorkerHandler(BaseHandler):
@@ -64,37 +66,53 @@ class AssignmentHandler(WorkerHandler):
 
 class WorkerEventsHandler(WorkerHandler):
     def post(self, job_id: str) -> None:
-        body = self.body_json()
-        attempt = int(body.get("attempt", -1))
-        job = self.assigned_job(job_id, attempt)
+        """Store a worker's events, each checked like user input (models.WorkerEvent). A bad event refuses the
+        whole batch with 400 naming its `wseq`; the worker's outbox drops that event and sends the rest again."""
+        raw = self.body_json()
+        try:
+            body = WorkerEvents.model_validate(raw)
+        except ValidationError as exc:
+            loc = exc.errors()[0].get("loc", ())
+            bad = _wseq_at(raw, loc)
+            extra = {"wseq": bad} if bad is not None else {}
+            raise ApiError(400, explain(exc, "the event batch"), **extra) from None
+        job = self.assigned_job(job_id, body.attempt)
+        epochs = int(job["spec"]["fit"]["epochs"])
+        for ev in body.events:
+            if ev.type == v.EV_EPOCH and ev.data.epoch >= epochs:
+                raise ApiError(400, f"epoch {ev.data.epoch} is past the job's {epochs} epochs", wseq=ev.wseq)
         scheduler = self.backend.scheduler
-        for ev in body.get("events", []):
-            type_, data = ev.get("type"), ev.get("data") or {}
-            if type_ not in v.WORKER_EVENT_TYPES or not isinstance(data, dict):
-                raise ApiError(400, f"event type {type_!r} is not accepted from a worker")
-            if type_ == v.EV_STATUS and data.get("substatus") not in WORKER_SUBSTATUSES:
-                raise ApiError(400, f"a worker may not set substatus {data.get('substatus')!r}")
-            if type_ == v.EV_STATUS and self.backend.store.job(job_id)["status"] not in v.JOB_ACTIVE:
+        for ev in body.events:
+            if ev.type == v.EV_STATUS and self.backend.store.job(job_id)["status"] not in v.JOB_ACTIVE:
                 continue
             stored = self.backend.store.append_event(
-                job_id, type_, data, attempt=attempt, wseq=int(ev["wseq"]), ts=float(ev.get("ts") or time.time())
+                job_id, ev.type, ev.payload(), attempt=body.attempt, wseq=ev.wseq, ts=ev.ts or time.time()
             )
             if stored:
                 scheduler.on_event(stored)
         job = self.backend.store.job(job_id)
-        self.send({"acked": self.backend.store.max_wseq(job_id, attempt), "cancel": job["cancel_requested"]})
+        self.send({"acked": self.backend.store.max_wseq(job_id, body.attempt), "cancel": job["cancel_requested"]})
+
+
+def _wseq_at(raw: dict[str, Any], loc: tuple[Any, ...]) -> int | None:
+    """The wseq of the event a validation error points at, when it has a usable one."""
+    if len(loc) < 2 or loc[0] != "events" or not isinstance(loc[1], int):
+        return None
+    events = raw.get("events")
+    ev = events[loc[1]] if isinstance(events, list) and loc[1] < len(events) else None
+    wseq = ev.get("wseq") if isinstance(ev, dict) else None
+    return wseq if isinstance(wseq, int) and not isinstance(wseq, bool) and 0 < wseq <= INT64_MAX else None
 
 
 class WorkerFinishHandler(WorkerHandler):
     def post(self, job_id: str) -> None:
-        body = self.body_json()
-        attempt = int(body.get("attempt", -1))
-        job = self.assigned_job(job_id, attempt)
+        body = self.body_model(WorkerFinish, "the finish report")
+        job = self.assigned_job(job_id, body.attempt)
         store, scheduler = self.backend.store, self.backend.scheduler
-        outcome = body.get("outcome")
+        outcome = body.outcome
         if job["status"] in v.JOB_ACTIVE:
             if outcome == "completed":
-                history = build_history(store.events(job_id))
+                history = build_history(store.typed_events(job_id, (v.EV_EPOCH,)))
                 size, sha = self.backend.blobs.write_artifact(job_id, "history.json", json.dumps(history).encode())
                 store.add_artifact(job_id, "history.json", size, sha)
                 for art in store.artifacts(job_id):
@@ -104,19 +122,11 @@ class WorkerFinishHandler(WorkerHandler):
             elif outcome == "canceled":
                 scheduler.set_status(job_id, v.CANCELED, v.SUB_CANCELED, "canceled")
             else:
-                scheduler.fail(job_id, str(body.get("error") or "the worker failed without saying why")[:4000])
+                scheduler.fail(job_id, (body.error or "the worker failed without saying why")[:4000])
         scheduler.release_instance(store.instance(self.instance["id"]))
         self.send({"ok": True})
 
 
 def build_history(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Keras-style history from the epoch events of every attempt: one entry per epoch, in order."""
-    by_epoch: dict[int, dict[str, Any]] = {}
-    for ev in events:
-        if ev["type"] == v.EV_EPOCH:
-            by_epoch[int(ev["data"]["epoch"])] = ev["data"]["logs"]
-    epochs = sorted(by_epoch)
-    keys: list[str] = []
-    for e in epochs:
-        keys += [k for k in by_epoch[e] if k not in keys]
-    return {"epoch": epochs, "history": {k: [by_epoch[e].get(k) for e in epochs] for k in keys}}
+    """Keras-style history (history.json) from the epoch events of every attempt: one entry per epoch, in order."""
+    return JobPicture().apply_all(events).keras_history()

@@ -1,0 +1,908 @@
+"""Every request and response body of the v1 API, declared once (pydantic v2).
+
+The handlers validate what comes in with these models, and `openapi.py` generates the OpenAPI document from
+them, so the document cannot drift from what the backend accepts. Request models are strict (no "1" for 1, no
+1 for true), refuse NaN/Infinity and unknown fields, and bound every list, string and mapping; their errors name
+the field, the problem and the fix (see `explain`). Response models describe what the handlers send; they allow
+fields added later, so an older client keeps working.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from aibro_core import vocabulary as v
+from aibro_core.errors import ValidationError as RequirementsError
+from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES
+from aibro_core.requirements import check_requirements
+
+SHA_PATTERN = r"^[0-9a-f]{64}$"
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+CODE_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*){0,15}\.py$"
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+ARTIFACT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,7}$"
+INT64_MAX = 2**63 - 1
+WEEK_S = 7 * 24 * 3600
+MAX_WAIT_REQUEST_S = 30 * 24 * 3600
+MAX_EPOCHS = 1_000_000
+MAX_TREE_ITEMS = 256
+MAX_EVENT_BATCH = 500
+MAX_MESSAGE = 8000
+MAX_LOG_KEYS = 256
+WORKER_SUBSTATUSES = (v.GEARING_UP_ENV, v.SENDING_MODEL_DATA, v.SUB_TRAINING, v.RETURNING)
+INSTANCE_STATUSES = (v.LAUNCHING, v.EXECUTING, v.COOLING, v.CLOSING, v.CLOSED)
+CALLBACK_CLASSES = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN")
+UNION_TAGS = frozenset((*CALLBACK_CLASSES, *v.WORKER_EVENT_TYPES))
+
+
+# -- errors that name the field, the problem and the fix -------------------------------------------------------
+def _fail(message: str) -> PydanticCustomError:
+    """An error shown as it is (it names its field itself)."""
+    return PydanticCustomError("aibro", "{message}", {"message": message})
+
+
+def _fail_here(message: str) -> PydanticCustomError:
+    """An error shown after the path of the field it is about ("data.x.list[0].blob must be ...")."""
+    return PydanticCustomError("aibro_here", "{message}", {"message": message})
+
+
+def show(value: Any) -> str:
+    """A short, safe rendering of a bad value for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def described(annotation: Any, message: str, here: bool = True) -> Any:
+    """`annotation`, whose errors all read `message` (plus the value it got): one clear sentence per field."""
+
+    def check(value: Any, handler: Any, info: ValidationInfo) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            text = f"{message}, got {show(value)}"
+            raise (_fail_here(text) if here else _fail(text)) from None
+
+    return Annotated[annotation, WrapValidator(check)]
+
+
+def where(loc: tuple[Any, ...]) -> str:
+    """('data', 'x', 'list', 0, 'blob') -> 'data.x.list[0].blob'."""
+    out, key_next, prev = "", False, None
+    for part in loc:
+        tag = isinstance(prev, int) and part in UNION_TAGS  # pydantic names the union member a list item matched
+        prev = part
+        if tag:
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not key_next and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
+            out += ("." if out else "") + str(part)
+        else:
+            out += f"[{str(part)[:60]!r}]"
+        key_next = part in ("dict", "mapping")
+    return out
+
+
+def explain(exc: ValidationError, what: str = "the request body") -> str:
+    """The first problem of a validation error as one sentence a user can act on."""
+    err = exc.errors(include_url=False)[0]
+    loc = where(tuple(err.get("loc", ())))
+    if err["type"] == "aibro":
+        return str(err["ctx"]["message"])
+    if err["type"] == "aibro_here":
+        return f"{loc or what} {err['ctx']['message']}"
+    if err["type"] == "missing":
+        return f"'{loc}' is required in {what}"
+    msg = err["msg"][:1].lower() + err["msg"][1:]
+    return f"'{loc or what}': {msg}, got {show(err.get('input'))}"
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's "integer" includes 3.0: a float with no fraction is that integer (bool and "3" stay refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+INTEGRAL = BeforeValidator(_integral)  # last in an Annotated, so the constraints before it reach the JSON Schema
+Int = Annotated[int, INTEGRAL]
+
+
+class Request(BaseModel):
+    """A request body: strict types, no NaN/Infinity, no unknown fields (named with the allowed ones)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", populate_by_name=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise _fail_here(f"must be an object, got {show(data)}")
+        allowed = [f.alias or name for name, f in cls.model_fields.items()]
+        unknown = sorted(str(k) for k in data if k not in allowed)
+        if unknown:
+            raise _fail_here(f"has unknown fields {unknown}; allowed: {allowed}")
+        return data
+
+
+class Response(BaseModel):
+    """A response body: what the handlers send. Fields may be added later; clients ignore what they do not know."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+Sha256 = described(Annotated[str, Field(pattern=SHA_PATTERN)], "must be a sha256 hex digest (64 lowercase hex)")
+FiniteNumber = Annotated[float, Field(allow_inf_nan=False)]
+ShortText = Annotated[str, Field(max_length=200)]
+
+
+# -- the job spec: POST /jobs ------------------------------------------------------------------------------------
+class DataNode(Request):
+    """One array ({"blob", "shape", "dtype"}), or a list or dict of nodes: exactly one of blob, list, dict."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["blob"]}, {"required": ["list"]}, {"required": ["dict"]}]}
+    )
+
+    blob: Sha256 = None
+    shape: described(
+        Annotated[list[Annotated[int, Field(ge=0), INTEGRAL]], Field(max_length=32)] | None,
+        "must be a list of at most 32 non-negative integers (the array's shape)",
+    ) = None
+    dtype: described(Annotated[str, Field(max_length=32)] | None, "must be a numpy dtype name") = None
+    items: Annotated[list[DataNode], Field(max_length=MAX_TREE_ITEMS)] = Field(None, alias="list")
+    mapping: Annotated[dict[ShortText, DataNode], Field(max_length=MAX_TREE_ITEMS)] = Field(None, alias="dict")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kind(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "dataset" in data and cls is DataNode:
+                raise _fail_here("cannot be a dataset: only data.x and data.validation.x can")
+            kinds = [k for k in ("blob", "list", "dict", "dataset") if k in data]
+            if len(kinds) != 1:
+                raise _fail_here("must hold exactly one of 'blob', 'list' or 'dict'")
+        return data
+
+    def blobs(self) -> list[str]:
+        if self.blob is not None:
+            return [self.blob]
+        if self.items is not None:
+            return [s for t in self.items for s in t.blobs()]
+        return [s for t in (self.mapping or {}).values() for s in t.blobs()]
+
+
+class DataTop(DataNode):
+    """data.x and data.validation.x may also be {"dataset": sha}: a tar of tf.data's Dataset.save."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["blob"]},
+                {"required": ["list"]},
+                {"required": ["dict"]},
+                {"required": ["dataset"]},
+            ]
+        }
+    )
+
+    dataset: Sha256 = None
+
+    def blobs(self) -> list[str]:
+        return [self.dataset] if self.dataset is not None else super().blobs()
+
+
+class DataPart(Request):
+    """Training (or validation) inputs, targets and sample weights as data trees; a dataset `x` yields its own
+    targets, so then y and sample_weight are null."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"x": {"not": {"required": ["dataset"]}}}},
+                {"properties": {"y": {"type": "null"}, "sample_weight": {"type": "null"}}},
+            ]
+        }
+    )
+
+    x: DataTop
+    y: DataNode | None = None
+    sample_weight: DataNode | None = None
+
+    @model_validator(mode="after")
+    def _dataset_alone(self) -> DataPart:
+        if self.x.dataset is not None and (self.y is not None or self.sample_weight is not None):
+            raise _fail_here("holds a dataset, which yields its own targets: y and sample_weight must be null")
+        return self
+
+    def blobs(self) -> list[str]:
+        return [s for t in (self.x, self.y, self.sample_weight) if t is not None for s in t.blobs()]
+
+
+class Data(DataPart):
+    validation: DataPart | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _x_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("x") is None:
+            raise _fail("'data.x' is required: the training inputs")
+        return data
+
+    def blobs(self) -> list[str]:
+        return super().blobs() + (self.validation.blobs() if self.validation else [])
+
+
+PositiveInt = Annotated[int, Field(ge=1, le=INT64_MAX), INTEGRAL]
+
+
+class FitArgs(Request):
+    """The model.fit keyword arguments that travel to the worker as they are."""
+
+    epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS), INTEGRAL] = 1
+    batch_size: described(PositiveInt | None, "must be a positive integer or null") = None
+    shuffle: described(bool, "must be true or false") = True
+    class_weight: described(
+        Annotated[
+            dict[
+                Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
+                Annotated[float, Field(ge=0, allow_inf_nan=False)],
+            ],
+            Field(max_length=100_000, json_schema_extra={"additionalProperties": False}),
+        ]
+        | None,
+        'must map class indices ("0", "1", ...) to finite non-negative weights',
+    ) = None
+    initial_epoch: described(
+        Annotated[int, Field(ge=0, le=MAX_EPOCHS, description="where training starts; less than epochs"), INTEGRAL],
+        "must be a non-negative integer",
+    ) = 0
+    steps_per_epoch: described(PositiveInt | None, "must be a positive integer or null") = None
+    validation_steps: described(PositiveInt | None, "must be a positive integer or null") = None
+    validation_batch_size: described(PositiveInt | None, "must be a positive integer or null") = None
+    validation_freq: described(PositiveInt, "must be a positive integer") = 1
+    validation_split: described(
+        Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)], "must be a number in [0, 1)"
+    ) = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _travelling(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise _fail("'fit' must be an object of model.fit keyword arguments")
+        unknown = sorted(str(k) for k in data if k not in v.FIT_KWARGS)
+        if unknown:
+            raise _fail(f"fit arguments {unknown} cannot travel; allowed: {list(v.FIT_KWARGS)}")
+        epochs = _integral(data.get("epochs", 1))
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or not 0 < epochs <= MAX_EPOCHS:
+            raise _fail(f"epochs must be a positive integer, got {show(data.get('epochs'))}")
+        return data
+
+    @model_validator(mode="after")
+    def _initial_before_epochs(self) -> FitArgs:
+        if self.initial_epoch >= self.epochs:
+            raise _fail(f"fit.initial_epoch ({self.initial_epoch}) must be less than epochs ({self.epochs})")
+        return self
+
+
+class EarlyStoppingConfig(Request):
+    monitor: ShortText = "val_loss"
+    min_delta: FiniteNumber = 0.0
+    patience: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL] = 0
+    mode: Literal["auto", "min", "max"] = "auto"
+    baseline: FiniteNumber | None = None
+    restore_best_weights: bool = False
+    start_from_epoch: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL] = 0
+
+
+class ReduceLROnPlateauConfig(Request):
+    monitor: ShortText = "val_loss"
+    factor: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
+    patience: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL] = 10
+    mode: Literal["auto", "min", "max"] = "auto"
+    min_delta: FiniteNumber = 1e-4
+    cooldown: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL] = 0
+    min_lr: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+
+
+class TerminateOnNaNConfig(Request):
+    pass
+
+
+CALLBACK_CONFIGS: dict[str, type[Request]] = {  # what the worker hands to keras.callbacks.CLASS(**config)
+    "EarlyStopping": EarlyStoppingConfig,
+    "ReduceLROnPlateau": ReduceLROnPlateauConfig,
+    "TerminateOnNaN": TerminateOnNaNConfig,
+}
+
+
+def _callback(value: Any, handler: Any) -> Any:
+    """One sentence for a bad callback: an unknown class, or the first problem of its config."""
+    if not isinstance(value, dict) or value.get("class") not in CALLBACK_CONFIGS:
+        raise _fail(f"callbacks that can travel: {list(CALLBACK_CONFIGS)}")
+    if not isinstance(value.get("config", {}), dict):
+        raise _fail("a callback's config must be an object")
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        try:
+            CALLBACK_CONFIGS[value["class"]].model_validate(value.get("config", {}))
+        except ValidationError as inner:
+            raise _fail(f"{value['class']} config: {explain(inner, 'the config')}") from None
+        raise _fail(f"a callback {explain(exc, 'callback')}") from None
+
+
+class EarlyStoppingCallback(Request):
+    cls: Literal["EarlyStopping"] = Field(alias="class")
+    config: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+
+
+class ReduceLROnPlateauCallback(Request):
+    cls: Literal["ReduceLROnPlateau"] = Field(alias="class")
+    config: ReduceLROnPlateauConfig = Field(default_factory=ReduceLROnPlateauConfig)
+
+
+class TerminateOnNaNCallback(Request):
+    cls: Literal["TerminateOnNaN"] = Field(alias="class")
+    config: TerminateOnNaNConfig = Field(default_factory=TerminateOnNaNConfig)
+
+
+Callback = Annotated[
+    EarlyStoppingCallback | ReduceLROnPlateauCallback | TerminateOnNaNCallback,
+    Field(discriminator="cls"),
+    WrapValidator(_callback),
+]
+
+
+class CodeFile(Request):
+    path: Annotated[str, Field(pattern=CODE_PATH_PATTERN)]
+    bytes: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+    sha256: Annotated[str, Field(pattern=SHA_PATTERN)]
+
+
+class Code(Request):
+    """The user's own code that travels: a blob of sources (never loaded by the backend), modules to import."""
+
+    blob: Annotated[str, Field(pattern=SHA_PATTERN)]
+    modules: described(
+        Annotated[list[Annotated[str, Field(max_length=200, pattern=MODULE_PATTERN)]], Field(max_length=64)],
+        "'code.modules' must be a list of at most 64 importable module names",
+        here=False,
+    ) = Field(default_factory=list)
+    files: described(
+        Annotated[list[CodeFile], Field(max_length=200)],
+        "each of 'code.files' must be {path: relative .py path, bytes: int, sha256: hex}, at most 200",
+        here=False,
+    ) = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blob_given(cls, data: Any) -> Any:
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("blob"), str)
+            or not re.match(SHA_PATTERN, data["blob"])
+        ):
+            raise _fail("'code' must be an object whose 'blob' is the sha256 of the uploaded code")
+        return data
+
+
+def _requirements(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _fail(f"'requirements' must be a list of requirement strings (e.g. [\"pandas>=2\"]), got {show(value)}")
+    try:
+        return check_requirements(value, "'requirements'")
+    except RequirementsError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _machines(value: Any, handler: Any) -> Any:
+    if isinstance(value, list) and len(value) > 16:
+        raise _fail("at most 16 machines may be listed for one job")
+    try:
+        return handler(value)
+    except ValidationError:
+        raise _fail(
+            f"'machines' must be a non-empty list of machine ids (see GET /machines), got {show(value)}"
+        ) from None
+
+
+MachineList = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=100)]],
+    Field(min_length=1, max_length=16),
+    WrapValidator(_machines),
+]
+Description = described(
+    Annotated[str, Field(max_length=500)], "'description' must be a string of at most 500 characters", False
+)
+
+
+class JobSpec(Request):
+    """A job: the model and data (uploaded blobs), how to fit, where to train, and what to keep."""
+
+    model: described(
+        Annotated[str, Field(pattern=SHA_PATTERN)], "'model' must be the sha256 of an uploaded .keras file", False
+    )
+    data: Data
+    fit: FitArgs = Field(default_factory=FitArgs)
+    machines: MachineList
+    description: Description = ""
+    cool_down_s: described(
+        Annotated[float, Field(ge=0, le=WEEK_S, allow_inf_nan=False)],
+        "'cool_down_s' must be a number of seconds between 0 and one week (604800)",
+        False,
+    ) = 0.0
+    wait_request_s: described(
+        Annotated[float, Field(ge=0, le=MAX_WAIT_REQUEST_S, allow_inf_nan=False)] | None,
+        "'wait_request_s' must be a number of seconds between 0 and 30 days (how long to wait for a machine "
+        "before trying the next one)",
+        False,
+    ) = 60.0
+    custom_modules: described(
+        Annotated[list[Annotated[str, Field(max_length=200, pattern=MODULE_PATTERN)]], Field(max_length=64)],
+        "'custom_modules' must be a list of at most 64 importable module names",
+        False,
+    ) = Field(default_factory=list)
+    callbacks: Annotated[list[Callback], Field(max_length=16)] = Field(default_factory=list)
+    code: Code | None = None
+    requirements: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] | None = None
+    versions: described(
+        Annotated[dict[Annotated[str, Field(max_length=32)], Annotated[str, Field(max_length=64)]], Field(max_length=8)]
+        | None,
+        "'versions' must be an object of at most 8 short strings (the kernel's versions)",
+        False,
+    ) = None
+    meta: described(
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]], Field(max_length=8)
+        ]
+        | None,
+        "'meta' must be an object of at most 8 short strings",
+        False,
+    ) = None
+    safe_mode: described(bool, "'safe_mode' must be true or false", False) = True
+    record: described(bool, "'record' must be true or false", False) = True
+
+    @field_validator("callbacks", mode="before")
+    @classmethod
+    def _callbacks_list(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise _fail("'callbacks' must be a list")
+        return value
+
+    @field_validator("requirements", mode="before")
+    @classmethod
+    def _requirements(cls, value: Any) -> Any:
+        return _requirements(value)
+
+    def blobs(self) -> list[str]:
+        """Every blob this job reads: the model, its code and its data."""
+        return [self.model, *([self.code.blob] if self.code else []), *self.data.blobs()]
+
+
+class ReplayOverrides(Request):
+    """What a replay may change; the rest of the recorded spec is kept."""
+
+    machines: MachineList | None = None
+    description: Description | None = None
+
+
+# -- query parameters -------------------------------------------------------------------------------------------
+class EventsQuery(BaseModel):
+    """?after=&wait= of the event long-polls (query strings: numbers are read from text)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    after: int = Field(0, ge=0, le=INT64_MAX, description="return events after this seq (job) or gid (user)")
+    wait: float = Field(
+        0, ge=0, allow_inf_nan=False, description="seconds to wait for a new event when there is none (at most 60)"
+    )
+
+
+class BlobQuery(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    offset: int = Field(0, ge=0, le=INT64_MAX, description="where this chunk starts in the blob")
+    total: int = Field(ge=0, le=INT64_MAX, description="the whole blob's size in bytes")
+
+
+class AttemptQuery(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    attempt: int = Field(ge=0, le=INT64_MAX, description="the job attempt this worker runs")
+
+
+# -- worker bodies ----------------------------------------------------------------------------------------------
+Logs = Annotated[
+    dict[Annotated[str, Field(max_length=200)], Annotated[float, Field(allow_inf_nan=False)] | None],
+    Field(max_length=MAX_LOG_KEYS),
+]
+Timestamp = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
+Message = Annotated[str, Field(max_length=MAX_MESSAGE)]
+
+
+class StatusData(Request):
+    status: Literal["TRAINING"]
+    substatus: Literal["GEARING UP ENV", "SENDING MODEL & DATA", "TRAINING", "RETURNING"]
+    message: Message | None = None
+
+
+class EpochData(Request):
+    epoch: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL]
+    epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS), INTEGRAL]
+    logs: Logs
+    seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    samples_per_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    ended: Timestamp | None = None
+
+
+class BatchData(Request):
+    epoch: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL]
+    batch: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+    steps: Annotated[int, Field(ge=1, le=INT64_MAX), INTEGRAL] | None = None
+    logs: Logs = Field(default_factory=dict)
+
+
+class LogData(Request):
+    message: Message
+    stage: Literal["GEARING UP ENV"] | None = None
+    warning: Message | None = None
+    versions: Annotated[dict[ShortText, ShortText], Field(max_length=16)] | None = None
+
+
+class ErrorData(Request):
+    message: Message
+
+
+WORKER_EVENT_DATA: dict[str, type[Request]] = {
+    v.EV_STATUS: StatusData,
+    v.EV_EPOCH: EpochData,
+    v.EV_BATCH: BatchData,
+    v.EV_LOG: LogData,
+    v.EV_ERROR: ErrorData,
+}
+
+
+def _worker_event(value: Any, handler: Any) -> Any:
+    """One sentence for a bad worker event: its type, or the first problem of its data."""
+    if not isinstance(value, dict):
+        raise _fail_here(f"must be an object, got {show(value)}")
+    type_, data = value.get("type"), value.get("data")
+    if type_ not in WORKER_EVENT_DATA:
+        raise _fail(f"event type {show(type_)} is not accepted from a worker; types: {list(WORKER_EVENT_DATA)}")
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]["loc"]
+        if len(first) < 2 or first[1] != "data" or not isinstance(data, dict):
+            raise  # wseq, ts, or data not an object: the path says which
+        try:
+            WORKER_EVENT_DATA[type_].model_validate(data)
+        except ValidationError as inner:
+            fields = {e["loc"][0] for e in inner.errors() if e.get("loc")}
+            if type_ == v.EV_STATUS and "status" in fields:
+                raise _fail(f"a worker may not set status {show(data.get('status'))}; it sets TRAINING") from None
+            if type_ == v.EV_STATUS and "substatus" in fields:
+                raise _fail(
+                    f"a worker may not set substatus {show(data.get('substatus'))}; it sets {list(WORKER_SUBSTATUSES)}"
+                ) from None
+            raise _fail(f"a {type_} event's {explain(inner, 'data')}") from None
+        raise
+
+
+class _Event(Request):
+    wseq: Annotated[int, Field(ge=1, le=INT64_MAX), INTEGRAL]
+    ts: Timestamp | None = None
+
+    def payload(self) -> dict[str, Any]:
+        return self.data.model_dump(exclude_unset=True)  # type: ignore[attr-defined]
+
+
+class StatusEvent(_Event):
+    type: Literal["status"]
+    data: StatusData
+
+
+class EpochEvent(_Event):
+    type: Literal["epoch"]
+    data: EpochData
+
+
+class BatchEvent(_Event):
+    type: Literal["batch"]
+    data: BatchData
+
+
+class LogEvent(_Event):
+    type: Literal["log"]
+    data: LogData
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"]
+    data: ErrorData
+
+
+WorkerEvent = Annotated[
+    StatusEvent | EpochEvent | BatchEvent | LogEvent | ErrorEvent,
+    Field(discriminator="type"),
+    WrapValidator(_worker_event),
+]
+
+
+class WorkerEvents(Request):
+    attempt: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+    events: Annotated[list[WorkerEvent], Field(max_length=MAX_EVENT_BATCH)]
+
+
+class WorkerFinish(Request):
+    attempt: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+    outcome: Literal["completed", "canceled", "failed"]
+    error: Annotated[str, Field(max_length=1_000_000)] | None = None
+
+
+# -- responses ---------------------------------------------------------------------------------------------------
+JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
+JobSubstatus = Literal[JOB_SUBSTATUSES]  # type: ignore[valid-type]
+InstanceStatus = Literal[INSTANCE_STATUSES]  # type: ignore[valid-type]
+
+
+class ErrorBody(Response):
+    """Every 4xx answer: one sentence naming the problem and the fix."""
+
+    error: str
+    status: int | None = None
+    wseq: int | None = Field(None, description="the worker event that was refused (worker event batches)")
+
+
+class Health(Response):
+    ok: bool
+    user: str
+    version: str
+
+
+class Machine(Response):
+    machine_id: str
+    provider: str
+    gpu_type: str | None
+    gpu_count: int
+    vcpus: int
+    memory_gib: float
+    price_per_hour: float
+    on_demand_price_per_hour: float
+    spot: bool = False
+    availability: str
+    capacity: int | None = None
+
+
+class Machines(Response):
+    machines: list[Machine]
+
+
+class Policy(Response):
+    max_active_jobs: int
+    max_active_instances: int
+    max_stopped_instances: int
+    max_job_bytes: int
+    max_attempts: int
+    cancel_grace_s: float
+
+
+class Stats(Response):
+    counters: dict[str, int]
+
+
+class TokenMint(Request):
+    """POST /auth/tokens: an optional lifetime; without one the token lives until revoked."""
+
+    expires_in_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400, allow_inf_nan=False)] | None = None
+
+
+class TokenMinted(Response):
+    """The new token's secret, shown this once, with its public id (what `aibro token revoke` takes)."""
+
+    id: str
+    token: str
+    created: float
+    expires: float | None
+
+
+class TokenInfo(Response):
+    id: str
+    created: float
+    expires: float | None
+    last_used: float | None
+    current: bool = Field(False, description="the token this request was made with")
+
+
+class Tokens(Response):
+    tokens: list[TokenInfo]
+
+
+class TokenRevoked(Response):
+    revoked: str
+
+
+class OpenApiDocument(Response):
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
+    components: dict[str, Any]
+
+
+class BlobProgress(Response):
+    complete: bool
+    received: int
+
+
+class BlobDropped(Response):
+    dropped: bool = Field(description="whether there was an unfinished upload to drop")
+
+
+class TimelineEntry(Response):
+    status: JobStatus
+    substatus: JobSubstatus
+    ts: float | None
+
+
+class HistoryRow(Response):
+    """One epoch (numbered from 1) with every Keras log of it; a log that was not finite is null."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": {"type": ["number", "null"]}})
+
+    epoch: int
+
+
+class CodeListing(Response):
+    path: str
+    bytes: int
+    sha256: str
+
+
+class Job(Response):
+    """What a client sees of a job: states, progress, timeline and cost."""
+
+    job_id: str
+    status: JobStatus
+    substatus: JobSubstatus
+    description: str
+    machine_id: str | None
+    instance_id: str | None
+    machines: list[str]
+    cool_down_s: float
+    wait_request_s: float
+    epochs: int
+    epochs_done: int
+    attempt: int
+    created: float
+    updated: float
+    cancel_requested: bool
+    replay_of: str | None
+    record: bool
+    meta: dict[str, str]
+    code: list[CodeListing]
+    requirements: list[str]
+    cost: float
+    timeline: list[TimelineEntry]
+    history: list[HistoryRow]
+    error: str | None
+
+
+class Jobs(Response):
+    jobs: list[Job]
+    cursor: int = Field(description="the user's newest event gid: follow GET /events?after=cursor from here")
+
+
+class Event(Response):
+    """One event of a job's log; `seq` is gap-free per job, `gid` orders all of a user's events."""
+
+    gid: int
+    job_id: str
+    seq: int
+    type: Literal["status", "epoch", "batch", "log", "error", "artifact"]
+    ts: float
+    data: dict[str, Any]
+
+
+class JobEvents(Response):
+    events: list[Event]
+    status: JobStatus
+    substatus: JobSubstatus
+
+
+class UserEvents(Response):
+    events: list[Event]
+    cursor: int
+
+
+class Artifact(Response):
+    name: str
+    size: int
+    sha: str
+    created: float
+
+
+class Artifacts(Response):
+    artifacts: list[Artifact]
+
+
+class Instance(Response):
+    id: str
+    user_id: int
+    provider: str
+    machine_id: str
+    status: InstanceStatus
+    substatus: str
+    job_id: str | None
+    cool_down_s: float
+    cooling_until: float | None
+    created: float
+    updated: float
+    last_seen: float | None
+    history: list[list[Any]] = Field(description="[status, substatus, ts] for every transition")
+    cooling_left_s: float = 0.0
+
+
+class Instances(Response):
+    instances: list[Instance]
+
+
+class InstanceAnswer(Response):
+    instance: Instance
+
+
+class Assignment(Response):
+    """What a worker does next: exit, wait (cooling), or train a job."""
+
+    action: Literal["exit", "wait", "train"]
+    cooling_until: float | None = None
+    job_id: str | None = None
+    attempt: int | None = None
+    spec: dict[str, Any] | None = None
+    resume: dict[str, Any] | None = None
+    cancel: bool | None = None
+
+
+class EventsAck(Response):
+    acked: int = Field(description="every worker event up to this wseq is stored")
+    cancel: bool
+
+
+class Ok(Response):
+    ok: bool
+
+
+class ArtifactStored(Response):
+    name: str
+    size: int
+    sha256: str
+
+
+def finite(value: Any, default: float = 0.0) -> float:
+    """A number fit for JSON from a stored value (an old row may hold NaN or a string)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return default
+    return f if math.isfinite(f) else default
+
+
+DataNode.model_rebuild()
+DataTop.model_rebuild()
