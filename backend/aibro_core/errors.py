@@ -16,9 +16,12 @@ class AuthError(AibroError):
 
 
 class ApiError(AibroError):
-    def __init__(self, status: int, message: str) -> None:
+    """A 4xx/5xx answer: its status, its message, and the rest of its JSON body (e.g. the refused event's wseq)."""
+
+    def __init__(self, status: int, message: str, body: dict | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.body = body or {}
 
 
 class ValidationError(AibroError):

@@ -27,7 +27,7 @@ class Transport:
                 "run `aibro login URL --token TOKEN` or set AIBRO_TOKEN"
             )
         if resp.status_code >= 400 and not (method == "HEAD" and resp.status_code == 404):
-            raise ApiError(resp.status_code, _message(resp))
+            raise ApiError(resp.status_code, _message(resp), _body(resp))
         return resp
 
     def send(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> requests.Response:
@@ -51,3 +51,11 @@ def _message(resp: requests.Response) -> str:
         return str(resp.json().get("error") or resp.reason)
     except ValueError:
         return resp.text[:300] or str(resp.reason)
+
+
+def _body(resp: requests.Response) -> dict:
+    try:
+        body = resp.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -3,6 +3,7 @@ connection or a backend restart loses and duplicates nothing. Its replies also c
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -11,6 +12,7 @@ from aibro_core.errors import ApiError, BackendUnreachable
 from aibro_core.transport import Transport
 
 HEARTBEAT_S = 0.5
+log = logging.getLogger("aibro.worker")
 
 
 class Outbox:
@@ -44,7 +46,7 @@ class Outbox:
         with self._cond:
             target = self.next_wseq - 1
             self._cond.notify_all()
-            while self.acked < target and not self.stale.is_set():
+            while any(e["wseq"] <= target for e in self.pending) and not self.stale.is_set():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -84,6 +86,9 @@ class Outbox:
                     with self._cond:
                         self._cond.notify_all()
                     return
+                if exc.status == 400:
+                    self._drop(batch, exc)
+                    continue
                 time.sleep(backoff)
                 continue
             backoff = 0.2
@@ -93,3 +98,14 @@ class Outbox:
                 self.acked = max(self.acked, int(reply["acked"]))
                 self.pending = [e for e in self.pending if e["wseq"] > self.acked]
                 self._cond.notify_all()
+
+    def _drop(self, batch: list[dict[str, Any]], exc: ApiError) -> None:
+        """The backend refused an event as malformed (400): sending it again can never succeed, so it is dropped,
+        and the rest of the batch goes again. The refusal names the event's wseq; without one (the batch itself
+        was refused) the whole batch goes. Either way it is logged, and flush() does not wait for it."""
+        wseq = exc.body.get("wseq")
+        bad = {wseq} if isinstance(wseq, int) and any(e["wseq"] == wseq for e in batch) else {e["wseq"] for e in batch}
+        log.warning("the backend refused worker event(s) %s, dropped: %s", sorted(bad)[:10], exc)
+        with self._cond:
+            self.pending = [e for e in self.pending if e["wseq"] not in bad]
+            self._cond.notify_all()
