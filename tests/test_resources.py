@@ -468,3 +468,20 @@ def test_log_lines_are_redacted_whoever_writes_them() -> None:
     text = fmt.format(record)
     assert "abc123" not in text and "zz9" not in text and "SECRETSECRET" not in text and "WORKERSECRET" not in text
     assert "a=1&token=[redacted]&b=2" in text and "Bearer [redacted]" in text
+
+
+def test_serve_over_tls_without_the_warning(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    with own_backend(tmp_path / "home", "--certfile", str(cert), "--keyfile", str(key)) as b:
+        assert b.url.startswith("https://127.0.0.1:")
+        resp = requests.get(f"{b.url}/api/v1/health", headers={"Authorization": f"Bearer {b.token}"}, verify=cert)
+        assert resp.json()["ok"]
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(f"{b.url}/api/v1/health", timeout=10)  # not a CA this client trusts
+    assert "plain HTTP" not in b.log.read_text()
