@@ -112,7 +112,8 @@ def build_backend(home: Path) -> Backend:
 
 # -- the request guard: token and size from the headers, before any body is read -----------------------------------
 def _body_limit(handler_class: type, limits: Limits) -> int:
-    if handler_class is worker.WorkerEventsHandler:
+    """The route's body limit: a handler names its Limits field in BODY_LIMIT; worker event batches get theirs."""
+    if handler_class is getattr(worker, "WorkerEventsHandler", None):
         return limits.events_max_body
     return int(getattr(limits, getattr(handler_class, "BODY_LIMIT", "json_max_body")))
 
