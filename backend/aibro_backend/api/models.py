@@ -529,6 +529,13 @@ class AttemptQuery(BaseModel):
     attempt: int = Field(ge=0, le=INT64_MAX, description="the job attempt this worker runs")
 
 
+class ArtifactChunkQuery(AttemptQuery):
+    offset: int = Field(0, ge=0, le=INT64_MAX, description="where this chunk starts (0 starts the upload over)")
+    total: int | None = Field(
+        None, ge=0, le=INT64_MAX, description="the whole artifact's size (default: this chunk is all of it)"
+    )
+
+
 # -- worker bodies ----------------------------------------------------------------------------------------------
 Logs = Annotated[
     dict[Annotated[str, Field(max_length=200)], Annotated[float, Field(allow_inf_nan=False)] | None],
@@ -890,9 +897,13 @@ class Ok(Response):
 
 
 class ArtifactStored(Response):
-    name: str
-    size: int
-    sha256: str
+    """A chunk taken: `complete` once the whole artifact is here, with its name, size and sha256."""
+
+    complete: bool = True
+    received: int | None = None
+    name: str | None = None
+    size: int | None = None
+    sha256: str | None = None
 
 
 def finite(value: Any, default: float = 0.0) -> float:
