@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,36 +93,3 @@ def worker_process(pid: int) -> int:
             return cur
         todo += children.get(cur, [])
     raise AssertionError(f"no worker process under pid {pid}")
-
-
-@contextlib.contextmanager
-def backend_process(home: Path, timeout: float = 60, **extra: str) -> Iterator[BackendClient]:
-    """A backend of its own (`python -m aibro_backend`, as `aibro backend serve` runs it) in `home`, with the
-    environment additions `extra`; yields a client of its one local user and stops it (and its workers) after."""
-    home.mkdir(parents=True, exist_ok=True)
-    env = {k: val for k, val in user_env(home).items() if k != "AIBRO_ALLOW_UNSAFE"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aibro_backend", "--home", str(home), "--port", "0"],
-        env={**env, **extra},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info, cred = home / "backend.json", home / "credentials.json"
-            if info.exists() and cred.exists():
-                url = json.loads(info.read_text())["url"]
-                yield BackendClient(url, json.loads(cred.read_text())["token"])
-                break
-            assert proc.poll() is None, f"the backend in {home} exited with {proc.returncode}"
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"the backend in {home} did not start in {timeout} s")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

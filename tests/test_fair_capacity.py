@@ -8,12 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from backend_proc import own_backend
+
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import backend_process, slow_data, user_env, wait_for
+from helpers import slow_data, user_env, wait_for
 
 
 def _final(events: list[dict]) -> bool:
@@ -22,7 +24,8 @@ def _final(events: list[dict]) -> bool:
 
 def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_path: Path) -> None:
     home = tmp_path / "shared"
-    with backend_process(home, AIBRO_LOCAL_CAPACITY="1") as alice:
+    with own_backend(home, AIBRO_LOCAL_CAPACITY="1") as backend:
+        alice = backend.client()
         made = subprocess.run(
             [sys.executable, "-m", "aibro_backend.accounts", "add-user", "bob", "--home", str(home)],
             env=user_env(home),

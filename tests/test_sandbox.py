@@ -11,12 +11,13 @@ from typing import Any
 
 import keras
 import pytest
+from backend_proc import own_backend
 
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.errors import ApiError
 
-from helpers import backend_db, backend_process, wait_for
+from helpers import backend_db, wait_for
 
 ATTACK = """
 import json, os
@@ -120,9 +121,9 @@ def test_serve_refuses_unsafe_jobs_unless_the_policy_allows_the_user(client: Bac
     for allow, refused in ((None, True), ("someone-else", True), ("local", False)):
         home = tmp_path / f"serve-{allow}"
         extra = {"AIBRO_ALLOW_UNSAFE": allow} if allow else {}
-        with backend_process(home, **extra) as shared:
+        with own_backend(home, **extra) as backend:
             with pytest.raises(ApiError) as err:
-                shared.submit({**spec, "safe_mode": False})
+                backend.client().submit({**spec, "safe_mode": False})
             if refused:
                 assert err.value.status == 403 and "AIBRO_ALLOW_UNSAFE" in str(err.value), str(err.value)
             else:
