@@ -60,3 +60,38 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
         assert alice_instances[first_instance]["status"] in (v.CLOSING, v.CLOSED), "alice's warm machine was closed"
         messages = [e["data"].get("message") for e in events if e["type"] == "status"]
         assert messages.count(message) == 1, "the waiting message is said once, not every tick"
+
+
+def test_one_bad_job_row_never_blocks_everyone_elses(tmp_path: Path) -> None:
+    """A job stored with a NaN cool-down (as an older backend accepted) once made every scheduler tick fail, so
+    every user's queued job waited forever. Now that job fails with a message, and the others run."""
+    import json
+    import sqlite3
+    import time
+
+    home = tmp_path / "one-bad-row"
+    with own_backend(home) as backend:
+        client = backend.client()
+        x, y = slow_data(200)
+        good = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1)
+        wait_for(client, good["job_id"], _final, timeout=300)
+        spec = json.loads(
+            sqlite3.connect(str(home / "state" / "aibro.db")).execute("SELECT spec FROM jobs").fetchone()[0]
+        )
+        db = sqlite3.connect(str(home / "state" / "aibro.db"))
+        now = time.time()
+        db.execute(
+            "INSERT INTO jobs (id, user_id, status, substatus, spec, description, created, updated) "
+            "SELECT 'job-bad-row', user_id, 'QUEUING', 'REQUESTING SERVER', ?, 'bad row', ?, ? FROM jobs LIMIT 1",
+            (json.dumps({**spec, "cool_down_s": float("nan")}), now, now),
+        )
+        db.commit()
+        db.close()
+        after = Training(client).submit(make_model(2), x, y, machine_ids="local-cpu", epochs=1)
+        wait_for(client, after["job_id"], _final, timeout=300)
+        assert client.job(after["job_id"])["status"] == v.COMPLETED
+        deadline = time.monotonic() + 30
+        while client.job("job-bad-row")["status"] != v.CANCELED and time.monotonic() < deadline:
+            time.sleep(0.2)
+        bad = client.job("job-bad-row")
+        assert bad["status"] == v.CANCELED and "could not schedule this job" in (bad["error"] or ""), bad

@@ -167,7 +167,13 @@ class Scheduler:
         for job in self.store.jobs(statuses=(v.QUEUING,)):
             if job["instance_id"] or job["cancel_requested"]:
                 continue
-            self._assign(job)
+            try:
+                self._assign(job)
+            except Exception as exc:  # one bad job (an old row with a bad value) never blocks everyone else's
+                log.exception("cannot schedule %s", job["id"])
+                self.fail(
+                    job["id"], f"the backend could not schedule this job ({type(exc).__name__}: {exc}); submit it again"
+                )
 
     def _assign(self, job: dict[str, Any]) -> None:
         spec = job["spec"]
