@@ -1,66 +1,50 @@
 /**
  * The labextension's only way out: `/aibro/api/*` on the Jupyter server, which holds the backend's token.
+ *
+ * Every answer is typed from the backend's OpenAPI document: `generated/openapi.ts` is made from it by
+ * `jlpm build:types` before each build, so reading a field the backend does not send, or a route it does not
+ * have, fails the build.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-export interface ITimelineEntry {
-  status: string;
-  substatus: string;
-  ts: number;
+import type { paths } from './generated/openapi';
+import { jobStatusValues, jobSubstatusValues } from './generated/openapi';
+
+type Method = 'get' | 'post';
+type Operation<P extends keyof paths, M extends Method> = NonNullable<paths[P][M]>;
+/** The routes of the document that take `method`. */
+type Route<M extends Method> = {
+  [P in keyof paths]: paths[P][M] extends { responses: unknown } ? P : never;
+}[keyof paths];
+type Parameters<P extends keyof paths, M extends Method> = Operation<P, M>['parameters'];
+/** What a route's `{name}` placeholders take (`undefined` for a route with none). */
+type PathParams<P extends keyof paths, M extends Method> = Parameters<P, M>['path'];
+type QueryParams<P extends keyof paths, M extends Method> = Parameters<P, M>['query'];
+
+/** The JSON body a route answers 200 with, as the document declares it. */
+export type Answer<P extends keyof paths, M extends Method = 'get'> =
+  Operation<P, M> extends { responses: { 200: { content: { 'application/json': infer B } } } } ? B : never;
+
+export type IJob = Answer<'/jobs/{job_id}'>;
+export type IEvent = Answer<'/events'>['events'][number];
+export type IInstance = Answer<'/instances'>['instances'][number];
+export type IMachine = Answer<'/machines'>['machines'][number];
+export type JobStatus = IJob['status'];
+export type JobSubstatus = IJob['substatus'];
+/** One epoch of a job's history: `epoch` (from 1) and every Keras log of it (null where it was not finite). */
+export type HistoryRow = IJob['history'][number];
+export type TimelineEntry = IJob['timeline'][number];
+
+export function isJobStatus(value: unknown): value is JobStatus {
+  return (jobStatusValues as ReadonlyArray<unknown>).includes(value);
 }
 
-export type Logs = { [key: string]: number };
-
-export interface IJob {
-  job_id: string;
-  status: string;
-  substatus: string;
-  description: string;
-  machine_id: string | null;
-  machines: string[];
-  epochs: number;
-  epochs_done: number;
-  created: number;
-  cost: number;
-  cancel_requested: number | boolean;
-  timeline: ITimelineEntry[];
-  history: Array<Logs & { epoch: number }>;
-  error: string | null;
+export function isJobSubstatus(value: unknown): value is JobSubstatus {
+  return (jobSubstatusValues as ReadonlyArray<unknown>).includes(value);
 }
 
-export interface IEvent {
-  gid: number;
-  job_id: string;
-  seq: number;
-  type: 'status' | 'epoch' | 'batch' | 'log' | 'error' | 'artifact';
-  ts: number;
-  data: { [key: string]: any };
-}
-
-export interface IInstance {
-  id: string;
-  machine_id: string;
-  provider: string;
-  status: string;
-  substatus: string;
-  job_id: string | null;
-  cooling_left_s: number;
-}
-
-export interface IMachine {
-  machine_id: string;
-  provider: string;
-  gpu_type: string | null;
-  gpu_count: number;
-  vcpus: number;
-  memory_gib: number;
-  price_per_hour: number;
-  on_demand_price_per_hour: number;
-  availability: string;
-}
-
-/** A proxy answer that was not 2xx; `reconnecting` when the backend itself could not be reached. */
+/** A proxy answer that was not 2xx (status 0: the Jupyter server itself could not be reached). */
 export class ApiError extends Error {
   constructor(
     message: string,
@@ -70,24 +54,57 @@ export class ApiError extends Error {
   }
 }
 
-export async function requestAPI<T>(path: string, init: RequestInit = {}): Promise<T> {
+/** The calls the sidebar makes, each typed by its route in the document. All throw `ApiError`. */
+export const api = {
+  jobs: () => call('get', '/jobs', undefined),
+  machines: () => call('get', '/machines', undefined),
+  instances: () => call('get', '/instances', undefined),
+  /** The user's events after `after`, waiting up to `wait` seconds for one. */
+  events: (after: number, wait: number) => call('get', '/events', undefined, { after, wait }),
+  /** The job as it is once the cancel is recorded (`cancel_requested`); the worker stops within a batch. */
+  cancel: (jobId: string) => call('post', '/jobs/{job_id}/cancel', { job_id: jobId }),
+  /** `{instance}`: the instance as it is once it is closing. */
+  terminate: (instanceId: string) =>
+    call('post', '/instances/{instance_id}/terminate', { instance_id: instanceId })
+};
+
+async function call<M extends Method, P extends Route<M>>(
+  method: M,
+  route: P,
+  path: PathParams<P, M>,
+  query?: QueryParams<P, M>
+): Promise<Answer<P, M>> {
+  const fill = (path ?? {}) as Record<string, string>;
+  const where = route.replace(/\{(\w+)\}/g, (_, name: string) => encodeURIComponent(fill[name]));
+  const search = new URLSearchParams();
+  Object.entries((query ?? {}) as Record<string, unknown>).forEach(([k, v]) => {
+    if (v !== undefined && v !== null) {
+      search.set(k, String(v));
+    }
+  });
+  const qs = search.toString();
+  return (await request(where.slice(1) + (qs ? `?${qs}` : ''), method.toUpperCase())) as Answer<P, M>;
+}
+
+async function request(path: string, method: string): Promise<unknown> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, 'aibro', 'api', path);
   let response: Response;
   try {
-    response = await ServerConnection.makeRequest(url, init, settings);
+    response = await ServerConnection.makeRequest(url, { method }, settings);
   } catch (error) {
     throw new ApiError(`Jupyter server unreachable: ${String(error)}`, 0);
   }
   const text = await response.text();
-  let body: any = {};
+  let body: unknown;
   try {
     body = text ? JSON.parse(text) : {};
   } catch {
     body = { error: text.slice(0, 300) };
   }
   if (!response.ok) {
-    throw new ApiError(body.error ?? response.statusText, response.status);
+    const error = (body as { error?: unknown } | null)?.error;
+    throw new ApiError(typeof error === 'string' ? error : response.statusText, response.status);
   }
-  return body as T;
+  return body;
 }

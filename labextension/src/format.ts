@@ -1,15 +1,16 @@
 /** Small formatters shared by the sidebar and the status bar. */
-import { IJob, Logs } from './api';
+import { HistoryRow, IJob, JobStatus } from './api';
 
-export const FINAL = new Set(['COMPLETED', 'CANCELED']);
+/** The statuses a job never leaves. */
+export const FINAL: ReadonlySet<JobStatus> = new Set<JobStatus>(['COMPLETED', 'CANCELED']);
 
 export function isActive(job: IJob): boolean {
   return !FINAL.has(job.status);
 }
 
 export function elapsed(job: IJob, now: number = Date.now() / 1000): number {
-  const start = job.timeline.length ? job.timeline[0].ts : job.created;
-  const last = job.timeline.length ? job.timeline[job.timeline.length - 1].ts : now;
+  const start = (job.timeline.length ? job.timeline[0].ts : null) ?? job.created;
+  const last = (job.timeline.length ? job.timeline[job.timeline.length - 1].ts : null) ?? now;
   return Math.max(0, (isActive(job) ? now : last) - start);
 }
 
@@ -27,7 +28,7 @@ export function money(value: number): string {
 }
 
 /** "loss 0.1234 · accuracy 0.9650" for the last epoch's logs, validation metrics included. */
-export function metrics(logs: Logs | undefined): string {
+export function metrics(logs: HistoryRow | undefined): string {
   if (!logs) {
     return '';
   }

@@ -7,7 +7,7 @@
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { IEvent, IInstance, IJob, IMachine, requestAPI } from './api';
+import { api, HistoryRow, IEvent, IInstance, IJob, IMachine, isJobStatus, isJobSubstatus } from './api';
 import { FINAL } from './format';
 
 export type Connection = 'connecting' | 'live' | 'reconnecting';
@@ -63,18 +63,26 @@ export class JobsModel {
     window.clearInterval(this.instanceTimer);
   }
 
+  /**
+   * Ask the backend to cancel a job; the card says "Canceling…" until the CANCELED status arrives.
+   * @throws {ApiError} when the proxy or the backend refuses (the job is unknown, the backend is away)
+   */
   async cancel(jobId: string): Promise<void> {
-    const { job } = await requestAPI<{ job: IJob }>(`jobs/${encodeURIComponent(jobId)}/cancel`, {
-      method: 'POST'
-    });
-    if (job && this.jobs.has(jobId)) {
-      this.jobs.set(jobId, { ...this.jobs.get(jobId)!, cancel_requested: true });
+    const answer = await api.cancel(jobId); // the job itself, as it is once the cancel is recorded
+    const job = this.jobs.get(jobId);
+    if (job) {
+      // Only the flag: the picture stays the one the event stream builds, which may already be newer.
+      job.cancel_requested = answer.cancel_requested;
       this.changedSignal.emit();
     }
   }
 
+  /**
+   * Close a cooling (or launching) instance now.
+   * @throws {ApiError} when the proxy or the backend refuses (e.g. the instance is running a job)
+   */
   async terminate(instanceId: string): Promise<void> {
-    await requestAPI(`instances/${encodeURIComponent(instanceId)}/terminate`, { method: 'POST' });
+    await api.terminate(instanceId);
     await this.refreshInstances();
   }
 
@@ -85,9 +93,7 @@ export class JobsModel {
         if (this.needsList) {
           await this.list();
         }
-        const r = await requestAPI<{ events: IEvent[]; cursor: number }>(
-          `events?after=${this.cursor}&wait=${WAIT_S}`
-        );
+        const r = await api.events(this.cursor, WAIT_S);
         this.setConnection('live');
         backoff = 500;
         this.cursor = r.cursor;
@@ -110,7 +116,7 @@ export class JobsModel {
   }
 
   private async list(): Promise<void> {
-    const r = await requestAPI<{ jobs: IJob[]; cursor: number }>('jobs');
+    const r = await api.jobs();
     const before = this.jobs;
     const horizon = this.horizon;
     this.jobs = new Map(r.jobs.map(j => [j.job_id, j]));
@@ -118,7 +124,7 @@ export class JobsModel {
     this.needsList = false;
     this.horizon = null;
     this.jobs.forEach(job => {
-      const ended = job.timeline.length ? job.timeline[job.timeline.length - 1].ts : job.created;
+      const ended = (job.timeline.length ? job.timeline[job.timeline.length - 1].ts : null) ?? job.created;
       this.serverNow = Math.max(this.serverNow, ended);
       const prev = before.get(job.job_id);
       const endedUnseen = prev ? !FINAL.has(prev.status) : horizon !== null && horizon > 0 && ended > horizon;
@@ -127,7 +133,7 @@ export class JobsModel {
       }
     });
     if (!this.machines.length) {
-      this.machines = (await requestAPI<{ machines: IMachine[] }>('machines')).machines;
+      this.machines = (await api.machines()).machines;
     }
     await this.refreshInstances(false);
     this.setConnection('live');
@@ -136,7 +142,7 @@ export class JobsModel {
 
   private async refreshInstances(emit = true): Promise<void> {
     try {
-      this.instances = (await requestAPI<{ instances: IInstance[] }>('instances')).instances;
+      this.instances = (await api.instances()).instances;
       this.instancesFetched = Date.now();
     } catch {
       return; // the event loop notices a lost backend and says so
@@ -146,6 +152,11 @@ export class JobsModel {
     }
   }
 
+  /**
+   * The one place in TypeScript that turns events into the job picture, the way the backend's job view does:
+   * status events move status/substatus and the timeline, epoch events put one history row per epoch (a resumed
+   * attempt's epoch replaces the lost one's), error events set the error.
+   */
   private apply(events: IEvent[]): void {
     let instancesChanged = false;
     for (const ev of events) {
@@ -158,26 +169,26 @@ export class JobsModel {
       const d = ev.data;
       if (ev.type === 'status') {
         const wasFinal = FINAL.has(job.status);
-        job.status = d.status ?? job.status;
-        job.substatus = d.substatus ?? job.substatus;
+        job.status = isJobStatus(d.status) ? d.status : job.status;
+        job.substatus = isJobSubstatus(d.substatus) ? d.substatus : job.substatus;
         job.timeline.push({ status: job.status, substatus: job.substatus, ts: ev.ts });
-        if (d.machine_id) {
+        if (typeof d.machine_id === 'string') {
           job.machine_id = d.machine_id;
         }
         instancesChanged = true;
         if (!wasFinal && FINAL.has(job.status)) {
           this.finishedSignal.emit(job);
         }
-      } else if (ev.type === 'epoch') {
-        const entry = { epoch: Number(d.epoch) + 1, ...(d.logs ?? {}) };
+      } else if (ev.type === 'epoch' && typeof d.epoch === 'number') {
+        const entry: HistoryRow = { ...logs(d.logs), epoch: d.epoch + 1 };
         job.history = job.history.filter(h => h.epoch !== entry.epoch).concat([entry]);
         job.history.sort((a, b) => a.epoch - b.epoch);
         job.epochs_done = Math.max(job.epochs_done, entry.epoch);
-        if (d.epochs) {
-          job.epochs = Number(d.epochs);
+        if (typeof d.epochs === 'number' && d.epochs > 0) {
+          job.epochs = d.epochs;
         }
-      } else if (ev.type === 'error') {
-        job.error = d.message ?? job.error;
+      } else if (ev.type === 'error' && typeof d.message === 'string') {
+        job.error = d.message;
       }
     }
     if (instancesChanged) {
@@ -192,4 +203,17 @@ export class JobsModel {
       this.changedSignal.emit();
     }
   }
+}
+
+/** An epoch event's Keras logs: numbers, and null for a value that was not finite. */
+function logs(value: unknown): { [name: string]: number | null } {
+  const out: { [name: string]: number | null } = {};
+  if (value && typeof value === 'object') {
+    Object.entries(value).forEach(([k, v]) => {
+      if (typeof v === 'number' || v === null) {
+        out[k] = v;
+      }
+    });
+  }
+  return out;
 }

@@ -88,8 +88,8 @@ class JobCard {
     const last = job.history.length ? job.history[job.history.length - 1] : undefined;
     this.metrics.textContent = metrics(last);
     this.curve.update(
-      job.history.map(h => Number(h.loss)),
-      job.history.filter(h => h.val_loss !== undefined).map(h => Number(h.val_loss))
+      job.history.map(h => h.loss ?? NaN),
+      job.history.filter(h => h.val_loss !== undefined).map(h => h.val_loss ?? NaN)
     );
     this.tick();
     this.error.textContent = job.error ?? '';
