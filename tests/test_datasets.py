@@ -87,5 +87,5 @@ def test_backend_accepts_a_dataset_only_as_x(client: BackendClient) -> None:
     with pytest.raises(ApiError, match=r"data.y cannot be a dataset: only data.x and data.validation.x can"):
         client.submit(spec)
     spec["data"] = {"x": {"dataset": sha}, "y": {"blob": sha}}
-    with pytest.raises(ApiError, match=r"a dataset yields its own targets, so y and sample_weight must be null"):
+    with pytest.raises(ApiError, match=r"dataset, which yields its own targets: y and sample_weight must be null"):
         client.submit(spec)

@@ -91,7 +91,7 @@ def test_tokens_expire(backend: OwnBackend) -> None:
     for bad in (0, -5, "60", True, 1e12, None):
         if bad is None:
             continue
-        with pytest.raises(ApiError, match="expires_in_s must") as e:
+        with pytest.raises(ApiError, match="expires_in_s") as e:
             dave.t.json("POST", "/auth/tokens", json={"expires_in_s": bad})
         assert e.value.status == 400, bad
     resp = requests.post(

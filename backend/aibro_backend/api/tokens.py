@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ..limits import limits_of
+from . import models
 from .base import ApiError, UserHandler
 
 MAX_EXPIRES_IN_S = 10 * 365 * 86400.0
@@ -23,8 +24,8 @@ class TokensHandler(UserHandler):
         self.send({"tokens": tokens})
 
     def post(self) -> None:
-        body = self.body_json()
-        expires_in_s = check_expires_in(body.get("expires_in_s"))
+        body = self.body_model(models.TokenMint, "the token request")  # unknown fields are refused, like every body
+        expires_in_s = check_expires_in(body.expires_in_s)
         store, cap = self.backend.store, limits_of(self.backend).max_tokens_per_user
         live = store.live_tokens(self.uid)
         if live >= cap:
