@@ -1,0 +1,542 @@
+"""The Ray provider against a real Ray cluster started on this host (nothing faked): a head and worker nodes joined
+with `ray start --address`, each with 1 CPU and a custom resource so placement can be checked. Offers built from
+the nodes, an agent started on a node with the reserved resources and only its allow-listed environment, two
+instances spread over two nodes and a third pending with its waiting message, terminate and agent exit freeing the
+reservation, the real agent reaching its backend over HTTP, a node joining, a node's process group killed, the
+whole cluster stopped.
+
+Cluster hygiene (2 shared cores, other engineers' tests beside these): every node has --num-cpus 1, its own
+ports and a temp dir of its own under /tmp, and runs in a process session of its own; teardown SIGKILLs exactly
+those sessions. Not `ray stop`: it kills every Ray process on the host by name, whatever --temp-dir they use.
+The test process never calls `ray.init`: a driver whose cluster is stopped is terminated by Ray 60 s later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aibro_backend.providers.ray import (
+    RayClusterError,
+    RayProvider,
+    build_machines,
+    fits,
+    gcs_refusal,
+    need_text,
+)
+from aibro_backend.providers.sandbox import Sandbox
+
+pytestmark = pytest.mark.timeout(400)
+
+POOL = "aibro-node"  # the custom resource that marks the nodes aibro may use (the head has none)
+SECRET = "backend-secret-that-no-worker-may-see"
+# A tiny stand-in for the agent: writes its environment, then waits for a `stop` file (exit 7) in its directory.
+FAKE_AGENT = [
+    sys.executable,
+    "-c",
+    "import json, os, pathlib, sys, time\n"
+    "d = pathlib.Path(os.environ['AIBRO_WORKER_DIR'])\n"
+    "(d / 'env.json').write_text(json.dumps(dict(os.environ)))\n"
+    "while not (d / 'stop').exists():\n"
+    "    time.sleep(0.1)\n"
+    "sys.exit(7)\n",
+]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports (all held open together while they are picked)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def node_ports(extra: int = 0) -> tuple[list[str], list[int]]:
+    """Every port a node binds, given explicitly: nodes started at once on one host otherwise race for the same
+    random ports ("bind: Address already in use")."""
+    ports = free_ports(6 + 12 + extra)
+    flags = ["--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port"]
+    flags += ["--dashboard-agent-grpc-port", "--dashboard-agent-listen-port"]
+    args = [x for flag, port in zip(flags, ports) for x in (flag, str(port))]
+    args += ["--worker-port-list", ",".join(map(str, ports[6:18]))]
+    return args, ports[18:]
+
+
+def ray_available() -> None:
+    """Fail (never skip) when Ray is missing: these tests are the only proof the provider works."""
+    if shutil.which("ray") is None or importlib.util.find_spec("ray") is None:
+        pytest.fail('Ray is not installed: pip install "ray[default]>=2.9" (it is in the test extra)')
+
+
+class RayCluster:
+    """Ray nodes on this host, each started by `ray start` in a session of its own."""
+
+    def __init__(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="aibro-ray-", dir="/tmp")  # short: Ray's socket paths must fit
+        self.sessions: dict[str, int] = {}
+        self.address = ""
+        self.client_address = ""
+        self.timings: dict[str, float] = {}
+        # The raylets' environment is what actors inherit: a backend secret in it must never reach a worker.
+        self.env = {**os.environ, "RAY_TMPDIR": self.tmp, "RAY_USAGE_STATS_ENABLED": "0", "AIBRO_TOKEN": SECRET}
+
+    def _start(self, name: str, args: list[str]) -> None:
+        t0 = time.monotonic()
+        logf = Path(self.tmp) / f"{name}.log"
+        tmp = Path(self.tmp) / name  # a temp dir per node: nodes started at once would race for socket names
+        tmp.mkdir()
+        cmd = ["ray", "start", "--disable-usage-stats", "--temp-dir", str(tmp), "--include-log-monitor=false", *args]
+        with open(logf, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.sessions[name] = proc.pid
+        if proc.wait(timeout=180) != 0:
+            raise RuntimeError(f"ray start for {name} failed:\n{logf.read_text()[-3000:]}")
+        self.timings[name] = time.monotonic() - t0
+
+    def head(self) -> None:
+        args, (gcs, client, dashboard) = node_ports(3)
+        args += ["--port", str(gcs), "--ray-client-server-port", str(client), "--dashboard-port", str(dashboard)]
+        args += ["--include-dashboard=false", "--num-cpus", "1", "--resources", json.dumps({"aibro-test": 1})]
+        self._start("head", ["--head", *args])
+        self.client_address = f"ray://127.0.0.1:{client}"
+        self.address = (Path(self.tmp) / "head" / "ray_current_cluster").read_text().strip()
+
+    def node(self, name: str, gpus: int = 0, resources: dict[str, float] | None = None) -> None:
+        args, _ = node_ports()
+        args += ["--address", self.address, "--num-cpus", "1"]
+        args += ["--resources", json.dumps({POOL: 1, name: 1, **(resources or {})})]
+        if gpus:
+            args += ["--num-gpus", str(gpus)]  # Ray takes the count as given: a GPU node without a GPU
+        self._start(name, args)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill a node's `ray start` process group (raylet, agents; its workers notice and exit)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.sessions[name], sig)
+
+    def processes(self) -> list[int]:
+        """Every process in one of this cluster's sessions (Ray workers have process groups of their own)."""
+        mine = set(self.sessions.values())
+        out = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                    if int(stat[3]) in mine:  # field 6 of /proc/PID/stat: the session id
+                        out.append(int(proc.name))
+        return out
+
+    def stop(self) -> None:
+        for name in self.sessions:
+            self.kill(name)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            left = self.processes()
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float = 30.0, every: float = 0.1) -> float:
+    """Seconds until `cond()` is true; fails with `what` after `timeout`."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"{what}: not within {timeout:g} s")
+        time.sleep(every)
+    return time.monotonic() - t0
+
+
+def offer(provider: RayProvider, machine_id: str) -> dict[str, Any] | None:
+    return next((o for o in provider.offers() if o["machine_id"] == machine_id), None)
+
+
+def node_id(provider: RayProvider, resource: str) -> str:
+    return next(n["node_id"] for n in provider.nodes() if n["total"].get(resource))
+
+
+def env_for(instance_id: str) -> dict[str, str]:
+    return {
+        "AIBRO_WORKER_URL": "http://127.0.0.1:9",
+        "AIBRO_WORKER_TOKEN": f"aibro_w_{instance_id}",
+        "AIBRO_INSTANCE_ID": instance_id,
+        "AIBRO_SOMETHING_ELSE": "not allow-listed",
+    }
+
+
+def state(provider: RayProvider, instance_id: str) -> str:
+    return provider.info({"id": instance_id})["state"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    ray_available()
+    c = RayCluster()
+    try:
+        c.head()
+        # Two worker nodes at once: "a" (CPU only) and "b" (1 CPU, 1 GPU that Ray reports as a T4).
+        errors: list[BaseException] = []
+
+        def start(name: str, **kw: Any) -> None:
+            try:
+                c.node(name, **kw)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=start, args=("a",)),
+            threading.Thread(target=start, args=("b",), kwargs={"gpus": 1, "resources": {"accelerator_type:T4": 1}}),
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+        print(f"\nray start timings (s): {', '.join(f'{k} {val:.1f}' for k, val in c.timings.items())}")
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def provider(cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayProvider]:
+    p = RayProvider(
+        cluster.address,
+        tmp_path_factory.mktemp("ray-state"),
+        worker_command=FAKE_AGENT,
+        worker_root=str(tmp_path_factory.mktemp("ray-workers")),
+        node_resource=POOL,
+        sandbox="none",
+        refresh_s=1.0,
+    )
+    try:
+        assert p.wait_ready(60), p.cluster_error()
+        wait_for("both worker nodes in the picture", lambda: len(p.nodes()) == 3)
+        yield p
+    finally:
+        p.close()
+
+
+# -- the marketplace from node resources (no cluster needed) --------------------------------------------------------
+def _node(cpu: float, gpu: float = 0, types: tuple[str, ...] = (), alive: bool = True, **extra: float) -> dict:
+    total = {"CPU": cpu, "memory": 16 * 2**30, **extra}
+    if gpu:
+        total["GPU"] = gpu
+    total.update({f"accelerator_type:{t}": 1.0 for t in types})
+    return {"node_id": f"n{cpu}{gpu}{types}", "alive": alive, "total": total, "available": dict(total)}
+
+
+def test_machines_from_node_resources() -> None:
+    nodes = [_node(8), _node(4, 2, ("A100",)), _node(16, 4, ("T4",)), _node(64, alive=False)]
+    machines = {o["machine_id"]: (o, need) for o, need in build_machines(nodes)}
+    # CPU machines in powers of two up to the largest live node (the dead 64-CPU node counts for nothing).
+    assert [m for m in machines if m.startswith("ray-cpu")] == [
+        "ray-cpu1",
+        "ray-cpu2",
+        "ray-cpu4",
+        "ray-cpu8",
+        "ray-cpu16",
+    ]
+    assert machines["ray-cpu4"][0]["capacity"] == 2 + 1 + 4 and machines["ray-cpu16"][0]["nodes"] == 1
+    # Any GPU, and each reported type pinned by its accelerator resource when the cluster has several.
+    gpu1, need = machines["ray-gpu1"]
+    assert (gpu1["gpu_type"], gpu1["gpu_count"], gpu1["vcpus"], gpu1["capacity"]) == ("A100/T4", 1, 1, 6)
+    assert need == {"GPU": 1.0, "CPU": 1.0}
+    assert machines["ray-gpu4"][0]["gpu_type"] == "T4" and "ray-gpu8" not in machines
+    assert machines["ray-gpu2-a100"][1]["accelerator_type:A100"] > 0 and "ray-gpu4-a100" not in machines
+    assert machines["ray-gpu4-t4"][0]["capacity"] == 1
+    for o, _ in machines.values():
+        assert o["provider"] == "ray" and o["price_per_hour"] == 0.0 and o["memory_gib"] == 16.0
+    assert need_text(gpu1) == "1 GPU" and need_text(machines["ray-gpu2-a100"][0]) == "2 A100 GPUs"
+    assert need_text(machines["ray-cpu4"][0]) == "4 CPUs"
+    # Free now: from the nodes' available resources.
+    nodes[0]["available"]["CPU"] = 3
+    assert {o["machine_id"]: o["available"] for o, _ in build_machines(nodes)}["ray-cpu4"] == 0 + 1 + 4
+    # A node pool: only nodes with the custom resource count, and each instance takes a sliver of it.
+    pooled = {o["machine_id"]: (o, need) for o, need in build_machines(nodes, node_resource="pool")}
+    assert pooled == {}
+    nodes[1]["total"]["pool"] = 1
+    pooled = {o["machine_id"]: (o, need) for o, need in build_machines(nodes, node_resource="pool")}
+    assert sorted(pooled) == ["ray-cpu1", "ray-cpu2", "ray-cpu4", "ray-gpu1", "ray-gpu2"]
+    assert pooled["ray-gpu1"][0]["gpu_type"] == "A100" and pooled["ray-cpu1"][1]["pool"] > 0
+    assert fits({"CPU": 2, "pool": 0.001}, {"CPU": 5, "pool": 1}) == 2 and fits({"GPU": 1}, {"CPU": 4}) == 0
+
+
+def test_unreachable_address_is_named(tmp_path: Path) -> None:
+    ray_available()
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    assert gcs_refusal(address) and gcs_refusal("ray://" + address) and gcs_refusal("auto") is None
+    p = RayProvider(address, tmp_path, reconnect_s=60)
+    try:
+        assert not p.wait_ready(30)
+        assert address in (p.cluster_error() or "")
+        with pytest.raises(RayClusterError, match=address.replace(".", r"\.")):
+            p.launch("inst-x", "ray-cpu1", env_for("inst-x"))
+        assert p.offers() == [] and not p.alive({"id": "inst-x"})
+    finally:
+        p.close()
+    with pytest.raises(ValueError, match="address"):
+        RayProvider(" ", tmp_path)
+    # Ray is imported by the bridge process only: the backend process (and the notebook) never load it.
+    probe = (
+        "import sys, pathlib\n"
+        "from aibro_backend.providers.ray import RayProvider\n"
+        f"p = RayProvider({address!r}, pathlib.Path({str(tmp_path / 'probe')!r}), reconnect_s=60)\n"
+        "p.wait_ready(30); p.offers(); p.close()\n"
+        "print('ray' in sys.modules, p.cluster_error() is not None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "True"], done.stderr
+
+
+# -- a real cluster -------------------------------------------------------------------------------------------------
+def test_offers_from_the_cluster_nodes(cluster: RayCluster, provider: RayProvider, tmp_path: Path) -> None:
+    offers = {o["machine_id"]: o for o in provider.offers()}
+    # The pool is nodes a and b (1 CPU each; b with 1 T4): nothing bigger than a node is offered.
+    assert sorted(offers) == ["ray-cpu1", "ray-gpu1"]
+    cpu, gpu = offers["ray-cpu1"], offers["ray-gpu1"]
+    assert (cpu["vcpus"], cpu["gpu_count"], cpu["capacity"], cpu["available"], cpu["nodes"]) == (1, 0, 2, 2, 2)
+    assert (gpu["gpu_type"], gpu["gpu_count"], gpu["capacity"], gpu["available"]) == ("T4", 1, 1, 1)
+    for o in offers.values():
+        assert o["provider"] == "ray" and o["price_per_hour"] == 0.0 and o["on_demand_price_per_hour"] == 0.0
+        assert o["memory_gib"] > 0 and o["availability"] == "available" and o["ray_address"] == cluster.address
+    with pytest.raises(ValueError, match="ray-cpu2 is not a machine of the Ray cluster"):
+        provider.launch("inst-big", "ray-cpu2", env_for("inst-big"))
+    # Without a pool, the head's CPU counts too.
+    whole = RayProvider(cluster.address, tmp_path, worker_command=FAKE_AGENT, sandbox="none", refresh_s=1.0)
+    try:
+        assert whole.wait_ready(60), whole.cluster_error()
+        assert (offer(whole, "ray-cpu1") or {}).get("capacity") == 3
+    finally:
+        whole.close()
+
+
+def test_instance_runs_the_agent_with_its_env_on_a_node_holding_the_reservation(
+    cluster: RayCluster, provider: RayProvider
+) -> None:
+    inst = {"id": "inst-gpu"}
+    provider.launch("inst-gpu", "ray-gpu1", env_for("inst-gpu"), user_id=3)
+    assert provider.alive(inst)
+    wait_for("the GPU instance running", lambda: state(provider, "inst-gpu") == "running")
+    info = provider.info(inst)
+    assert info["node_id"] == node_id(provider, "b")  # the only node with a GPU
+    assert info["node_ip"] and info["pid"] and info["gpu_ids"] == ["0"] and info["ray_address"] == cluster.address
+    workdir = Path(info["workdir"])
+    wait_for("the agent's environment file", lambda: (workdir / "env.json").exists())
+    env = json.loads((workdir / "env.json").read_text())
+    assert env["AIBRO_WORKER_TOKEN"] == "aibro_w_inst-gpu" and env["AIBRO_INSTANCE_ID"] == "inst-gpu"
+    assert env["AIBRO_WORKER_URL"] == "http://127.0.0.1:9" and env["AIBRO_WORKER_DIR"] == str(workdir)
+    assert env["AIBRO_ENV_CACHE"] == str(workdir.parent.parent / "envs" / "u3")
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the GPU Ray gave the actor
+    leaked = sorted(k for k in env if k.startswith("RAY") or k in ("PYTHONPATH", "AIBRO_TOKEN", "AIBRO_SOMETHING_ELSE"))
+    assert leaked == [] and SECRET not in json.dumps(env)
+    # While it runs the GPU is held; when the agent exits on its own (as when the backend says exit), the
+    # instance is over and the reservation is freed.
+    wait_for("the GPU held", lambda: (offer(provider, "ray-gpu1") or {}).get("available") == 0)
+    (workdir / "stop").touch()
+    took = wait_for("the instance over after its agent exits", lambda: not provider.alive(inst))
+    assert provider.lost_reason(inst) == "the worker exited with code 7" and took < 10
+    wait_for("the GPU free again", lambda: (offer(provider, "ray-gpu1") or {}).get("available") == 1)
+
+
+def test_instances_spread_over_nodes_and_a_third_waits(cluster: RayCluster, provider: RayProvider) -> None:
+    ids = ["inst-c1", "inst-c2", "inst-c3"]
+    for i in ids[:2]:
+        provider.launch(i, "ray-cpu1", env_for(i), user_id=1)
+    wait_for("two CPU instances running", lambda: all(state(provider, i) == "running" for i in ids[:2]))
+    nodes = {provider.info({"id": i})["node_id"] for i in ids[:2]}
+    assert nodes == {node_id(provider, "a"), node_id(provider, "b")}  # one per node, each node has 1 CPU
+    wait_for("nothing free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 0)
+    provider.launch("inst-c3", "ray-cpu1", env_for("inst-c3"), user_id=1)
+    waiting = f"waiting for 1 CPU on the Ray cluster ({cluster.address})"
+    wait_for("the third waiting", lambda: provider.pending({"id": "inst-c3"}) == waiting)
+    time.sleep(2)  # it stays waiting, alive, not failed
+    assert provider.alive({"id": "inst-c3"}) and state(provider, "inst-c3") == "pending"
+    assert provider.info({"id": "inst-c3"})["waiting"] == waiting
+    # Terminate frees the reservation: the waiting one takes the freed node.
+    freed = provider.info({"id": "inst-c1"})["node_id"]
+    provider.terminate({"id": "inst-c1"})
+    wait_for("the first one gone", lambda: not provider.alive({"id": "inst-c1"}), timeout=15)
+    wait_for("the third running", lambda: state(provider, "inst-c3") == "running")
+    assert provider.info({"id": "inst-c3"})["node_id"] == freed and provider.pending({"id": "inst-c3"}) is None
+    for i in ids[1:]:
+        provider.terminate({"id": i})
+    wait_for("all gone", lambda: not any(provider.alive({"id": i}) for i in ids), timeout=15)
+    wait_for("both CPUs free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 2)
+
+
+class _Backend(http.server.BaseHTTPRequestHandler):
+    """Answers the agent's first poll with 'exit' and records what it asked: enough to see it reach us."""
+
+    seen: list[tuple[str, str]] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        _Backend.seen.append((self.path, self.headers.get("Authorization", "")))
+        body = json.dumps({"action": "exit"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_real_agent_reaches_the_backend_over_http(cluster: RayCluster, tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # The default command (`python -I -m aibro_backend.worker` of the node's Ray Python) in the default sandbox.
+    p = RayProvider(
+        cluster.address,
+        tmp_path / "state",
+        worker_root=str(tmp_path / "workers"),
+        node_resource=POOL,
+        backend_url=f"http://127.0.0.1:{server.server_address[1]}",
+        refresh_s=1.0,
+    )
+    try:
+        assert p.wait_ready(60), p.cluster_error()
+        p.launch("inst-real", "ray-cpu1", env_for("inst-real"), user_id=2)
+        wait_for("the agent's exit", lambda: not p.alive({"id": "inst-real"}), timeout=90, every=0.3)
+        log = (tmp_path / "workers" / "workers" / "inst-real" / "worker.log").read_text()
+        assert p.lost_reason({"id": "inst-real"}) == "the worker exited with code 0", log
+        assert ("/api/v1/worker/assignment", "Bearer aibro_w_inst-real") in _Backend.seen, log
+        assert "instance closing; exiting" in log
+        # Confined on its node as a local worker would be on this host (bubblewrap when it works here).
+        assert p.info({"id": "inst-real"})["sandbox"] == Sandbox.choose(sys.executable).kind
+    finally:
+        p.close()
+        server.shutdown()
+
+
+def test_a_restarted_backend_adopts_its_running_instances(cluster: RayCluster, tmp_path: Path) -> None:
+    def make() -> RayProvider:
+        p = RayProvider(
+            cluster.address,
+            tmp_path,
+            worker_command=FAKE_AGENT,
+            worker_root=str(tmp_path / "workers"),
+            node_resource=POOL,
+            sandbox="none",
+            refresh_s=1.0,
+        )
+        assert p.wait_ready(60), p.cluster_error()
+        return p
+
+    first = make()
+    first.launch("inst-kept", "ray-cpu1", env_for("inst-kept"), user_id=1)
+    wait_for("the instance running", lambda: state(first, "inst-kept") == "running")
+    before = first.info({"id": "inst-kept"})
+    first.close()  # the backend goes away; its detached actor and agent stay
+    second = make()
+    try:
+        inst = {"id": "inst-kept", "machine_id": "ray-cpu1"}
+        assert second.alive(inst)  # from the store's row: looked up by name
+        wait_for("adopted", lambda: state(second, "inst-kept") == "running")
+        after = second.info(inst)
+        assert (after["node_id"], after["pid"]) == (before["node_id"], before["pid"])
+        assert not (Path(before["workdir"]) / "stop").exists() and Path(f"/proc/{before['pid']}").exists()
+        wait_for("an unknown one found gone", lambda: not second.alive({"id": "inst-never"}))
+        assert "no Ray actor aibro-inst-never" in (second.lost_reason({"id": "inst-never"}) or "")
+        second.terminate(inst)
+        wait_for("terminated", lambda: not second.alive(inst), timeout=15)
+        wait_for("both CPUs free", lambda: (offer(second, "ray-cpu1") or {}).get("available") == 2)
+    finally:
+        second.close()
+
+
+def test_through_ray_client(cluster: RayCluster, provider: RayProvider, tmp_path: Path) -> None:
+    """A backend outside the cluster's hosts connects through Ray Client (ray://HOST:10001): same machines, and
+    instances that hold their node until terminated."""
+    p = RayProvider(
+        cluster.client_address,
+        tmp_path,
+        worker_command=FAKE_AGENT,
+        worker_root=str(tmp_path / "workers"),
+        node_resource=POOL,
+        sandbox="none",
+        refresh_s=1.0,
+    )
+    try:
+        assert p.wait_ready(90), p.cluster_error()
+        assert (offer(p, "ray-cpu1") or {}).get("capacity") == 2 and (offer(p, "ray-gpu1") or {}).get(
+            "gpu_type"
+        ) == "T4"
+        p.launch("inst-client", "ray-cpu1", env_for("inst-client"), user_id=1)
+        wait_for("running through Ray Client", lambda: state(p, "inst-client") == "running")
+        assert p.info({"id": "inst-client"})["node_id"] in {node_id(provider, "a"), node_id(provider, "b")}
+        wait_for("its CPU held", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 1)
+        p.terminate({"id": "inst-client"})
+        wait_for("terminated", lambda: not p.alive({"id": "inst-client"}), timeout=15)
+        wait_for("both CPUs free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 2)
+    finally:
+        p.close()
+
+
+def test_offers_follow_a_node_joining(cluster: RayCluster, provider: RayProvider) -> None:
+    cluster.node("c")
+    took = wait_for("node c in the offers", lambda: (offer(provider, "ray-cpu1") or {}).get("capacity") == 3)
+    assert took < 10 and (offer(provider, "ray-cpu1") or {})["nodes"] == 3
+
+
+def test_killing_a_node_loses_its_instance_within_seconds(cluster: RayCluster, provider: RayProvider) -> None:
+    inst = {"id": "inst-doomed"}
+    provider.launch("inst-doomed", "ray-gpu1", env_for("inst-doomed"), user_id=1)
+    wait_for("the GPU instance running", lambda: state(provider, "inst-doomed") == "running")
+    info = provider.info(inst)
+    assert info["node_id"] == node_id(provider, "b")
+    cluster.kill("b")  # SIGKILL to node b's `ray start` process group
+    took = wait_for("alive() false", lambda: not provider.alive(inst), timeout=20)
+    print(f"\nnode loss noticed after {took:.1f} s")
+    assert took < 10
+    reason = provider.lost_reason(inst) or ""
+    assert info["node_ip"] in reason and "node" in reason and provider.cluster_error() is None
+    wait_for("the agent gone with its node", lambda: not Path(f"/proc/{info['pid']}").exists(), timeout=10)
+    # The node leaves the marketplace once Ray declares it dead: no GPU machine any more, 2 CPU nodes left.
+    wait_for("node b out of the offers", lambda: offer(provider, "ray-gpu1") is None, timeout=40)
+    assert (offer(provider, "ray-cpu1") or {}).get("capacity") == 2
+
+
+def test_stopping_the_whole_cluster_is_reported_with_its_address(cluster: RayCluster, provider: RayProvider) -> None:
+    inst = {"id": "inst-last"}
+    provider.launch("inst-last", "ray-cpu1", env_for("inst-last"), user_id=1)
+    wait_for("the instance running", lambda: state(provider, "inst-last") == "running")
+    for name in ("a", "c", "head"):  # what `ray stop` does on each host: SIGTERM to every Ray process
+        cluster.kill(name, signal.SIGTERM)
+    took = wait_for("alive() false", lambda: not provider.alive(inst), timeout=20)
+    print(f"\ncluster loss noticed after {took:.1f} s")
+    assert took < 10
+    error = provider.cluster_error() or ""
+    assert f"the Ray cluster at {cluster.address}" in error
+    assert provider.lost_reason(inst) == error
+    with pytest.raises(RayClusterError) as exc:
+        provider.launch("inst-after", "ray-cpu1", env_for("inst-after"))
+    assert exc.value.address == cluster.address and cluster.address in str(exc.value)
+    assert all(o["availability"] == "unreachable" and o["available"] == 0 for o in provider.offers())
