@@ -84,6 +84,7 @@ def routes(backend: Backend) -> list:
         (p + r"/instances", user.InstancesHandler, a),
         (p + r"/instances/([\w-]+)/terminate", user.TerminateHandler, a),
         (p + r"/openapi.json", OpenApiHandler, a),
+        (p + r"/worker/enroll", worker.EnrollHandler, a),
         (p + r"/worker/assignment", worker.AssignmentHandler, a),
         (p + r"/worker/blobs/([0-9a-f]{64})", transfer.WorkerBlobHandler, a),
         (p + r"/worker/jobs/([\w-]+)/events", worker.WorkerEventsHandler, a),

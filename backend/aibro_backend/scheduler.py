@@ -242,10 +242,17 @@ class Scheduler:
     def _launch(self, job: dict[str, Any], provider_name: str, machine_id: str) -> None:
         instance_id = "inst-" + secrets.token_hex(6)
         token = new_token("w")
+        env = {"AIBRO_WORKER_URL": self.worker_url(), "AIBRO_INSTANCE_ID": instance_id}
+        # A provider whose machines can read their own launch data (cloud user data) gets a one-time enrollment
+        # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
+        enroll = new_token("e") if getattr(self.providers[provider_name], "enrolls", False) else None
         self.store.create_instance(
-            instance_id, job["user_id"], provider_name, machine_id, token, job["spec"]["cool_down_s"]
+            instance_id, job["user_id"], provider_name, machine_id, token, job["spec"]["cool_down_s"], enroll
         )
-        env = {"AIBRO_WORKER_URL": self.worker_url(), "AIBRO_WORKER_TOKEN": token, "AIBRO_INSTANCE_ID": instance_id}
+        if enroll:
+            env["AIBRO_ENROLL_TOKEN"] = enroll
+        else:
+            env["AIBRO_WORKER_TOKEN"] = token
         try:
             pid = self.providers[provider_name].launch(instance_id, machine_id, env, user_id=job["user_id"])
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick

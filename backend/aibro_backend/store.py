@@ -17,6 +17,7 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
+ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
 TOKEN_TOUCH_S = 60.0  # last_used is written at most this often per token, so a polling client costs no writes
 
 SCHEMA = """
@@ -40,7 +41,8 @@ CREATE INDEX IF NOT EXISTS events_user ON events (user_id, gid);
 CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, provider TEXT NOT NULL,
     machine_id TEXT NOT NULL, status TEXT NOT NULL, substatus TEXT NOT NULL DEFAULT '', pid INTEGER,
     token_hash TEXT NOT NULL, job_id TEXT, cool_down_s REAL NOT NULL DEFAULT 0, cooling_until REAL,
-    created REAL NOT NULL, updated REAL NOT NULL, last_seen REAL, history TEXT NOT NULL DEFAULT '[]');
+    created REAL NOT NULL, updated REAL NOT NULL, last_seen REAL, history TEXT NOT NULL DEFAULT '[]',
+    enroll_hash TEXT, enroll_expires REAL);
 CREATE TABLE IF NOT EXISTS artifacts (job_id TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
     sha TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (job_id, name));
 """
@@ -82,6 +84,10 @@ class Store:
         for row in self.db.execute("SELECT hash FROM tokens WHERE id IS NULL").fetchall():
             self.db.execute("UPDATE tokens SET id=? WHERE hash=?", (_token_id(), row["hash"]))
         self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS tokens_id ON tokens (id)")
+        icols = {r["name"] for r in self.db.execute("PRAGMA table_info(instances)").fetchall()}
+        for col, kind in (("enroll_hash", "TEXT"), ("enroll_expires", "REAL")):  # one-time enrollment (cloud)
+            if col not in icols:
+                self.db.execute(f"ALTER TABLE instances ADD COLUMN {col} {kind}")
 
     # -- users and tokens -------------------------------------------------------------------------
     def ensure_user(self, name: str) -> int:
@@ -318,12 +324,25 @@ class Store:
 
     # -- instances --------------------------------------------------------------------------------
     def create_instance(
-        self, instance_id: str, user_id: int, provider: str, machine_id: str, token: str, cool_down_s: float
+        self,
+        instance_id: str,
+        user_id: int,
+        provider: str,
+        machine_id: str,
+        token: str,
+        cool_down_s: float,
+        enroll_token: str | None = None,
+        enroll_ttl_s: float = ENROLL_TTL_S,
     ) -> None:
+        """A new LAUNCHING instance whose worker authenticates with `token`, or, when `enroll_token` is given
+        (a machine whose user data anyone on it can read), first exchanges that one-time token for its own
+        (`enroll`); `token` is then never handed out. Only hashes are kept."""
         now = time.time()
+        enroll_hash = hash_token(enroll_token) if enroll_token else None
+        enroll_expires = now + enroll_ttl_s if enroll_token else None
         self.db.execute(
             "INSERT INTO instances (id, user_id, provider, machine_id, status, token_hash, cool_down_s, created, "
-            "updated, history) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "updated, history, enroll_hash, enroll_expires) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 instance_id,
                 user_id,
@@ -335,8 +354,34 @@ class Store:
                 now,
                 now,
                 json.dumps([[v.LAUNCHING, "", now]]),
+                enroll_hash,
+                enroll_expires,
             ),
         )
+
+    def enroll(self, enroll_token: str) -> tuple[dict[str, Any] | None, str]:
+        """Exchange a one-time enrollment token for the instance's worker token: (instance, token) once; after
+        that, or once expired, or for a closed instance, (None, why). The enrollment token is burnt by its use and
+        the new worker token replaces whatever the instance had (only its hash is kept)."""
+        h = hash_token(enroll_token)
+        row = self.db.execute("SELECT * FROM instances WHERE enroll_hash=?", (h,)).fetchone()
+        if row is None:
+            return None, "unknown or already used enrollment token"
+        if (row["enroll_expires"] or 0) <= time.time():
+            self.db.execute("UPDATE instances SET enroll_hash=NULL WHERE id=?", (row["id"],))
+            return None, "the enrollment token expired: the instance must be launched again"
+        if row["status"] in (v.CLOSING, v.CLOSED):
+            self.db.execute("UPDATE instances SET enroll_hash=NULL WHERE id=?", (row["id"],))
+            return None, f"instance {row['id']} is {row['status']}"
+        token = new_token("w")
+        cur = self.db.execute(
+            "UPDATE instances SET token_hash=?, enroll_hash=NULL, enroll_expires=NULL, last_seen=? "
+            "WHERE id=? AND enroll_hash=?",
+            (hash_token(token), time.time(), row["id"], h),
+        )
+        if cur.rowcount != 1:  # another request used it first
+            return None, "unknown or already used enrollment token"
+        return self.instance(row["id"]), token
 
     def instance(self, instance_id: str, user_id: int | None = None) -> dict[str, Any] | None:
         if user_id is None:
@@ -417,4 +462,6 @@ def _instance_row(row: sqlite3.Row) -> dict[str, Any]:
     d = dict(row)
     d["history"] = json.loads(d["history"])
     d.pop("token_hash", None)
+    d.pop("enroll_hash", None)
+    d.pop("enroll_expires", None)
     return d

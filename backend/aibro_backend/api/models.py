@@ -659,6 +659,13 @@ class WorkerEvents(Request):
     events: Annotated[list[WorkerEvent], Field(max_length=MAX_EVENT_BATCH)]
 
 
+class WorkerEnroll(Request):
+    """POST /worker/enroll: the one-time enrollment token from the instance's user data (or send it as the
+    bearer token and no body)."""
+
+    enroll_token: Annotated[str, Field(min_length=16, max_length=256)] | None = None
+
+
 class WorkerFinish(Request):
     attempt: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
     outcome: Literal["completed", "canceled", "failed"]
@@ -890,6 +897,13 @@ class Assignment(Response):
 class EventsAck(Response):
     acked: int = Field(description="every worker event up to this wseq is stored")
     cancel: bool
+
+
+class WorkerEnrolled(Response):
+    """The instance's own worker token, answered once: keep it (mode 0600) for every later boot."""
+
+    instance_id: str
+    token: str
 
 
 class Ok(Response):

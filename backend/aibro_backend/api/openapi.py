@@ -123,6 +123,15 @@ ROUTES: list[Route] = [
     Route("get", "/instances", "the user's instances with their state history", m.Instances),
     Route("post", "/instances/{instance_id}/terminate", "close a cooling instance now", m.InstanceAnswer, (404, 409)),
     Route("get", "/openapi.json", "this document", m.OpenApiDocument),
+    Route(
+        "post",
+        "/worker/enroll",
+        "exchange the one-time enrollment token (bearer or body) for this instance's worker token, answered once",
+        m.WorkerEnrolled,
+        (400,),
+        m.WorkerEnroll,
+        security="enroll",
+    ),
     Route("get", "/worker/assignment", "what this instance does next", m.Assignment, (), security="worker"),
     Route(
         "get",
@@ -271,6 +280,11 @@ def document() -> dict[str, Any]:
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "a user's token"},
                 "worker": {"type": "http", "scheme": "bearer", "description": "a worker's per-instance token"},
+                "enroll": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a cloud instance's one-time enrollment token (from its user data)",
+                },
             },
             "schemas": defs.get("$defs", {}),
         },

@@ -12,7 +12,7 @@ from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
 from .base import ApiError, BaseHandler
-from .models import INT64_MAX, WorkerEvents, WorkerFinish, explain
+from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
 
 class WorkerHandler(BaseHandler):
@@ -34,6 +34,24 @@ class WorkerHandler(BaseHandler):
         if attempt is not None and attempt != job["attempt"]:
             raise ApiError(409, f"attempt {attempt} of {job_id} is stale: drop it")
         return job
+
+
+class EnrollHandler(BaseHandler):
+    """A cloud machine's first call: its one-time enrollment token (user data, readable by anyone on the machine)
+    buys the per-instance worker token, answered this once; the enrollment token is burnt, and refused once used
+    or expired. Takes the token as `Authorization: Bearer` or as {"enroll_token"} in the body."""
+
+    def post(self) -> None:
+        body = self.body_model(WorkerEnroll, "the enrollment request")
+        auth = self.request.headers.get("Authorization", "")
+        token = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        token = token or body.enroll_token or ""
+        if not token:
+            raise ApiError(401, "enrollment needs the one-time token: 'Authorization: Bearer TOKEN' or {enroll_token}")
+        inst, answer = self.backend.store.enroll(token)
+        if inst is None:
+            raise ApiError(401, answer)
+        self.send({"instance_id": inst["id"], "token": answer})
 
 
 class AssignmentHandler(WorkerHandler):

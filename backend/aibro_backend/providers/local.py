@@ -27,7 +27,7 @@ INHERITED = frozenset(
 INHERITED_PREFIXES = ("TF_", "CUDA_", "NVIDIA_", "XLA_")
 # What the scheduler may hand a worker in launch(env): where and how to reach the backend, its instance id, and
 # the per-hash environment cache.
-FROM_SCHEDULER = frozenset({"AIBRO_INSTANCE_ID", "AIBRO_ENV_CACHE"})
+FROM_SCHEDULER = frozenset({"AIBRO_INSTANCE_ID", "AIBRO_ENV_CACHE", "AIBRO_ENROLL_TOKEN"})
 FROM_SCHEDULER_PREFIXES = ("AIBRO_WORKER_",)
 
 
@@ -102,6 +102,8 @@ class LocalProvider:
 
     Environment of the backend read here, when the provider is built:
 
+    * `AIBRO_LOCAL_ENROLL=1`: workers start with a one-time enrollment token instead of their worker token and
+      enroll (POST /worker/enroll) as a cloud machine does; the token they get is kept in `<workdir>/worker-token`.
     * `AIBRO_WORKER_PYTHON`: the interpreter workers run (default: the backend's own, `sys.executable`). Point
       it at the python of a separate environment that holds only the worker agent (`pip install ./backend`) to
       keep the notebook stack, and anything else installed next to the backend, away from users' jobs.
@@ -116,6 +118,7 @@ class LocalProvider:
         self.capacity = capacity or max(1, os.cpu_count() or 1)
         self._procs: dict[int, subprocess.Popen] = {}
         self._gpu_names = _gpus()
+        self.enrolls = os.environ.get("AIBRO_LOCAL_ENROLL", "") not in ("", "0")
 
     def offers(self) -> list[dict[str, Any]]:
         base = {

@@ -320,10 +320,51 @@ def _samples(x: Any) -> int | None:
     return int(first.shape[0]) if hasattr(first, "shape") else None
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by this user only (0600 from the start, replaced atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def worker_token(url: str, env: dict[str, str] | os._Environ, workdir: Path) -> str:
+    """The per-instance token: AIBRO_WORKER_TOKEN when given (the local provider); else the one kept in
+    AIBRO_WORKER_TOKEN_FILE (default <workdir>/worker-token) by an earlier boot; else the one that the one-time
+    AIBRO_ENROLL_TOKEN (a cloud machine's user data) buys from POST /worker/enroll, kept there (0600) so a
+    restart after stop/start reuses it."""
+    if env.get("AIBRO_WORKER_TOKEN"):
+        return env["AIBRO_WORKER_TOKEN"]
+    token_file = Path(env.get("AIBRO_WORKER_TOKEN_FILE") or workdir / "worker-token")
+    try:
+        kept = token_file.read_text().strip()
+    except OSError:
+        kept = ""
+    if kept:
+        return kept
+    enroll = env.get("AIBRO_ENROLL_TOKEN")
+    if not enroll:
+        raise SystemExit("no worker token: set AIBRO_WORKER_TOKEN, or AIBRO_ENROLL_TOKEN to enroll")
+    t = Transport(url, enroll, timeout=60)
+    answer = retrying(lambda: t.json("POST", "/worker/enroll", json={}), "enroll")
+    write_private(token_file, answer["token"])
+    log.info("enrolled as %s; token kept in %s", answer["instance_id"], token_file)
+    return str(answer["token"])
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     url = os.environ["AIBRO_WORKER_URL"]
-    token = os.environ["AIBRO_WORKER_TOKEN"]
     instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")
     workdir = Path(os.environ.get("AIBRO_WORKER_DIR") or tempfile.mkdtemp(prefix="aibro-worker-"))
+    try:
+        token = worker_token(url, os.environ, workdir)
+    except AuthError as exc:
+        log.error("cannot enroll: %s", exc)
+        raise SystemExit(3) from None
     Worker(url, token, instance_id, workdir).run()

@@ -1,0 +1,149 @@
+"""Enrollment (issue 11 item 4): a machine whose launch data anyone on it can read (EC2 user data) starts with a
+one-time enrollment token, never a long-lived one; the worker agent exchanges it once at POST /worker/enroll for
+its per-instance worker token, keeps that in a 0600 file for the boots after a stop/start, and the backend keeps
+only hashes. Here the local provider runs in that mode (AIBRO_LOCAL_ENROLL=1): a real job trains through an
+enrolled worker."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from backend_proc import OwnBackend, own_backend
+
+from aibro_backend.store import Store, hash_token
+from aibro_core import vocabulary as v
+from aibro_jupyter import Training
+
+from conftest import make_model
+from helpers import backend_db, instance_pid, slow_data, wait_for, worker_process
+
+
+def _final(events: list[dict]) -> bool:
+    return any(e["type"] == "status" and e["data"].get("status") in v.JOB_FINAL for e in events)
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBackend]:
+    with own_backend(tmp_path_factory.mktemp("enroll") / "home", AIBRO_LOCAL_ENROLL="1") as b:
+        yield b
+
+
+def _enroll(b: OwnBackend, token: str | None, body: dict | None = None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.post(f"{b.url}/api/v1/worker/enroll", json=body or {}, headers=headers, timeout=30)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_a_job_trains_through_an_enrolled_worker_and_the_token_is_kept_0600(backend: OwnBackend) -> None:
+    client = backend.client()
+    x, y = slow_data(3000)
+    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16)
+    wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
+    instance_id = client.job(job["job_id"])["instance_id"]
+    env = _environ(worker_process(instance_pid(backend.home, instance_id)))
+    assert "AIBRO_WORKER_TOKEN" not in env, "the worker starts with no long-lived token"
+    enroll_token = env["AIBRO_ENROLL_TOKEN"]
+    events = wait_for(client, job["job_id"], _final, timeout=300)
+    assert client.job(job["job_id"])["status"] == v.COMPLETED, [e["data"] for e in events if e["type"] == "error"]
+
+    token_file = backend.home / "state" / "workers" / instance_id / "worker-token"
+    mode = stat.S_IMODE(token_file.stat().st_mode)
+    assert mode == 0o600, oct(mode)
+    worker_token = token_file.read_text().strip()
+    assert worker_token.startswith("aibro_w_")
+
+    # The store keeps hashes only: neither secret appears in the database, the worker token's hash does.
+    db_bytes = b"".join(p.read_bytes() for p in (backend.home / "state").glob("aibro.db*"))
+    assert enroll_token.encode() not in db_bytes and worker_token.encode() not in db_bytes
+    rows = backend_db(backend.home, "SELECT token_hash, enroll_hash FROM instances WHERE id=?", instance_id)
+    assert rows == [(hash_token(worker_token), None)], "the enrollment token is burnt, the worker token hashed"
+
+    # Used once: a second use is refused, whether as bearer or in the body.
+    for answer in (_enroll(backend, enroll_token), _enroll(backend, None, {"enroll_token": enroll_token})):
+        assert answer.status_code == 401, answer.text
+        assert "already used" in answer.json()["error"]
+
+
+def test_a_restart_reuses_the_kept_token_and_a_burnt_enrollment_buys_nothing(
+    backend: OwnBackend, tmp_path: Path
+) -> None:
+    """The agent restarted after a stop/start: its enrollment token is burnt, the token file is what lets it in."""
+    client = backend.client()
+    x, y = slow_data(3000)
+    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16)
+    wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
+    instance_id = client.job(job["job_id"])["instance_id"]
+    env = _environ(worker_process(instance_pid(backend.home, instance_id)))
+    wait_for(client, job["job_id"], _final, timeout=300)
+    token_file = backend.home / "state" / "workers" / instance_id / "worker-token"
+    base = {k: val for k, val in os.environ.items() if not k.startswith("AIBRO_")}
+
+    def agent(token_path: Path) -> subprocess.CompletedProcess:
+        run_env = {
+            **base,
+            "AIBRO_WORKER_URL": env["AIBRO_WORKER_URL"],
+            "AIBRO_INSTANCE_ID": instance_id,
+            "AIBRO_ENROLL_TOKEN": env["AIBRO_ENROLL_TOKEN"],
+            "AIBRO_WORKER_TOKEN_FILE": str(token_path),
+            "AIBRO_WORKER_DIR": str(tmp_path / "work"),
+        }
+        cmd = [sys.executable, "-m", "aibro_backend.worker"]
+        return subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=120)
+
+    # The instance is closed after its job (no cool-down): the kept token still authenticates, so the backend
+    # answers "exit" to it (an unknown token would be refused: "leaving").
+    reused = agent(token_file)
+    assert reused.returncode == 0, reused.stdout + reused.stderr
+    assert "instance closing; exiting" in reused.stdout + reused.stderr, reused.stdout + reused.stderr
+    # Without the file, the burnt enrollment token is refused and the agent says so and stops.
+    fresh = agent(tmp_path / "none" / "worker-token")
+    assert fresh.returncode == 3, fresh.stdout + fresh.stderr
+    assert "cannot enroll" in fresh.stdout + fresh.stderr and "already used" in fresh.stdout + fresh.stderr
+    assert not (tmp_path / "none" / "worker-token").exists()
+
+
+def test_an_expired_or_unknown_enrollment_token_is_refused(backend: OwnBackend) -> None:
+    store = Store(backend.home / "state" / "aibro.db")
+    try:
+        uid = store.ensure_user("enroll-expiry")
+        token = "aibro_e_" + "x" * 40
+        store.create_instance("inst-expiring", uid, "local", "local-cpu", "aibro_w_unused", 0, token, enroll_ttl_s=0.2)
+    finally:
+        store.close()
+    time.sleep(0.5)
+    expired = _enroll(backend, "aibro_e_" + "x" * 40)
+    assert expired.status_code == 401 and "expired" in expired.json()["error"], expired.text
+    unknown = _enroll(backend, "aibro_e_" + "y" * 40)
+    assert unknown.status_code == 401 and "unknown" in unknown.json()["error"], unknown.text
+    nothing = _enroll(backend, None)
+    assert nothing.status_code == 401 and "enrollment needs" in nothing.json()["error"], nothing.text
+    bad = _enroll(backend, None, {"enroll_token": "short"})
+    assert bad.status_code == 400, bad.text
+
+
+def test_store_enroll_answers_once() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        store = Store(Path(d) / "s.db")
+        uid = store.ensure_user("u")
+        store.create_instance("inst-a", uid, "aws", "g4dn.xlarge", "aibro_w_never", 60, "aibro_e_" + "a" * 30)
+        inst, token = store.enroll("aibro_e_" + "a" * 30)
+        assert inst is not None and inst["id"] == "inst-a" and token.startswith("aibro_w_")
+        assert store.instance_for_token(token)["id"] == "inst-a"
+        assert store.instance_for_token("aibro_w_never") is None, "the launch-time token is replaced"
+        assert store.enroll("aibro_e_" + "a" * 30) == (None, "unknown or already used enrollment token")
+        assert "enroll_hash" not in inst and "token_hash" not in inst
+        store.close()
