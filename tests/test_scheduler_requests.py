@@ -101,3 +101,152 @@ def test_zero_waits_as_long_as_it_takes(world) -> None:  # noqa: ANN001
     _age_launch(store, 3600)
     sched.tick()
     assert provider.launched == ["spot-a"] and store.job(job_id)["machine_id"] == "spot-a"
+
+
+# -- a provider whose launches finish later (a cloud: the AWS provider's shape) ----------------------------------
+class AsyncScriptedProvider(ScriptedProvider):
+    """Launches are in flight until the test settles them: `pending` ones stay alive, `failures` hold the error a
+    launch ended with (alive turns false and launch_error says why), as AwsProvider reports them."""
+
+    name = "cloud"
+    enrolls = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state: dict[str, str] = {}
+        self.failures: dict[str, BaseException] = {}
+        self.envs: list[dict[str, str]] = []
+        self.launch_kwargs: list[dict[str, Any]] = []
+
+    def launch(  # type: ignore[override]
+        self,
+        instance_id: str,
+        machine_id: str,
+        env: dict[str, str],
+        user_id: int | None = None,
+        *,
+        job_id: str | None = None,
+        attempt: int = 0,
+    ) -> None:
+        self.launched.append(machine_id)
+        self.envs.append(dict(env))
+        self.launch_kwargs.append({"job_id": job_id, "attempt": attempt})
+        self.state[instance_id] = "launching"
+
+    def poll(self, instance_id: str) -> dict[str, Any] | None:
+        return {"state": self.state[instance_id]} if instance_id in self.state else None
+
+    def launch_error(self, instance_id: str) -> BaseException | None:
+        return self.failures.get(instance_id)
+
+    def alive(self, instance: dict[str, Any]) -> bool:
+        return self.state.get(instance["id"]) in ("launching", "pending", "running")
+
+    def fail(self, instance_id: str, error: BaseException) -> None:
+        self.state[instance_id], self.failures[instance_id] = "failed", error
+
+
+@pytest.fixture()
+def cloud(tmp_path: Path):  # noqa: ANN201
+    store = Store(tmp_path / "aibro.db")
+    provider = AsyncScriptedProvider()
+    sched = Scheduler(store, {"cloud": provider}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
+    uid = store.ensure_user("u")
+    yield store, provider, sched, uid
+    store.close()
+
+
+def _launching(store: Store) -> dict[str, Any]:
+    (inst,) = store.instances(statuses=(v.LAUNCHING,))
+    return inst
+
+
+def test_a_cloud_launch_stays_launching_while_pending_and_enrolls(cloud) -> None:  # noqa: ANN001
+    store, provider, sched, uid = cloud
+    job_id = _job(store, uid, ["spot-a", "spot-b"], wait=0)
+    sched.tick()
+    inst = _launching(store)
+    (env,) = provider.envs
+    assert "AIBRO_WORKER_TOKEN" not in env, "a cloud machine's launch data holds no long-lived token"
+    assert env["AIBRO_ENROLL_TOKEN"].startswith("aibro_e_") and env["AIBRO_INSTANCE_ID"] == inst["id"]
+    assert provider.launch_kwargs == [{"job_id": job_id, "attempt": 0}], "the machine is tagged with its job"
+    inst, token = store.enroll(env["AIBRO_ENROLL_TOKEN"])
+    assert inst is not None and store.instance_for_token(token)["id"] == inst["id"]
+    for state in ("launching", "pending", "pending", "running"):
+        provider.state[inst["id"]] = state
+        sched.tick()
+        assert store.instance(inst["id"])["status"] == v.LAUNCHING
+        job = store.job(job_id)
+        assert (job["status"], job["substatus"], job["instance_id"]) == (v.QUEUING, v.CONNECTING_SERVER, inst["id"])
+    assert provider.launched == ["spot-a"]
+
+
+def test_a_capacity_error_passes_over_to_the_next_machine_in_the_same_tick(cloud) -> None:  # noqa: ANN001
+    from aibro_backend.providers.aws import CapacityError
+
+    store, provider, sched, uid = cloud
+    job_id = _job(store, uid, ["spot-a", "spot-b"], wait=600)
+    sched.tick()
+    first = _launching(store)
+    provider.state[first["id"]] = "pending"
+    sched.tick()
+    provider.fail(first["id"], CapacityError("spot-a", "InsufficientInstanceCapacity", "no room in us-east-1a"))
+    sched.tick()
+    assert provider.launched == ["spot-a", "spot-b"], "the next machine is asked for in the same tick"
+    assert store.instance(first["id"])["status"] == v.CLOSED
+    job = store.job(job_id)
+    assert job["machine_id"] == "spot-b" and job["attempt"] == 0, "a machine without room is no lost worker"
+    logs = [e["data"] for e in store.typed_events(job_id, (v.EV_LOG,))]
+    passed = [d for d in logs if "passed_over" in d]
+    assert passed == [
+        {
+            "message": "spot-a has no capacity now (InsufficientInstanceCapacity); trying the next machine",
+            "passed_over": "spot-a",
+            "attempt": 0,
+        }
+    ]
+    assert not any("was lost" in d["message"] for d in logs)
+    second = _launching(store)
+    provider.fail(second["id"], CapacityError("spot-b", "SpotMaxPriceTooLow", "price"))
+    sched.tick()
+    job = store.job(job_id)
+    assert job["status"] == v.CANCELED and provider.launched == ["spot-a", "spot-b"]
+    error = next(e["data"]["message"] for e in store.typed_events(job_id, (v.EV_ERROR,)))
+    assert error.startswith("none of the machines (spot-a, spot-b) had capacity now"), error
+
+
+def test_a_launch_that_fails_otherwise_is_a_lost_worker_retried(cloud) -> None:  # noqa: ANN001
+    store, provider, sched, uid = cloud
+    job_id = _job(store, uid, ["spot-a", "spot-b"], wait=0)
+    sched.tick()
+    first = _launching(store)
+    provider.fail(first["id"], RuntimeError("UnauthorizedOperation: not allowed"))
+    sched.tick()
+    job = store.job(job_id)
+    assert job["attempt"] == 1 and provider.launched == ["spot-a", "spot-a"], "retried as a new attempt"
+    logs = [e["data"]["message"] for e in store.typed_events(job_id, (v.EV_LOG,))]
+    assert (
+        f"worker on {first['id']} could not start (UnauthorizedOperation: not allowed); resuming from epoch 0" in logs
+    )
+
+
+def test_reconcile_and_adopt_reach_providers_that_have_them(cloud) -> None:  # noqa: ANN001
+    from concurrent.futures import Future
+
+    store, provider, sched, uid = cloud
+    seen: list[Any] = []
+
+    def done(value: Any) -> Future:
+        f: Future = Future()
+        f.set_result(value)
+        seen.append(value)
+        return f
+
+    provider.adopt = lambda: done("adopted")  # type: ignore[attr-defined]
+    provider.reconcile = lambda ids: done(sorted(ids))  # type: ignore[attr-defined]
+    _job(store, uid, ["spot-a"], wait=0)
+    sched.tick()
+    assert [f.result() for f in sched.adopt_all()] == ["adopted"]
+    assert [f.result() for f in sched.reconcile_all()] == [[_launching(store)["id"]]]
+    plain = Scheduler(store, {"scripted": ScriptedProvider()}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
+    assert plain.adopt_all() == [] and plain.reconcile_all() == [], "the local kind has none: nothing to do"

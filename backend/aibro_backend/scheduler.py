@@ -3,20 +3,31 @@ cancel deadlines and cool-down expiry. Runs as a periodic callback on the backen
 
 from __future__ import annotations
 
+import inspect
 import logging
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
 from .policy import Policy
-from .providers.base import Provider
+from .providers.base import CapacityError, Provider
 from .store import Store
 
 log = logging.getLogger("aibro.scheduler")
+
+
+def _takes_job(provider: Provider) -> bool:
+    """Whether the provider's launch takes job_id= and attempt= (a cloud tags its machine with them)."""
+    try:
+        params = inspect.signature(provider.launch).parameters
+    except (TypeError, ValueError):
+        return False
+    return "job_id" in params and "attempt" in params
 
 
 class Scheduler:
@@ -67,6 +78,22 @@ class Scheduler:
     def close_instance(self, inst: dict[str, Any]) -> None:
         self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
 
+    # -- providers whose machines outlive the backend (clouds) ------------------------------------------
+    def adopt_all(self) -> list[Future]:
+        """At start-up: each provider that can (`adopt()`) finds its live machines again (by tag); Futures."""
+        return [p.adopt() for p in self.providers.values() if callable(getattr(p, "adopt", None))]
+
+    def reconcile_all(self) -> list[Future]:
+        """Every few minutes: each provider that can (`reconcile(ids)`) ends machines the store does not know as
+        live (or whose time is up), so nothing leaks money; Futures."""
+        futures = []
+        for name, provider in self.providers.items():
+            reconcile = getattr(provider, "reconcile", None)
+            if callable(reconcile):
+                live = self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING))
+                futures.append(reconcile([i["id"] for i in live if i["provider"] == name]))
+        return futures
+
     # -- the periodic tick --------------------------------------------------------------------------
     def tick(self) -> None:
         try:
@@ -83,9 +110,13 @@ class Scheduler:
         for inst in self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)):
             provider = self.providers[inst["provider"]]
             if not provider.alive(inst):
+                failed = self._launch_failed(provider, inst)
+                if isinstance(failed, CapacityError) and inst["status"] == v.LAUNCHING and inst["job_id"]:
+                    self._no_capacity(inst, failed)
+                    continue
                 self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
                 if inst["job_id"]:
-                    self._worker_lost(inst)
+                    self._worker_lost(inst, failed)
             elif inst["status"] == v.COOLING and (inst["cooling_until"] or 0) <= now:
                 self.close_instance(inst)
             elif inst["status"] == v.CLOSING and now - inst["updated"] > 10:
@@ -102,28 +133,56 @@ class Scheduler:
         if wait <= 0 or now - inst["created"] < wait:
             return
         self.providers[inst["provider"]].terminate(inst)
+        machine = inst["machine_id"]
+        listed = ", ".join(job["spec"]["machines"])
+        self._pass_over(
+            inst,
+            job,
+            f"{machine} was not ready within {wait:g} s",
+            f"none of the machines ({listed}) was ready within wait_request_s={wait:g} s; "
+            "wait longer (--wait-request / wait_request_s) or list other machines",
+        )
+
+    def _pass_over(self, inst: dict[str, Any], job: dict[str, Any], message: str, none_left: str) -> None:
+        """Give this machine up for this attempt of the job (a `passed_over` log event, which a restart keeps) and
+        go on with the next one in its list (assigned later in the same tick), or fail the job with `none_left`."""
         self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
         self.store.update_job(job["id"], instance_id=None, machine_id=None)
         machine = inst["machine_id"]
-        self.emit(
-            job["id"],
-            v.EV_LOG,
-            {
-                "message": f"{machine} was not ready within {wait:g} s",
-                "passed_over": machine,
-                "attempt": job["attempt"],
-            },
-        )
+        self.emit(job["id"], v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job["attempt"]})
         left = [m for m in job["spec"]["machines"] if m not in self._passed_over(job)]
         if left:
             self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"trying {left[0]}")
         else:
-            listed = ", ".join(job["spec"]["machines"])
-            self.fail(
-                job["id"],
-                f"none of the machines ({listed}) was ready within wait_request_s={wait:g} s; "
-                "wait longer (--wait-request / wait_request_s) or list other machines",
-            )
+            self.fail(job["id"], none_left)
+
+    @staticmethod
+    def _launch_failed(provider: Provider, inst: dict[str, Any]) -> BaseException | None:
+        """Why a provider whose launches finish later (a cloud) failed to start this instance, if it says."""
+        launch_error = getattr(provider, "launch_error", None)
+        if launch_error is None or inst["status"] != v.LAUNCHING:
+            return None
+        try:
+            return launch_error(inst["id"])
+        except Exception:  # noqa: BLE001 - a provider's bookkeeping error is no reason to stop the tick
+            log.exception("launch_error(%s) failed", inst["id"])
+            return None
+
+    def _no_capacity(self, inst: dict[str, Any], error: BaseException) -> None:
+        """The cloud had no room for this machine now: pass over to the next one in the job's list at once."""
+        job = self.store.job(inst["job_id"])
+        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+            self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+            return
+        machine = inst["machine_id"]
+        listed = ", ".join(job["spec"]["machines"])
+        self._pass_over(
+            inst,
+            job,
+            f"{machine} has no capacity now ({getattr(error, 'code', '') or error}); trying the next machine",
+            f"none of the machines ({listed}) had capacity now ({error}); try again later or list other machines "
+            "(on-demand twins end in .od)",
+        )
 
     def _passed_over(self, job: dict[str, Any]) -> set[str]:
         """Machines this attempt of the job gave up waiting for, read from its event log so a restart keeps them."""
@@ -133,7 +192,7 @@ class Scheduler:
             if "passed_over" in e["data"] and e["data"].get("attempt") == job["attempt"]
         }
 
-    def _worker_lost(self, inst: dict[str, Any]) -> None:
+    def _worker_lost(self, inst: dict[str, Any], launch_error: BaseException | None = None) -> None:
         job = self.store.job(inst["job_id"])
         if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
             return
@@ -146,7 +205,8 @@ class Scheduler:
             return
         self.store.update_job(job["id"], attempt=attempt, instance_id=None)
         done = job["epochs_done"]
-        self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} was lost; resuming from epoch {done}"})
+        why = f"could not start ({launch_error})" if launch_error else "was lost"
+        self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} {why}; resuming from epoch {done}"})
         self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
 
     def _check_cancels(self) -> None:
@@ -253,8 +313,10 @@ class Scheduler:
             env["AIBRO_ENROLL_TOKEN"] = enroll
         else:
             env["AIBRO_WORKER_TOKEN"] = token
+        provider = self.providers[provider_name]
+        extra = {"job_id": job["id"], "attempt": job["attempt"]} if _takes_job(provider) else {}
         try:
-            pid = self.providers[provider_name].launch(instance_id, machine_id, env, user_id=job["user_id"])
+            pid = provider.launch(instance_id, machine_id, env, user_id=job["user_id"], **extra)
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
             self.store.set_instance_state(instance_id, v.CLOSED, v.TERMINATED)
             self.emit(job["id"], v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})

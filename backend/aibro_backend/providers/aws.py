@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import aws_catalog
+from . import base as provider_base
 from .aws_config import AwsConfig, resolve_ami
 
 log = logging.getLogger("aibro.aws")
@@ -84,7 +85,7 @@ class AwsError(RuntimeError):
         self.code = code
 
 
-class CapacityError(AwsError):
+class CapacityError(AwsError, provider_base.CapacityError):
     """EC2 has no room for this machine now (capacity, spot price or quota): try the next machine at once."""
 
     def __init__(self, machine_id: str, code: str, message: str) -> None:
@@ -236,6 +237,7 @@ class AwsProvider:
     """
 
     name = "aws"
+    enrolls = True  # user data is readable on the machine: the scheduler hands launch a one-time token
 
     def __init__(
         self,
