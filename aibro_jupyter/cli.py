@@ -23,15 +23,24 @@ def _client() -> BackendClient:
 
 
 def cmd_backend(args: argparse.Namespace) -> int:
-    if args.name and args.action not in ("add-user", "revoke-tokens"):
+    if args.name and args.action not in ("add-user", "revoke-tokens", "aws-policy"):
         raise AibroError(
-            f"`aibro backend {args.action}` takes no name (only add-user and revoke-tokens do): drop {args.name!r}"
+            f"`aibro backend {args.action}` takes no name (only add-user, revoke-tokens and aws-policy FILE do): "
+            f"drop {args.name!r}"
         )
+    if (args.provider or args.aws_config) and args.action != "serve":
+        raise AibroError("--provider and --aws-config go with `aibro backend serve`")
+    if args.action == "aws-policy":
+        if not args.name:
+            raise AibroError("aws-policy needs the AWS config file: aibro backend aws-policy FILE")
+        _exec_backend("aibro_backend.providers.aws_config", "policy", args.name)
     if args.action == "serve":
         tls = ["--certfile", args.certfile] if args.certfile else []
         tls += ["--keyfile", args.keyfile] if args.keyfile else []
+        providers = [a for p in args.provider or [] for a in ("--provider", p)]
+        providers += ["--aws-config", args.aws_config] if args.aws_config else []
         home, port = str(config.home()), str(args.port)
-        _exec_backend("aibro_backend", "--home", home, "--host", args.host, "--port", port, *tls)
+        _exec_backend("aibro_backend", "--home", home, "--host", args.host, "--port", port, *tls, *providers)
     if args.action == "start":
         t = config.resolve()
         print(f"aibro backend running at {t.url}")
@@ -211,12 +220,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aibro", description="Train Keras models on remote machines.")
     sub = p.add_subparsers(dest="cmd", required=True)
     be = sub.add_parser("backend", help="start, stop or inspect the backend")
-    be.add_argument("action", choices=["start", "status", "stop", "serve", "add-user", "revoke-tokens"])
-    be.add_argument("name", nargs="?", help="the user, for add-user and revoke-tokens")
+    be.add_argument("action", choices=["start", "status", "stop", "serve", "add-user", "revoke-tokens", "aws-policy"])
+    be.add_argument("name", nargs="?", help="the user, for add-user and revoke-tokens; the AWS config for aws-policy")
     be.add_argument("--host", default="127.0.0.1", help="serve: address to bind (other than loopback: use TLS)")
     be.add_argument("--port", type=int, default=0)
     be.add_argument("--certfile", default=None, help="serve: HTTPS with this certificate (PEM)")
     be.add_argument("--keyfile", default=None, help="serve: the certificate's private key (PEM)")
+    be.add_argument(
+        "--provider",
+        action="append",
+        choices=["local", "aws"],
+        default=None,
+        help="serve: machines beside the local ones (always on): aws, with --aws-config",
+    )
+    be.add_argument("--aws-config", default=None, metavar="FILE", help="serve: the AWS provider's config (TOML/JSON)")
     be.add_argument("--expires-in", type=float, default=None, metavar="S", help="add-user: the token expires in S s")
     be.set_defaults(fn=cmd_backend)
     tk = sub.add_parser("token", help="list, mint or revoke your tokens")

@@ -24,6 +24,7 @@ import socket
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,24 @@ def routes(backend: Backend) -> list:
     ]
 
 
-def build_backend(home: Path) -> Backend:
+def load_aws_provider(config_path: str) -> Any:
+    """The AWS provider from the config file, validated and checked against the account (every problem named in
+    one AwsConfigError) before the backend listens; boto3 uses its usual credential chain."""
+    from .providers.aws_config import AwsConfigError, load_aws_config
+
+    try:
+        import boto3
+    except ImportError:
+        raise AwsConfigError(config_path, ['boto3 is not installed: pip install "aibro-backend[serve,aws]"']) from None
+    from .providers.aws import AwsProvider
+
+    config = load_aws_config(config_path)
+    session = boto3.Session(region_name=config.region)
+    config = load_aws_config(config_path, session)
+    return AwsProvider(config, session)
+
+
+def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> Backend:
     for d in (home, home / "state"):  # private whatever the umask was when an older version made them
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         d.chmod(0o700)
@@ -102,7 +120,8 @@ def build_backend(home: Path) -> Backend:
     bus = EventBus()
     policy = Policy.from_env()
     capacity = int(os.environ.get("AIBRO_LOCAL_CAPACITY", "0")) or None
-    providers = {"local": LocalProvider(state, capacity)}
+    providers: dict[str, Any] = {"local": LocalProvider(state, capacity)}  # the local provider always runs
+    providers.update(extra_providers or {})
     holder: dict[str, Backend] = {}
     scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, lambda ev: bus.publish())
     backend = Backend(home, store, BlobStore(state / "blobs"), policy, bus, scheduler)
@@ -426,8 +445,10 @@ def ensure_local_user(backend: Backend) -> None:
     write_private(cred, {"user": "local", "token": backend.store.new_token(uid)})
 
 
-async def serve(home: Path, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
-    backend = build_backend(home)
+async def serve(
+    home: Path, host: str, port: int, tls: ssl.SSLContext | None = None, extra_providers: dict[str, Any] | None = None
+) -> None:
+    backend = build_backend(home, extra_providers)
     ensure_local_user(backend)
     limits = limits_of(backend)
     app = GuardedApplication(
@@ -467,6 +488,7 @@ async def serve(home: Path, host: str, port: int, tls: ssl.SSLContext | None = N
     log.info("aibro backend listening on %s (home %s, at most %d connections)", backend.url, home, cap)
     ticker = PeriodicCallback(backend.scheduler.tick, 250)
     ticker.start()
+    reconciler = start_upkeep(backend)
     sweep(backend)
     sweeper = PeriodicCallback(lambda: sweep(backend), 1000 * min(600.0, max(1.0, limits.partial_ttl_s / 4)))
     sweeper.start()
@@ -477,7 +499,10 @@ async def serve(home: Path, host: str, port: int, tls: ssl.SSLContext | None = N
     await stop.wait()
     ticker.stop()
     sweeper.stop()
+    reconciler.stop()
     shutdown_instances(backend)
+    for provider in backend.scheduler.providers.values():
+        getattr(provider, "close", lambda: None)()
     server.stop()
     try:
         info = json.loads((home / "backend.json").read_text())
@@ -486,6 +511,43 @@ async def serve(home: Path, host: str, port: int, tls: ssl.SSLContext | None = N
     except (OSError, ValueError):
         pass
     backend.store.close()
+
+
+RECONCILE_S = 300.0
+
+
+def start_upkeep(backend: Backend) -> PeriodicCallback:
+    """Cloud providers outlive the backend: adopt their live machines now (by tag), then reconcile every few
+    minutes (machines the store does not know as live, or whose time is up, are terminated). Both run in the
+    providers' pools; their answers are logged on the loop."""
+    sched, loop = backend.scheduler, IOLoop.current()
+
+    def report(what: str) -> Callable[[Any], None]:
+        def done(fut: Any) -> None:
+            try:
+                found = fut.result()
+            except Exception as exc:  # noqa: BLE001 - logged; the next round tries again
+                log.warning("%s failed: %s", what, exc)
+                return
+            if found:
+                log.info("%s: %s", what, found)
+
+        return done
+
+    adopted = sched.adopt_all()
+    for fut in adopted:
+        loop.add_future(fut, report("adopted"))
+
+    def reconcile() -> None:
+        if any(not f.done() for f in adopted):
+            return  # after adoption, never before: the picture must hold what this backend left running
+        for fut in sched.reconcile_all():
+            loop.add_future(fut, report("reconciled (terminated)"))
+
+    reconciler = PeriodicCallback(reconcile, 1000 * RECONCILE_S)
+    if adopted:
+        reconciler.start()
+    return reconciler
 
 
 def shutdown_instances(backend: Backend) -> None:
@@ -529,7 +591,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="port (default: any free port)")
     parser.add_argument("--certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--keyfile", default=None, help="the certificate's private key (PEM), if not in --certfile")
+    parser.add_argument(
+        "--provider",
+        action="append",
+        choices=["local", "aws"],
+        default=[],
+        help="machines beside the local provider (always on): aws (needs --aws-config)",
+    )
+    parser.add_argument("--aws-config", default=None, metavar="FILE", help="the AWS provider's config (TOML or JSON)")
     args = parser.parse_args(argv)
+    if "aws" in args.provider and not args.aws_config:
+        parser.error("--provider aws needs --aws-config FILE (region, subnet, security groups, bucket, ...)")
+    if args.aws_config and "aws" not in args.provider:
+        parser.error("--aws-config goes with --provider aws")
     for stream in (sys.stdout, sys.stderr):  # the daemon's log file shows what happened, as it happens
         getattr(stream, "reconfigure", lambda **_: None)(line_buffering=True)
     handler = logging.StreamHandler()
@@ -542,7 +616,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"cannot load the TLS certificate/key: {exc}")
     if tls is None and not is_loopback(args.host):
         print(plain_http_warning(args.host), file=sys.stderr, flush=True)
-    asyncio.run(serve(Path(args.home), args.host, args.port, tls))
+    extra: dict[str, Any] = {}
+    if args.aws_config:
+        from .providers.aws_config import AwsConfigError
+
+        try:
+            extra["aws"] = load_aws_provider(args.aws_config)
+        except AwsConfigError as exc:
+            print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+    asyncio.run(serve(Path(args.home), args.host, args.port, tls, extra))
 
 
 if __name__ == "__main__":

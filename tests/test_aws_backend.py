@@ -1,0 +1,138 @@
+"""The backend with the AWS provider on (issue 11 item 2), against moto's server mode: `--provider aws
+--aws-config FILE` is validated before the backend listens, naming every problem; the local provider runs beside
+it and GET /machines lists both; a job on an AWS machine launches an EC2 instance tagged for this backend whose
+user data holds only a one-time enrollment token; `aibro backend aws-policy FILE` prints the least policy."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("boto3")
+pytest.importorskip("flask", reason="moto's server mode needs moto[server]")
+
+from aws_moto import make_account, moto_server, write_config  # noqa: E402
+from backend_proc import own_backend  # noqa: E402
+
+from aibro_backend.providers.aws import parse_user_data_env, tag_map  # noqa: E402
+from aibro_backend.providers.aws_config import least_policy, load_aws_config  # noqa: E402
+from aibro_core import vocabulary as v  # noqa: E402
+from aibro_jupyter import Training  # noqa: E402
+
+from conftest import make_model  # noqa: E402
+from helpers import aibro_cli, slow_data, user_env  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[dict[str, Any]]:
+    with moto_server() as env:
+        yield {"env": env, "account": make_account()}
+
+
+def _serve(home: Path, *args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "aibro_backend", "--home", str(home), "--port", "0", *args]
+    return subprocess.run(cmd, env=user_env(home, **env), capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_bad_config_is_refused_before_listening_with_every_problem_named(moto: dict, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "bad.toml",
+        moto["account"],
+        subnet_id=None,
+        region="mars-1",
+        backend_public_url="http://127.0.0.1:8888",
+        instance_profle="typo",
+    )
+    done = _serve(tmp_path / "home", "--provider", "aws", "--aws-config", str(config), env=moto["env"])
+    assert done.returncode == 2, done.stdout + done.stderr
+    for named in ("'subnet_id' is missing", "mars-1", "backend_public_url", "'instance_profle' is not a setting"):
+        assert named in done.stderr, (named, done.stderr)
+    assert not (tmp_path / "home" / "backend.json").exists(), "it never listened"
+
+
+def test_a_config_naming_what_the_account_lacks_is_refused(moto: dict, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "gone.toml", moto["account"], subnet_id="subnet-0123456789abcdef0")
+    done = _serve(tmp_path / "home", "--provider", "aws", "--aws-config", str(config), env=moto["env"])
+    assert done.returncode == 2 and "subnet-0123456789abcdef0" in done.stderr, done.stderr
+    missing = _serve(tmp_path / "home", "--provider", "aws", env=moto["env"])
+    assert missing.returncode == 2 and "--provider aws needs --aws-config FILE" in missing.stderr, missing.stderr
+
+
+def test_aws_policy_prints_the_least_policy(moto: dict, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "policy.toml", moto["account"])
+    done = aibro_cli(tmp_path / "home", "backend", "aws-policy", str(config), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == least_policy(load_aws_config(config))
+    bad = aibro_cli(tmp_path / "home", "backend", "aws-policy", str(tmp_path / "nope.toml"), timeout=60)
+    assert bad.returncode == 1 and "nope.toml" in bad.stderr, bad.stderr
+
+
+def test_the_cli_serves_aws_beside_local(moto: dict, tmp_path: Path) -> None:
+    """`aibro backend serve --provider aws --aws-config FILE`: both providers' machines in GET /machines."""
+    from aibro_jupyter.client import BackendClient
+
+    home = tmp_path / "cli-home"
+    home.mkdir()
+    config = write_config(tmp_path / "serve.toml", moto["account"])
+    cmd = [sys.executable, "-m", "aibro_jupyter.cli", "backend", "serve", "--provider", "aws", "--aws-config"]
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [*cmd, str(config)], env=user_env(home, **moto["env"]), stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (home / "backend.json").exists() or not (home / "credentials.json").exists():
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        time.sleep(0.2)
+        url = json.loads((home / "backend.json").read_text())["url"]
+        client = BackendClient(url, json.loads((home / "credentials.json").read_text())["token"])
+        machines = {m["machine_id"]: m for m in client.machines()}
+        assert machines["local-cpu"]["provider"] == "local"
+        assert machines["g4dn.xlarge"]["provider"] == "aws" and machines["g4dn.xlarge"]["spot"] is True
+        assert machines["g4dn.xlarge.od"]["spot"] is False and machines["g4dn.xlarge.od"]["gpu_count"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_a_job_on_an_aws_machine_launches_a_tagged_instance_with_only_an_enrollment_token(
+    moto: dict, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path / "launch.toml", moto["account"])
+    backend_id = load_aws_config(config).backend_id
+    ec2 = moto["account"]["ec2"]
+    with own_backend(tmp_path / "home", "--provider", "aws", "--aws-config", str(config), **moto["env"]) as b:
+        client = b.client()
+        x, y = slow_data(200)
+        job = Training(client).submit(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, wait_request_s=0)
+        deadline = time.monotonic() + 60
+        found: list[dict[str, Any]] = []
+        while not found and time.monotonic() < deadline:
+            pages = ec2.describe_instances(Filters=[{"Name": "tag:aibro:backend", "Values": [backend_id]}])
+            found = [i for r in pages["Reservations"] for i in r["Instances"]]
+            time.sleep(0.2)
+        assert len(found) == 1, found
+        inst = found[0]
+        tags = tag_map(inst)
+        assigned = client.job(job["job_id"])
+        assert tags["aibro:instance"] == assigned["instance_id"] and tags["aibro:job"] == job["job_id"]
+        assert inst["InstanceType"] == "g4dn.xlarge" and "InstanceLifecycle" not in inst, "on-demand"
+        raw = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]
+        env = parse_user_data_env(base64.b64decode(raw["Value"]).decode())
+        assert env["AIBRO_ENROLL_TOKEN"].startswith("aibro_e_") and "AIBRO_WORKER_TOKEN" not in env
+        instances = {i["id"]: i for i in client.instances()}
+        assert instances[assigned["instance_id"]]["status"] == v.LAUNCHING, "no worker has enrolled yet"
+        assert instances[assigned["instance_id"]]["provider"] == "aws"
+        client.cancel(job["job_id"])
