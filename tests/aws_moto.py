@@ -99,3 +99,101 @@ def write_config(path: Path, account: dict[str, Any], **over: Any) -> Path:
             lines.append(f"{key} = {json.dumps(value)}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class PlayedInstances:
+    """The test harness plays each EC2 instance that moto says is running for this backend: it reads the user
+    data moto stored, decodes the worker environment the bootstrap would write (parse_user_data_env) and runs the
+    real agent as a local process with it, the way the systemd unit would (`python -I -m aibro_backend.worker`).
+    Only where the machine's disk and network differ is the environment remapped: its /var/lib/aibro paths go
+    under `root/<ec2 id>/`, the backend's public URL becomes the test backend's real one, and AWS calls go to
+    moto. A machine moto reports stopped or terminated has its agent killed, as the real one would be."""
+
+    def __init__(self, backend_id: str, backend_url: str, root: Path, aws_env: dict[str, str]) -> None:
+        self.backend_id = backend_id
+        self.backend_url = backend_url
+        self.root = root
+        self.aws_env = aws_env
+        self.procs: dict[str, Any] = {}  # ec2 id -> Popen
+        self.envs: dict[str, dict[str, str]] = {}
+        self._stop = False
+        self._thread: Any = None
+
+    def __enter__(self) -> PlayedInstances:
+        import threading
+
+        self._thread = threading.Thread(target=self._run, name="played-instances", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for ec2_id in list(self.procs):
+            self._kill(ec2_id)
+
+    def _run(self) -> None:
+        import time
+
+        import boto3
+
+        ec2 = boto3.Session(region_name=REGION).client("ec2")
+        while not self._stop:
+            try:
+                pages = ec2.describe_instances(Filters=[{"Name": "tag:aibro:backend", "Values": [self.backend_id]}])
+                for inst in (i for r in pages["Reservations"] for i in r["Instances"]):
+                    state, ec2_id = inst["State"]["Name"], inst["InstanceId"]
+                    if state == "running" and ec2_id not in self.procs:
+                        self._boot(ec2, ec2_id)
+                    elif state != "running" and ec2_id in self.procs:
+                        self._kill(ec2_id)
+            except Exception as exc:  # noqa: BLE001 - a hiccup of the poll: try again
+                print(f"played instances: {exc!r}", flush=True)
+            time.sleep(0.2)
+
+    def _boot(self, ec2: Any, ec2_id: str) -> None:
+        import base64
+        import subprocess
+        import sys
+
+        from aibro_backend.providers.aws import parse_user_data_env
+
+        raw = ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="userData")["UserData"]
+        env = parse_user_data_env(base64.b64decode(raw["Value"]).decode())
+        disk = self.root / ec2_id
+        for key in ("AIBRO_WORKER_TOKEN_FILE", "AIBRO_WORKER_DIR", "AIBRO_ENV_CACHE"):
+            env[key] = str(disk / env[key].removeprefix("/var/lib/aibro/"))
+        Path(env["AIBRO_WORKER_DIR"]).mkdir(parents=True, exist_ok=True)
+        env["AIBRO_WORKER_URL"] = self.backend_url
+        self.envs[ec2_id] = dict(env)
+        base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+        full = {**base, **self.aws_env, **env, "CUDA_VISIBLE_DEVICES": "-1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+        log = open(disk / "agent.log", "ab")
+        self.procs[ec2_id] = subprocess.Popen(
+            [sys.executable, "-I", "-m", "aibro_backend.worker"],
+            env=full,
+            cwd=str(disk),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def _kill(self, ec2_id: str) -> None:
+        import signal
+
+        proc = self.procs.pop(ec2_id, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait(timeout=10)
+
+    def log(self, ec2_id: str) -> str:
+        path = self.root / ec2_id / "agent.log"
+        return path.read_text() if path.exists() else ""

@@ -136,3 +136,61 @@ def test_a_job_on_an_aws_machine_launches_a_tagged_instance_with_only_an_enrollm
         assert instances[assigned["instance_id"]]["status"] == v.LAUNCHING, "no worker has enrolled yet"
         assert instances[assigned["instance_id"]]["provider"] == "aws"
         client.cancel(job["job_id"])
+
+
+@pytest.fixture
+def aws_backend(moto: dict, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A backend with the AWS provider, and the harness that plays its instances."""
+    from aws_moto import PlayedInstances
+
+    config = write_config(tmp_path / "played.toml", moto["account"])
+    backend_id = load_aws_config(config).backend_id
+    with own_backend(tmp_path / "home", "--provider", "aws", "--aws-config", str(config), **moto["env"]) as b:
+        with PlayedInstances(backend_id, b.url, tmp_path / "machines", moto["env"]) as played:
+            yield {"backend": b, "played": played, "backend_id": backend_id}
+
+
+def test_online_fit_on_g4dn_xlarge_od_trains_on_a_played_instance(
+    aws_backend: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real agent on a played EC2 instance enrolls with its one-time token, trains, returns the model."""
+    import numpy as np
+
+    b, played = aws_backend["backend"], aws_backend["played"]
+    monkeypatch.setenv("AIBRO_BACKEND_URL", b.url)
+    monkeypatch.setenv("AIBRO_TOKEN", b.token)
+    x, y = slow_data(400)
+    model = make_model()
+    before = [w.copy() for w in model.get_weights()]
+    job_id, trained, history = Training.online_fit(
+        model, x, y, machine_ids="g4dn.xlarge.od", batch_size=32, epochs=2, description="played", record=False
+    )
+    assert trained is model and len(history.history["loss"]) == 2
+    assert any(not np.allclose(a, c) for a, c in zip(before, model.get_weights()))
+    client = b.client()
+    job = client.job(job_id)
+    assert job["status"] == v.COMPLETED and job["machine_id"] == "g4dn.xlarge.od"
+    (ec2_id,) = played.envs
+    log = played.log(ec2_id)
+    assert "enrolled as " + job["instance_id"] in log, log
+    token_file = Path(played.envs[ec2_id]["AIBRO_WORKER_TOKEN_FILE"])
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    history_states = [h[0] for h in {i["id"]: i for i in client.instances()}[job["instance_id"]]["history"]]
+    assert history_states[:2] == [v.LAUNCHING, v.EXECUTING], history_states
+    # No cool-down: the instance closes after its job, the agent is told to exit, and the machine is terminated.
+    ec2 = boto3_client()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        state = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+        status = {i["id"]: i for i in client.instances()}[job["instance_id"]]["status"]
+        if state == "terminated" and status == v.CLOSED:
+            break
+        time.sleep(0.5)
+    assert (state, status) == ("terminated", v.CLOSED)
+
+
+def boto3_client() -> Any:
+    import boto3
+    from aws_moto import REGION
+
+    return boto3.Session(region_name=REGION).client("ec2")
