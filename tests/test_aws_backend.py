@@ -177,16 +177,17 @@ def test_online_fit_on_g4dn_xlarge_od_trains_on_a_played_instance(
     assert token_file.stat().st_mode & 0o777 == 0o600
     history_states = [h[0] for h in {i["id"]: i for i in client.instances()}[job["instance_id"]]["history"]]
     assert history_states[:2] == [v.LAUNCHING, v.EXECUTING], history_states
-    # No cool-down: the instance closes after its job, the agent is told to exit, and the machine is terminated.
+    # No cool-down: the instance closes after its job, the agent is told to exit, and the on-demand machine is
+    # stopped (kept for a fast restart: see the next test), not terminated.
     ec2 = boto3_client()
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         state = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
-        status = {i["id"]: i for i in client.instances()}[job["instance_id"]]["status"]
-        if state == "terminated" and status == v.CLOSED:
+        inst = {i["id"]: i for i in client.instances()}[job["instance_id"]]
+        if state == "stopped" and (inst["status"], inst["substatus"]) == (v.CLOSED, v.STOPPED):
             break
         time.sleep(0.5)
-    assert (state, status) == ("terminated", v.CLOSED)
+    assert (state, inst["status"], inst["substatus"]) == ("stopped", v.CLOSED, v.STOPPED)
 
 
 def boto3_client() -> Any:
@@ -194,3 +195,41 @@ def boto3_client() -> Any:
     from aws_moto import REGION
 
     return boto3.Session(region_name=REGION).client("ec2")
+
+
+def test_an_on_demand_machine_is_stopped_after_its_cool_down_and_restarted_for_the_next_job(
+    aws_backend: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11 item 6 through moto: the job's machine cools, is STOPPED (not terminated), and the next job on the
+    same machine id starts it again; its agent comes back with the token it kept (no second enrollment)."""
+    b, played = aws_backend["backend"], aws_backend["played"]
+    monkeypatch.setenv("AIBRO_BACKEND_URL", b.url)
+    monkeypatch.setenv("AIBRO_TOKEN", b.token)
+    client = b.client()
+    x, y = slow_data(300)
+    first, _, _ = Training.online_fit(
+        make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, cool_down_period_s=1, record=False
+    )
+    instance_id = client.job(first)["instance_id"]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        inst = {i["id"]: i for i in client.instances()}[instance_id]
+        if (inst["status"], inst["substatus"]) == (v.CLOSED, v.STOPPED):
+            break
+        time.sleep(0.5)
+    assert (inst["status"], inst["substatus"]) == (v.CLOSED, v.STOPPED), inst
+    (ec2_id,) = played.envs
+    ec2 = boto3_client()
+    state = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state == "stopped"
+
+    second, trained, history = Training.online_fit(
+        make_model(1), x, y, machine_ids="g4dn.xlarge.od", epochs=1, record=False
+    )
+    job = client.job(second)
+    assert job["status"] == v.COMPLETED and job["instance_id"] == instance_id, "the stopped machine was reused"
+    assert list(played.envs) == [ec2_id], "no new EC2 instance was launched"
+    log = played.log(ec2_id)
+    assert log.count("enrolled as") == 1, "after the restart the agent used the token it kept"
+    states = [(h[0], h[1]) for h in {i["id"]: i for i in client.instances()}[instance_id]["history"]]
+    assert (v.CLOSED, v.STOPPED) in states and states.index((v.CLOSED, v.STOPPED)) < len(states) - 1

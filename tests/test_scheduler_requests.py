@@ -4,6 +4,7 @@ with an error that names the fix."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,114 @@ def test_reconcile_and_adopt_reach_providers_that_have_them(cloud) -> None:  # n
     assert [f.result() for f in sched.reconcile_all()] == [[_launching(store)["id"]]]
     plain = Scheduler(store, {"scripted": ScriptedProvider()}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
     assert plain.adopt_all() == [] and plain.reconcile_all() == [], "the local kind has none: nothing to do"
+
+
+# -- stopped on-demand machines (issue 11 item 6) -------------------------------------------------------------------
+class StoppingProvider(AsyncScriptedProvider):
+    """An on-demand machine `od-a` that can be stopped and started again (Futures settled by the test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, str]] = []
+        self.futures: dict[str, Future] = {}
+
+    def offers(self) -> list[dict[str, Any]]:
+        return [{"machine_id": "od-a", "provider": self.name, "capacity": 5, "spot": False}]
+
+    def alive(self, instance: dict[str, Any]) -> bool:
+        return self.state.get(instance["id"]) in ("launching", "pending", "running", "stopping", "stopped")
+
+    def _op(self, kind: str, instance: dict[str, Any]) -> Future:
+        self.ops.append((kind, instance["id"]))
+        self.futures[instance["id"]] = fut = Future()
+        return fut
+
+    def stop(self, instance: dict[str, Any]) -> Future:
+        self.state[instance["id"]] = "stopping"
+        return self._op("stop", instance)
+
+    def start(self, instance: dict[str, Any]) -> Future:
+        return self._op("start", instance)
+
+
+def _od_job(store: Store, uid: int, job_id: str, cool_down_s: float = 0) -> str:
+    spec = {"machines": ["od-a"], "cool_down_s": cool_down_s, "wait_request_s": 600, "fit": {"epochs": 1}}
+    store.create_job(job_id, uid, spec)
+    return job_id
+
+
+def test_an_on_demand_cloud_machine_is_stopped_after_its_job_and_restarted_for_the_next(tmp_path: Path) -> None:
+    store = Store(tmp_path / "aibro.db")
+    provider = StoppingProvider()
+    policy = Policy(max_stopped_instances=1)
+    sched = Scheduler(store, {"cloud": provider}, policy, lambda: "http://127.0.0.1:9", lambda ev: None)
+    uid = store.ensure_user("u")
+    first = _od_job(store, uid, "job-1")
+    sched.tick()
+    inst = _launching(store)
+    provider.state[inst["id"]] = "running"
+    store.update_job(first, status=v.COMPLETED)
+    sched.release_instance(store.instance(inst["id"]))  # no cool-down: closed now, and on-demand: stopped
+    assert store.instance(inst["id"])["substatus"] == v.STOPPING and provider.ops == [("stop", inst["id"])]
+    for _ in range(3):
+        sched.tick()  # stopping is no reason to terminate it
+    assert store.instance(inst["id"])["status"] == v.CLOSING and provider.terminated == []
+    provider.state[inst["id"]] = "stopped"
+    provider.futures[inst["id"]].set_result("stopped")
+    sched.tick()
+    assert (store.instance(inst["id"])["status"], store.instance(inst["id"])["substatus"]) == (v.CLOSED, v.STOPPED)
+
+    second = _od_job(store, uid, "job-2")
+    sched.tick()
+    assert provider.ops[-1] == ("start", inst["id"]) and provider.launched == ["od-a"], "restarted, not launched"
+    job = store.job(second)
+    assert job["instance_id"] == inst["id"] and "restarting stopped instance" in store.typed_events(
+        second, (v.EV_STATUS,)
+    )[-1]["data"].get("message", "")
+    assert store.instance(inst["id"])["status"] == v.LAUNCHING
+    provider.futures[inst["id"]].set_result("pending")
+    provider.state[inst["id"]] = "running"
+    sched.tick()
+    assert store.instance(inst["id"])["status"] == v.LAUNCHING and store.job(second)["instance_id"] == inst["id"]
+
+    # A second machine while one is already stopped: over the limit of 1, it is terminated instead.
+    other = _od_job(store, uid, "job-3")
+    sched.tick()
+    (new,) = [i for i in store.instances(statuses=(v.LAUNCHING,)) if i["id"] != inst["id"]]
+    provider.state[new["id"]] = "running"
+    store.update_job(second, status=v.COMPLETED)
+    sched.release_instance(store.instance(inst["id"]))
+    store.update_job(other, status=v.COMPLETED)
+    sched.release_instance(store.instance(new["id"]))
+    assert store.instance(inst["id"])["substatus"] == v.STOPPING
+    assert store.instance(new["id"])["substatus"] == v.TERMINATING, "one stopping already fills the limit of 1"
+    store.close()
+
+
+def test_a_restart_without_capacity_passes_over_and_stays_stopped(tmp_path: Path) -> None:
+    from aibro_backend.providers.base import CapacityError
+
+    store = Store(tmp_path / "aibro.db")
+    provider = StoppingProvider()
+    sched = Scheduler(store, {"cloud": provider}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
+    uid = store.ensure_user("u")
+    _od_job(store, uid, "job-1")
+    sched.tick()
+    inst = _launching(store)
+    provider.state[inst["id"]] = "running"
+    store.update_job("job-1", status=v.COMPLETED)
+    sched.release_instance(store.instance(inst["id"]))
+    provider.state[inst["id"]] = "stopped"
+    provider.futures[inst["id"]].set_result("stopped")
+    sched.tick()
+    _od_job(store, uid, "job-2")
+    sched.tick()
+    provider.futures[inst["id"]].set_exception(CapacityError("InsufficientInstanceCapacity"))
+    sched.tick()
+    row = store.instance(inst["id"])
+    assert (row["status"], row["substatus"]) == (v.CLOSED, v.STOPPED), "still kept for later"
+    job = store.job("job-2")
+    assert job["status"] == v.CANCELED and provider.launched == ["od-a"]
+    passed = [e["data"] for e in store.typed_events("job-2", (v.EV_LOG,)) if "passed_over" in e["data"]]
+    assert [d["passed_over"] for d in passed] == ["od-a"]
+    store.close()

@@ -45,6 +45,8 @@ class Scheduler:
         self.worker_url = worker_url
         self.on_event = on_event
         self._waiting: dict[str, str] = {}  # job id → what it last said it waits for
+        self._ops: dict[str, Future] = {}  # instance id → its provider's stop/start in flight (clouds)
+        self._skip_stopped: set[str] = set()  # stopped instances that failed to start: never tried again
 
     # -- helpers used by the API too --------------------------------------------------------------
     def machine_index(self) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -76,7 +78,32 @@ class Scheduler:
             self.close_instance(inst)
 
     def close_instance(self, inst: dict[str, Any]) -> None:
+        """Close an instance: an on-demand machine of a provider that can stop it (a cloud) is stopped, kept for a
+        fast restart, while its user holds fewer than `max_stopped_instances` stopped ones; others terminate."""
+        if self._stoppable(inst):
+            try:
+                fut = self.providers[inst["provider"]].stop(inst)
+            except Exception as exc:  # noqa: BLE001 - cannot stop: terminate instead
+                log.warning("cannot stop %s (%s); terminating it", inst["id"], exc)
+            else:
+                self._ops[inst["id"]] = fut
+                self.store.set_instance_state(inst["id"], v.CLOSING, v.STOPPING, job_id=None)
+                return
         self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
+
+    def _stoppable(self, inst: dict[str, Any]) -> bool:
+        provider = self.providers.get(inst["provider"])
+        if not callable(getattr(provider, "stop", None)) or not callable(getattr(provider, "start", None)):
+            return False
+        offer = self.machine_index().get(inst["machine_id"], (None, {}))[1]
+        if offer.get("spot", True):
+            return False
+        stopping = [i for i in self.store.instances(inst["user_id"], (v.CLOSING,)) if i["substatus"] == v.STOPPING]
+        return len(self.stopped_instances(inst["user_id"])) + len(stopping) < self.policy.max_stopped_instances
+
+    def stopped_instances(self, user_id: int | None = None) -> list[dict[str, Any]]:
+        """Stopped machines kept for a fast restart (CLOSED / STOPPED), oldest first."""
+        return [i for i in self.store.instances(user_id, (v.CLOSED,)) if i["substatus"] == v.STOPPED]
 
     # -- providers whose machines outlive the backend (clouds) ------------------------------------------
     def adopt_all(self) -> list[Future]:
@@ -90,7 +117,7 @@ class Scheduler:
         for name, provider in self.providers.items():
             reconcile = getattr(provider, "reconcile", None)
             if callable(reconcile):
-                live = self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING))
+                live = self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)) + self.stopped_instances()
                 futures.append(reconcile([i["id"] for i in live if i["provider"] == name]))
         return futures
 
@@ -119,10 +146,49 @@ class Scheduler:
                     self._worker_lost(inst, failed)
             elif inst["status"] == v.COOLING and (inst["cooling_until"] or 0) <= now:
                 self.close_instance(inst)
+            elif inst["status"] == v.CLOSING and inst["substatus"] == v.STOPPING:
+                self._check_stopping(provider, inst)
             elif inst["status"] == v.CLOSING and now - inst["updated"] > 10:
                 provider.terminate(inst)
+            elif inst["status"] == v.LAUNCHING and inst["id"] in self._ops:
+                self._check_starting(inst)
             elif inst["status"] == v.LAUNCHING and inst["job_id"]:
                 self._check_request(inst, now)
+
+    def _check_stopping(self, provider: Provider, inst: dict[str, Any]) -> None:
+        """A stop in flight: CLOSED / STOPPED once the provider sees the machine stopped; terminate if it failed."""
+        fut = self._ops.get(inst["id"])
+        if fut is not None and fut.done() and fut.exception() is not None:
+            self._ops.pop(inst["id"], None)
+            log.warning("stopping %s failed (%s); terminating it", inst["id"], fut.exception())
+            self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING)
+            return
+        poll = getattr(provider, "poll", None)
+        state = (poll(inst["id"]) or {}).get("state") if callable(poll) else "stopped"
+        if state == "stopped":
+            self._ops.pop(inst["id"], None)
+            self.store.set_instance_state(inst["id"], v.CLOSED, v.STOPPED)
+
+    def _check_starting(self, inst: dict[str, Any]) -> None:
+        """A stopped machine being started again for a job: a start that failed puts it back (stopped) and the job
+        goes on: to the next machine at once on a capacity error, else to a new machine."""
+        fut = self._ops[inst["id"]]
+        if not fut.done():
+            return
+        self._ops.pop(inst["id"], None)
+        error = fut.exception()
+        if error is None:
+            return
+        job = self.store.job(inst["job_id"]) if inst["job_id"] else None
+        self.store.set_instance_state(inst["id"], v.CLOSED, v.STOPPED, job_id=None)
+        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+            return
+        if isinstance(error, CapacityError):
+            self._pass_over(inst, job, *self._capacity_messages(inst["machine_id"], job, error), closed_as=v.STOPPED)
+            return
+        self.store.update_job(job["id"], instance_id=None, machine_id=None)
+        self._skip_stopped.add(inst["id"])
+        self.emit(job["id"], v.EV_LOG, {"message": f"could not restart {inst['id']} ({error}); starting a new one"})
 
     def _check_request(self, inst: dict[str, Any], now: float) -> None:
         """A machine that is not ready within the job's `wait_request_s` is given up for the next one in its list."""
@@ -130,7 +196,8 @@ class Scheduler:
         if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
             return
         wait = float(job["spec"]["wait_request_s"])  # set by jobspec.validate_spec on every job
-        if wait <= 0 or now - inst["created"] < wait:
+        asked = max([inst["created"], *(ts for status, _, ts in inst["history"] if status == v.CLOSED)])
+        if wait <= 0 or now - asked < wait:
             return
         self.providers[inst["provider"]].terminate(inst)
         machine = inst["machine_id"]
@@ -143,10 +210,13 @@ class Scheduler:
             "wait longer (--wait-request / wait_request_s) or list other machines",
         )
 
-    def _pass_over(self, inst: dict[str, Any], job: dict[str, Any], message: str, none_left: str) -> None:
+    def _pass_over(
+        self, inst: dict[str, Any], job: dict[str, Any], message: str, none_left: str, closed_as: str = v.TERMINATED
+    ) -> None:
         """Give this machine up for this attempt of the job (a `passed_over` log event, which a restart keeps) and
-        go on with the next one in its list (assigned later in the same tick), or fail the job with `none_left`."""
-        self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+        go on with the next one in its list (assigned later in the same tick), or fail the job with `none_left`.
+        The instance ends CLOSED / `closed_as` (STOPPED: a stopped machine that could not start stays stopped)."""
+        self.store.set_instance_state(inst["id"], v.CLOSED, closed_as, job_id=None)
         self.store.update_job(job["id"], instance_id=None, machine_id=None)
         machine = inst["machine_id"]
         self.emit(job["id"], v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job["attempt"]})
@@ -174,11 +244,13 @@ class Scheduler:
         if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
             self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
             return
-        machine = inst["machine_id"]
+        self._pass_over(inst, job, *self._capacity_messages(inst["machine_id"], job, error))
+
+    @staticmethod
+    def _capacity_messages(machine: str, job: dict[str, Any], error: BaseException) -> tuple[str, str]:
+        """The log line of a pass-over for lack of capacity, and the error if no machine is left."""
         listed = ", ".join(job["spec"]["machines"])
-        self._pass_over(
-            inst,
-            job,
+        return (
             f"{machine} has no capacity now ({getattr(error, 'code', '') or error}); trying the next machine",
             f"none of the machines ({listed}) had capacity now ({error}); try again later or list other machines "
             "(on-demand twins end in .od)",
@@ -254,6 +326,13 @@ class Scheduler:
                 continue
             provider_name, offer = index[machine_id]
             live_user = self.store.instances(job["user_id"], v.INSTANCE_LIVE)
+            stopped = [
+                i
+                for i in self.stopped_instances(job["user_id"])
+                if i["machine_id"] == machine_id and i["id"] not in self._skip_stopped
+            ]
+            if stopped and len(live_user) < self.policy.max_active_instances and self._restart(job, stopped[-1]):
+                return
             live_machine = [i for i in self.store.instances(None, v.INSTANCE_LIVE) if i["machine_id"] == machine_id]
             if len(live_user) >= self.policy.max_active_instances:
                 cooling = [i for i in live_user if i["status"] == v.COOLING]
@@ -276,6 +355,22 @@ class Scheduler:
             return
         if waiting:
             self._say_waiting(job, waiting[0])
+
+    def _restart(self, job: dict[str, Any], inst: dict[str, Any]) -> bool:
+        """Start a stopped machine again for this job (its worker comes back with the token it kept)."""
+        try:
+            fut = self.providers[inst["provider"]].start(inst)
+        except Exception as exc:  # noqa: BLE001 - this one cannot start: launch a new one instead
+            log.warning("cannot restart %s: %s", inst["id"], exc)
+            self._skip_stopped.add(inst["id"])
+            return False
+        self._ops[inst["id"]] = fut
+        self.store.set_instance_state(
+            inst["id"], v.LAUNCHING, "", job_id=job["id"], cool_down_s=job["spec"]["cool_down_s"], cooling_until=None
+        )
+        self._waiting.pop(job["id"], None)
+        self._bind(job, inst["id"], inst["machine_id"], f"restarting stopped instance {inst['id']}")
+        return True
 
     def _evict_cooling(self, job: dict[str, Any], machine_id: str, live: list[dict[str, Any]]) -> bool:
         """A machine held warm (cooling) never blocks another job that waits for it: the one cooling longest is
