@@ -166,6 +166,8 @@ class PlayedInstances:
             env[key] = str(disk / env[key].removeprefix("/var/lib/aibro/"))
         Path(env["AIBRO_WORKER_DIR"]).mkdir(parents=True, exist_ok=True)
         env["AIBRO_WORKER_URL"] = self.backend_url
+        # never the test host's own shutdown: the played machine notes that it asked to be shut down
+        env["AIBRO_SHUTDOWN_COMMAND"] = f"touch {disk / 'shutdown-requested'}"
         self.envs[ec2_id] = dict(env)
         base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
         full = {**base, **self.aws_env, **env, "CUDA_VISIBLE_DEVICES": "-1", "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -431,6 +431,7 @@ def test_launch_tags_market_options_and_user_data(provider: AwsProvider, account
         "AIBRO_WORKER_TOKEN_FILE": "/var/lib/aibro/worker-token",
         "AIBRO_WORKER_DIR": "/var/lib/aibro/work",
         "AIBRO_ENV_CACHE": "/var/lib/aibro/envs",
+        "AIBRO_SHUTDOWN_ON_LOSS": "1",
     }
     snap = provider.poll("inst-spot1")
     assert snap is not None and snap["ec2_instance_id"] == spot_id and snap["state"] in ("pending", "running")

@@ -147,3 +147,37 @@ def test_store_enroll_answers_once() -> None:
         assert store.enroll("aibro_e_" + "a" * 30) == (None, "unknown or already used enrollment token")
         assert "enroll_hash" not in inst and "token_hash" not in inst
         store.close()
+
+
+def _agent_without_backend(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: val for k, val in os.environ.items() if not k.startswith("AIBRO_")}
+    env.update(
+        AIBRO_WORKER_URL=f"http://127.0.0.1:{port}",
+        AIBRO_INSTANCE_ID="inst-gone",
+        AIBRO_WORKER_DIR=str(tmp_path / "work"),
+        AIBRO_BACKEND_GONE_S="1",
+        AIBRO_SHUTDOWN_COMMAND=f"touch {tmp_path / 'shut-down'}",
+        **extra,
+    )
+    cmd = [sys.executable, "-m", "aibro_backend.worker"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_cloud_agent_whose_backend_is_gone_shuts_its_machine_down(tmp_path: Path) -> None:
+    """Issue 11 item 8: nothing leaks money. A machine whose agent cannot reach the backend for
+    AIBRO_BACKEND_GONE_S shuts itself down when its user data asks (AIBRO_SHUTDOWN_ON_LOSS=1), whether it was
+    training already or still enrolling; the local provider's workers never do."""
+    trained = _agent_without_backend(tmp_path, AIBRO_WORKER_TOKEN="aibro_w_x", AIBRO_SHUTDOWN_ON_LOSS="1")
+    assert (tmp_path / "shut-down").exists(), trained.stdout + trained.stderr
+    assert "shutting this machine down" in trained.stdout + trained.stderr
+    (tmp_path / "shut-down").unlink()
+    enrolling = _agent_without_backend(tmp_path, AIBRO_ENROLL_TOKEN="aibro_e_" + "z" * 30, AIBRO_SHUTDOWN_ON_LOSS="1")
+    assert enrolling.returncode == 4 and (tmp_path / "shut-down").exists(), enrolling.stdout + enrolling.stderr
+    (tmp_path / "shut-down").unlink()
+    local = _agent_without_backend(tmp_path, AIBRO_WORKER_TOKEN="aibro_w_x")
+    assert local.returncode == 0 and not (tmp_path / "shut-down").exists(), local.stdout + local.stderr

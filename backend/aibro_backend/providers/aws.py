@@ -142,6 +142,7 @@ def build_user_data(config: AwsConfig, instance_id: str, enroll_token: str) -> s
             ("AIBRO_WORKER_TOKEN_FILE", "/var/lib/aibro/worker-token"),
             ("AIBRO_WORKER_DIR", "/var/lib/aibro/work"),
             ("AIBRO_ENV_CACHE", "/var/lib/aibro/envs"),
+            ("AIBRO_SHUTDOWN_ON_LOSS", "1"),  # a backend gone for good: the agent shuts the machine down
         )
     )
     script = f"""#!/bin/bash

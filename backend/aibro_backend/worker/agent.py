@@ -6,6 +6,8 @@ import hashlib
 import importlib
 import logging
 import os
+import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +26,9 @@ from .outbox import Outbox
 
 log = logging.getLogger("aibro.worker")
 POLL_S = 0.2
-BACKEND_GONE_S = 900.0
+# How long the backend may be unreachable before the agent gives up (AIBRO_BACKEND_GONE_S); on a cloud machine
+# (AIBRO_SHUTDOWN_ON_LOSS=1, set by its user data) it then shuts the machine down, so nothing runs up a bill.
+BACKEND_GONE_S = float(os.environ.get("AIBRO_BACKEND_GONE_S") or 900.0)
 UPLOAD_CHUNK = 8 * 1024 * 1024  # one PUT of an artifact upload (the backend takes up to 64 MiB per request)
 DOWNLOAD_TRIES = 5
 UPLOAD_TRIES = 10  # chunks in a row that fail before an upload gives up
@@ -57,12 +61,14 @@ class Worker:
         self.keras: Any = None
         self._code: Any = None
         self._active_env = False
+        self.backend_lost = False
 
     def run(self) -> None:
         while True:
             try:
                 a = retrying(lambda: self.t.json("GET", "/worker/assignment"), "assignment")
             except (AuthError, BackendUnreachable) as exc:
+                self.backend_lost = isinstance(exc, BackendUnreachable)
                 log.info("leaving: %s", exc)
                 return
             if a["action"] == "exit":
@@ -367,4 +373,24 @@ def main() -> None:
     except AuthError as exc:
         log.error("cannot enroll: %s", exc)
         raise SystemExit(3) from None
-    Worker(url, token, instance_id, workdir).run()
+    except BackendUnreachable as exc:
+        log.error("cannot enroll: %s", exc)
+        shutdown_if_asked()
+        raise SystemExit(4) from None
+    worker = Worker(url, token, instance_id, workdir)
+    worker.run()
+    if worker.backend_lost:
+        shutdown_if_asked()
+
+
+def shutdown_if_asked() -> None:
+    """On a cloud machine (AIBRO_SHUTDOWN_ON_LOSS=1) a backend gone for BACKEND_GONE_S means nobody will ever stop
+    this machine: shut it down (on-demand ones stop, spot ones terminate: their shutdown behaviour)."""
+    if os.environ.get("AIBRO_SHUTDOWN_ON_LOSS") != "1":
+        return
+    command = shlex.split(os.environ.get("AIBRO_SHUTDOWN_COMMAND") or "shutdown -h now")
+    log.error("the backend was unreachable for %.0f s: shutting this machine down (%s)", BACKEND_GONE_S, command[0])
+    try:
+        subprocess.run(command, check=False, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.error("cannot shut down: %s", exc)
