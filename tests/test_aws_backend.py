@@ -233,3 +233,47 @@ def test_an_on_demand_machine_is_stopped_after_its_cool_down_and_restarted_for_t
     assert log.count("enrolled as") == 1, "after the restart the agent used the token it kept"
     states = [(h[0], h[1]) for h in {i["id"]: i for i in client.instances()}[instance_id]["history"]]
     assert (v.CLOSED, v.STOPPED) in states and states.index((v.CLOSED, v.STOPPED)) < len(states) - 1
+
+
+def test_after_a_sigkill_the_restarted_backend_adopts_its_machine_and_the_job_finishes_on_it(
+    moto: dict, tmp_path: Path
+) -> None:
+    """Issue 11 item 8: the backend is SIGKILLed while a played machine trains; restarted on the same home and
+    config, it adopts the machine by tag (no terminate, no second launch) and the job completes there."""
+    from aws_moto import PlayedInstances
+
+    from helpers import wait_for
+
+    config = write_config(tmp_path / "restart.toml", moto["account"])
+    backend_id = load_aws_config(config).backend_id
+    home, args = tmp_path / "home", ("--provider", "aws", "--aws-config", str(config))
+    x, y = slow_data(3000)
+    with own_backend(home, *args, **moto["env"]) as first:
+        url = first.url
+        with PlayedInstances(backend_id, url, tmp_path / "machines", moto["env"]) as played:
+            client = first.client()
+            job = Training(client).submit(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=4, batch_size=16)
+            wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
+            first.proc.kill()
+            first.proc.wait(timeout=30)
+            before = first.log.stat().st_size  # the restarted backend appends to the same log
+            with own_backend(home, *args, **moto["env"]) as second:
+                assert second.url == url, "the restarted backend comes back on its port, where its workers look"
+                client = second.client()
+                events = wait_for(
+                    client,
+                    job["job_id"],
+                    lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs),
+                    timeout=300,
+                )
+                done = client.job(job["job_id"])
+                assert done["status"] == v.COMPLETED, [e["data"] for e in events if e["type"] in ("error", "log")]
+                epochs = [e["data"]["epoch"] for e in events if e["type"] == "epoch"]
+                assert epochs == [0, 1, 2, 3], epochs
+                assert len(played.envs) == 1, "no second machine was launched"
+                (ec2_id,) = played.envs
+                ec2 = boto3_client()
+                described = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]
+                assert described["State"]["Name"] in ("running", "stopped"), "never terminated by the restart"
+                restarted_log = second.log.read_bytes()[before:].decode()
+                assert "adopted: [{'instance_id': '" + done["instance_id"] in restarted_log, restarted_log[-2000:]
