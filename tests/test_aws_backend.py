@@ -277,3 +277,38 @@ def test_after_a_sigkill_the_restarted_backend_adopts_its_machine_and_the_job_fi
                 assert described["State"]["Name"] in ("running", "stopped"), "never terminated by the restart"
                 restarted_log = second.log.read_bytes()[before:].decode()
                 assert "adopted: [{'instance_id': '" + done["instance_id"] in restarted_log, restarted_log[-2000:]
+
+
+def test_the_running_backend_terminates_a_tagged_machine_its_store_does_not_know(moto: dict, tmp_path: Path) -> None:
+    """Issue 11 item 8, first part: a machine tagged for this backend that no row of its store knows (a launch
+    whose answer was lost with a crash, a copy of the tags by hand) is terminated by the reconciler."""
+    config = write_config(tmp_path / "reconcile.toml", moto["account"])
+    backend_id = load_aws_config(config).backend_id
+    ec2, account = moto["account"]["ec2"], moto["account"]
+    args = ("--provider", "aws", "--aws-config", str(config))
+    with own_backend(tmp_path / "home", *args, AIBRO_RECONCILE_S="1", **moto["env"]) as b:
+        stray = ec2.run_instances(
+            ImageId=account["ami"],
+            InstanceType="g4dn.xlarge",
+            MinCount=1,
+            MaxCount=1,
+            SubnetId=account["subnet"],
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": "aibro:backend", "Value": backend_id},
+                        {"Key": "aibro:instance", "Value": "inst-stray"},
+                        {"Key": "aibro:expires-at", "Value": "2999-01-01T00:00:00Z"},
+                    ],
+                }
+            ],
+        )["Instances"][0]["InstanceId"]
+        deadline = time.monotonic() + 60
+        state = ""
+        said = False
+        while time.monotonic() < deadline and not (state == "terminated" and said):
+            time.sleep(0.5)
+            state = ec2.describe_instances(InstanceIds=[stray])["Reservations"][0]["Instances"][0]["State"]["Name"]
+            said = "(inst-stray): unknown to the store" in b.log.read_text()  # logged just after the call
+        assert state == "terminated" and said, b.log.read_text()[-2000:]

@@ -518,8 +518,8 @@ RECONCILE_S = 300.0
 
 def start_upkeep(backend: Backend) -> PeriodicCallback:
     """Cloud providers outlive the backend: adopt their live machines now (by tag), then reconcile every few
-    minutes (machines the store does not know as live, or whose time is up, are terminated). Both run in the
-    providers' pools; their answers are logged on the loop."""
+    minutes (AIBRO_RECONCILE_S, default 300: machines the store does not know as live or stopped, or whose time is
+    up, are terminated). Both run in the providers' pools; their answers are logged on the loop."""
     sched, loop = backend.scheduler, IOLoop.current()
 
     def report(what: str) -> Callable[[Any], None]:
@@ -544,7 +544,8 @@ def start_upkeep(backend: Backend) -> PeriodicCallback:
         for fut in sched.reconcile_all():
             loop.add_future(fut, report("reconciled (terminated)"))
 
-    reconciler = PeriodicCallback(reconcile, 1000 * RECONCILE_S)
+    every_s = float(os.environ.get("AIBRO_RECONCILE_S") or RECONCILE_S)
+    reconciler = PeriodicCallback(reconcile, 1000 * every_s)
     if adopted:
         reconciler.start()
     return reconciler
