@@ -362,3 +362,18 @@ def test_a_restart_without_capacity_passes_over_and_stays_stopped(tmp_path: Path
     passed = [e["data"] for e in store.typed_events("job-2", (v.EV_LOG,)) if "passed_over" in e["data"]]
     assert [d["passed_over"] for d in passed] == ["od-a"]
     store.close()
+
+
+def test_instances_of_a_provider_not_served_now_never_stop_the_tick(tmp_path: Path) -> None:
+    """A backend restarted without --provider aws still holds its AWS rows: they are left alone (warned once) and
+    every other job is scheduled as usual."""
+    store = Store(tmp_path / "aibro.db")
+    uid = store.ensure_user("u")
+    store.create_instance("inst-cloud", uid, "aws", "g4dn.xlarge.od", "aibro_w_x", 0)
+    provider = ScriptedProvider()
+    sched = Scheduler(store, {"scripted": provider}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
+    _job(store, uid, ["spot-a"], wait=0)
+    sched.tick()
+    sched.tick()
+    assert provider.launched == ["spot-a"] and store.instance("inst-cloud")["status"] == v.LAUNCHING
+    store.close()

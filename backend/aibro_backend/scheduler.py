@@ -47,6 +47,7 @@ class Scheduler:
         self._waiting: dict[str, str] = {}  # job id → what it last said it waits for
         self._ops: dict[str, Future] = {}  # instance id → its provider's stop/start in flight (clouds)
         self._skip_stopped: set[str] = set()  # stopped instances that failed to start: never tried again
+        self._unserved: set[str] = set()  # instances of a provider this backend does not run now (warned once)
 
     # -- helpers used by the API too --------------------------------------------------------------
     def machine_index(self) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -135,7 +136,14 @@ class Scheduler:
     def _check_instances(self) -> None:
         now = time.time()
         for inst in self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)):
-            provider = self.providers[inst["provider"]]
+            provider = self.providers.get(inst["provider"])
+            if provider is None:  # its provider is not served now (started without --provider aws): leave it be
+                if inst["id"] not in self._unserved:
+                    self._unserved.add(inst["id"])
+                    log.warning(
+                        "%s belongs to provider %r, which this backend does not run", inst["id"], inst["provider"]
+                    )
+                continue
             if not provider.alive(inst):
                 failed = self._launch_failed(provider, inst)
                 if isinstance(failed, CapacityError) and inst["status"] == v.LAUNCHING and inst["job_id"]:
@@ -291,7 +299,8 @@ class Scheduler:
             elif now - job["updated"] > self.policy.cancel_grace_s and job["instance_id"]:
                 inst = self.store.instance(job["instance_id"])
                 if inst:
-                    self.providers[inst["provider"]].terminate(inst)
+                    if inst["provider"] in self.providers:
+                        self.providers[inst["provider"]].terminate(inst)
                     self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
                 self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled; the worker did not stop in time")
 
