@@ -472,34 +472,6 @@ def test_a_restarted_backend_adopts_its_running_instances(cluster: RayCluster, t
         second.close()
 
 
-def test_through_ray_client(cluster: RayCluster, provider: RayProvider, tmp_path: Path) -> None:
-    """A backend outside the cluster's hosts connects through Ray Client (ray://HOST:10001): same machines, and
-    instances that hold their node until terminated."""
-    p = RayProvider(
-        cluster.client_address,
-        tmp_path,
-        worker_command=FAKE_AGENT,
-        worker_root=str(tmp_path / "workers"),
-        node_resource=POOL,
-        sandbox="none",
-        refresh_s=1.0,
-    )
-    try:
-        assert p.wait_ready(90), p.cluster_error()
-        assert (offer(p, "ray-cpu1") or {}).get("capacity") == 2 and (offer(p, "ray-gpu1") or {}).get(
-            "gpu_type"
-        ) == "T4"
-        p.launch("inst-client", "ray-cpu1", env_for("inst-client"), user_id=1)
-        wait_for("running through Ray Client", lambda: state(p, "inst-client") == "running")
-        assert p.info({"id": "inst-client"})["node_id"] in {node_id(provider, "a"), node_id(provider, "b")}
-        wait_for("its CPU held", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 1)
-        p.terminate({"id": "inst-client"})
-        wait_for("terminated", lambda: not p.alive({"id": "inst-client"}), timeout=15)
-        wait_for("both CPUs free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 2)
-    finally:
-        p.close()
-
-
 def test_offers_follow_a_node_joining(cluster: RayCluster, provider: RayProvider) -> None:
     cluster.node("c")
     took = wait_for("node c in the offers", lambda: (offer(provider, "ray-cpu1") or {}).get("capacity") == 3)
