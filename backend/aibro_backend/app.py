@@ -264,6 +264,8 @@ class GuardedApplication(tornado.web.Application):
 def _log_access(status: int, request: httputil.HTTPServerRequest, note: str = "") -> None:
     """One access-log line: the path without its query string (a token put there by mistake never lands here)."""
     level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+    if request.method == "HEAD" and status == 404:
+        level = logging.DEBUG  # "not uploaded yet": the normal answer a content-addressed upload starts with
     ms = 1000.0 * request.request_time()
     access_log.log(
         level,
