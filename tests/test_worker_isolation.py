@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,14 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
+from backend_proc import own_backend
 
 from aibro_backend.providers.local import FROM_SCHEDULER, INHERITED, pid_alive
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
-from conftest import kill_workers, make_model
-from helpers import instance_pid, run_as_user, user_env, worker_process
+from conftest import make_model
+from helpers import instance_pid, run_as_user, worker_process
 
 REPO = Path(__file__).resolve().parent.parent
 NEVER = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "AIBRO_HOME", "AIBRO_TOKEN", "AIBRO_BACKEND_URL")
@@ -199,33 +199,6 @@ CANARY = textwrap.dedent(
 )
 
 
-def _wait_backend(home: Path, proc: subprocess.Popen, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            info = json.loads((home / "backend.json").read_text())
-            if info.get("pid") == proc.pid and (home / "credentials.json").exists():
-                return info
-        except (OSError, ValueError):
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    log = (home / "backend.log").read_text(errors="replace") if (home / "backend.log").exists() else ""
-    raise AssertionError(f"the backend did not start:\n{log[-3000:]}")
-
-
-def _stop_backend(home: Path, proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-    kill_workers(home)
-
-
 @pytest.mark.timeout(1800)
 def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -235,27 +208,15 @@ def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path:
     client_files = tmp_path / "client-files"
     client_files.mkdir()
     (client_files / "sitecustomize.py").write_text(CANARY)
-    backend_env = user_env(
+    with own_backend(
         home,
         AIBRO_WORKER_PYTHON=str(agent_venv),
         PYTHONPATH=str(client_files),
         AIBRO_TOKEN="aibro_u_must_not_reach_a_worker",
         AIBRO_BACKEND_URL="http://must-not-reach-a-worker.invalid",
         AIBRO_ISOLATION_CANARY="must-not-reach-a-worker",
-    )
-    with open(home / "backend.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "aibro_backend", "--home", str(home), "--port", "0"],
-            env=backend_env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=str(tmp_path),
-        )
-    try:
-        info = _wait_backend(home, proc)
-        token = json.loads((home / "credentials.json").read_text())["token"]
+    ) as backend:
+        proc, info, token = backend.proc, {"url": backend.url}, backend.token
         assert (client_files / f"imported-by-{proc.pid}").exists(), "the canary works: the backend imported it"
 
         script = tmp_path / "client.py"
@@ -283,5 +244,3 @@ def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path:
         foreign = sorted(p for p in mapped if "-packages/" in p and not p.startswith(f"{site}/"))
         assert foreign == [], "the worker loaded libraries from outside its venv"
         assert not (client_files / f"imported-by-{pid}").exists(), "the worker imported the client's files"
-    finally:
-        _stop_backend(home, proc)
