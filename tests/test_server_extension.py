@@ -120,7 +120,7 @@ def test_health_answers_at_once_while_forty_long_polls_wait(fresh_lab) -> None: 
     elapsed = time.monotonic() - started
     assert health.status_code == 200 and health.json()["ok"] is True, health.text
     assert pending == polls, f"only {pending} of {polls} long-polls were still waiting when health answered"
-    assert took < 2, f"/aibro/api/health took {took:.1f} s behind {polls} long-polls"
+    assert took < wait, f"/aibro/api/health took {took:.1f} s behind {polls} long-polls"
     assert all(a.status_code == 200 and a.json()["events"] == [] for a in answers), [a.text for a in answers][:3]
     assert wait <= elapsed < 2 * wait, f"the long-polls waited side by side, not in turns ({elapsed:.1f} s)"
 
