@@ -28,8 +28,12 @@ def cmd_backend(args: argparse.Namespace) -> int:
             f"`aibro backend {args.action}` takes no name (only add-user, revoke-tokens and aws-policy FILE do): "
             f"drop {args.name!r}"
         )
-    if (args.provider or args.aws_config) and args.action != "serve":
-        raise AibroError("--provider and --aws-config go with `aibro backend serve`")
+    ray_opts = [
+        (f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("ray_address", "ray_worker_url", "ray_node_resource")
+    ]
+    ray_opts = [(flag, val) for flag, val in ray_opts if val]
+    if (args.provider or args.aws_config or ray_opts) and args.action != "serve":
+        raise AibroError("--provider, --aws-config and --ray-* go with `aibro backend serve`")
     if args.action == "aws-policy":
         if not args.name:
             raise AibroError("aws-policy needs the AWS config file: aibro backend aws-policy FILE")
@@ -39,6 +43,7 @@ def cmd_backend(args: argparse.Namespace) -> int:
         tls += ["--keyfile", args.keyfile] if args.keyfile else []
         providers = [a for p in args.provider or [] for a in ("--provider", p)]
         providers += ["--aws-config", args.aws_config] if args.aws_config else []
+        providers += [a for pair in ray_opts for a in pair]
         home, port = str(config.home()), str(args.port)
         _exec_backend("aibro_backend", "--home", home, "--host", args.host, "--port", port, *tls, *providers)
     if args.action == "start":
@@ -229,11 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument(
         "--provider",
         action="append",
-        choices=["local", "aws"],
+        choices=["local", "aws", "ray"],
         default=None,
-        help="serve: machines beside the local ones (always on): aws, with --aws-config",
+        help="serve: machines beside the local ones (always on): aws, with --aws-config; ray, with --ray-address",
     )
     be.add_argument("--aws-config", default=None, metavar="FILE", help="serve: the AWS provider's config (TOML/JSON)")
+    be.add_argument("--ray-address", default=None, metavar="ADDRESS", help="serve: the Ray cluster's HOST:PORT")
+    be.add_argument(
+        "--ray-worker-url", default=None, metavar="URL", help="serve: the backend's URL as Ray nodes see it"
+    )
+    be.add_argument(
+        "--ray-node-resource", default=None, metavar="NAME", help="serve: only Ray nodes with this resource"
+    )
     be.add_argument("--expires-in", type=float, default=None, metavar="S", help="add-user: the token expires in S s")
     be.set_defaults(fn=cmd_backend)
     tk = sub.add_parser("token", help="list, mint or revoke your tokens")

@@ -111,6 +111,29 @@ def load_aws_provider(config_path: str) -> Any:
     return AwsProvider(config, session)
 
 
+RAY_FIX = (
+    "start the cluster's head there (`ray start --head --port 6379`), or pass the address its head printed "
+    "(`ray status` on a node shows it): --ray-address HOST:PORT"
+)
+
+
+def load_ray_provider(address: str, home: Path, worker_url: str | None, node_resource: str | None) -> Any:
+    """The Ray provider, connected to its cluster before the backend listens (Ray runs in the provider's bridge
+    process, never in this one); a missing Ray or an unreachable cluster is a RayClusterError naming the address."""
+    from .providers.ray import RayClusterError, RayProvider, RayUnavailable
+
+    try:
+        provider = RayProvider(address, home / "state", backend_url=worker_url, node_resource=node_resource)
+    except (RayUnavailable, ValueError) as exc:
+        raise RayClusterError(address, str(exc)) from None
+    timeout = float(os.environ.get("AIBRO_RAY_CONNECT_S") or 90)
+    if not provider.wait_ready(timeout):
+        why = provider.cluster_error() or f"no answer from the Ray cluster at {address} within {timeout:g} s"
+        provider.close()
+        raise RayClusterError(address, f"{why}. Fix: {RAY_FIX}")
+    return provider
+
+
 def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> Backend:
     for d in (home, home / "state"):  # private whatever the umask was when an older version made them
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -596,12 +619,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--provider",
         action="append",
-        choices=["local", "aws"],
+        choices=["local", "aws", "ray"],
         default=[],
-        help="machines beside the local provider (always on): aws (needs --aws-config)",
+        help="machines beside the local provider (always on): aws (needs --aws-config), ray (needs --ray-address)",
     )
     parser.add_argument("--aws-config", default=None, metavar="FILE", help="the AWS provider's config (TOML or JSON)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the Ray cluster: HOST:PORT of its GCS")
+    parser.add_argument(
+        "--ray-worker-url", default=None, metavar="URL", help="this backend's URL as the Ray nodes reach it"
+    )
+    parser.add_argument(
+        "--ray-node-resource", default=None, metavar="NAME", help="use only Ray nodes with this custom resource"
+    )
     args = parser.parse_args(argv)
+    ray_opts = args.ray_address or args.ray_worker_url or args.ray_node_resource
+    if "ray" in args.provider and not args.ray_address:
+        parser.error("--provider ray needs --ray-address HOST:PORT (the address `ray start --head` printed)")
+    if ray_opts and "ray" not in args.provider:
+        parser.error("--ray-address, --ray-worker-url and --ray-node-resource go with --provider ray")
     if "aws" in args.provider and not args.aws_config:
         parser.error("--provider aws needs --aws-config FILE (region, subnet, security groups, bucket, ...)")
     if args.aws_config and "aws" not in args.provider:
@@ -625,6 +660,16 @@ def main(argv: list[str] | None = None) -> None:
         try:
             extra["aws"] = load_aws_provider(args.aws_config)
         except AwsConfigError as exc:
+            print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+    if args.ray_address:
+        from .providers.ray import RayClusterError
+
+        try:
+            extra["ray"] = load_ray_provider(
+                args.ray_address, Path(args.home), args.ray_worker_url, args.ray_node_resource
+            )
+        except RayClusterError as exc:
             print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
     asyncio.run(serve(Path(args.home), args.host, args.port, tls, extra))

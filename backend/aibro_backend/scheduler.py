@@ -30,6 +30,18 @@ def _takes_job(provider: Provider) -> bool:
     return "job_id" in params and "attempt" in params
 
 
+def _cluster_error(provider: Provider) -> str | None:
+    """Why the provider's whole cluster cannot be used now (a Ray cluster stopped), if it can say."""
+    cluster_error = getattr(provider, "cluster_error", None)
+    return cluster_error() if callable(cluster_error) else None
+
+
+def _waiting_for(provider: Provider, machine_id: str) -> str | None:
+    """What a job waits for while every `machine_id` is in use, in the provider's words if it has them."""
+    waiting_for = getattr(provider, "waiting_for", None)
+    return waiting_for(machine_id) if callable(waiting_for) else None
+
+
 class Scheduler:
     def __init__(
         self,
@@ -150,7 +162,10 @@ class Scheduler:
                     self._no_capacity(inst, failed)
                     continue
                 self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
-                if inst["job_id"]:
+                gone = _cluster_error(provider)
+                if inst["job_id"] and gone:
+                    self._cluster_lost(inst, gone)
+                elif inst["job_id"]:
                     self._worker_lost(inst, failed)
             elif inst["status"] == v.COOLING and (inst["cooling_until"] or 0) <= now:
                 self.close_instance(inst)
@@ -203,8 +218,9 @@ class Scheduler:
         job = self.store.job(inst["job_id"])
         if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
             return
+        waiting = self._report_pending(inst, job)
         wait = float(job["spec"]["wait_request_s"])  # set by jobspec.validate_spec on every job
-        asked = max([inst["created"], *(ts for status, _, ts in inst["history"] if status == v.CLOSED)])
+        asked = max([inst["created"], *(h[2] for h in inst["history"] if h[0] == v.CLOSED)])
         if wait <= 0 or now - asked < wait:
             return
         self.providers[inst["provider"]].terminate(inst)
@@ -213,10 +229,29 @@ class Scheduler:
         self._pass_over(
             inst,
             job,
-            f"{machine} was not ready within {wait:g} s",
+            f"{machine} was not ready within {wait:g} s" + (f" ({waiting})" if waiting else ""),
             f"none of the machines ({listed}) was ready within wait_request_s={wait:g} s; "
             "wait longer (--wait-request / wait_request_s) or list other machines",
         )
+
+    def _report_pending(self, inst: dict[str, Any], job: dict[str, Any]) -> str | None:
+        """A provider that says what a launched instance still waits for (a Ray cluster with no free GPU) keeps
+        its job QUEUING · REQUESTING SERVER with those words; once placed, the job goes on CONNECTING SERVER."""
+        pending = getattr(self.providers[inst["provider"]], "pending", None)
+        message = pending(inst) if callable(pending) else None
+        if message:
+            self._say_waiting(job, message)
+        elif self._waiting.pop(job["id"], None) is not None:
+            self.set_status(job["id"], v.QUEUING, v.CONNECTING_SERVER, f"placed {inst['id']} ({inst['machine_id']})")
+        return message
+
+    def _cluster_lost(self, inst: dict[str, Any], error: str) -> None:
+        """The provider's whole cluster is gone (`ray stop`): its job fails with the provider's words, which name
+        the cluster, instead of waiting for a machine that no longer exists."""
+        job = self.store.job(inst["job_id"])
+        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+            return
+        self.fail(job["id"], f"{error}; start the cluster again (or list other machines) and submit the job again")
 
     def _pass_over(
         self, inst: dict[str, Any], job: dict[str, Any], message: str, none_left: str, closed_as: str = v.TERMINATED
@@ -285,7 +320,9 @@ class Scheduler:
             return
         self.store.update_job(job["id"], attempt=attempt, instance_id=None)
         done = job["epochs_done"]
-        why = f"could not start ({launch_error})" if launch_error else "was lost"
+        lost_reason = getattr(self.providers.get(inst["provider"]), "lost_reason", None)
+        reason = lost_reason(inst) if callable(lost_reason) else None
+        why = f"could not start ({launch_error})" if launch_error else f"was lost ({reason})" if reason else "was lost"
         self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} {why}; resuming from epoch {done}"})
         self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
 
@@ -321,6 +358,7 @@ class Scheduler:
         index = self.machine_index()
         passed = self._passed_over(job)
         waiting: list[str] = []
+        unusable: list[str] = []  # machines of a provider whose cluster is gone: why
         for machine_id in spec["machines"]:
             warm = [i for i in self.store.instances(job["user_id"], (v.COOLING,)) if i["machine_id"] == machine_id]
             if warm:
@@ -334,6 +372,10 @@ class Scheduler:
             if machine_id not in index or machine_id in passed:
                 continue
             provider_name, offer = index[machine_id]
+            gone = _cluster_error(self.providers[provider_name])
+            if gone:
+                unusable.append(gone)
+                continue
             live_user = self.store.instances(job["user_id"], v.INSTANCE_LIVE)
             stopped = [
                 i
@@ -357,13 +399,18 @@ class Scheduler:
                 if self._evict_cooling(job, machine_id, live_machine):
                     return
                 busy = sum(1 for i in live_machine if i["status"] != v.COOLING)
-                waiting.append(f"waiting for {machine_id}: all {offer['capacity']} in use ({busy} training)")
+                waiting.append(
+                    _waiting_for(self.providers[provider_name], machine_id)
+                    or f"waiting for {machine_id}: all {offer['capacity']} in use ({busy} training)"
+                )
                 continue
             self._waiting.pop(job["id"], None)
             self._launch(job, provider_name, machine_id)
             return
         if waiting:
             self._say_waiting(job, waiting[0])
+        elif unusable:
+            self.fail(job["id"], f"{unusable[0]}; start the cluster again or list other machines")
 
     def _restart(self, job: dict[str, Any], inst: dict[str, Any]) -> bool:
         """Start a stopped machine again for this job (its worker comes back with the token it kept)."""
@@ -374,8 +421,15 @@ class Scheduler:
             self._skip_stopped.add(inst["id"])
             return False
         self._ops[inst["id"]] = fut
+        price = self.machine_index().get(inst["machine_id"], (None, {}))[1].get("price_per_hour")
         self.store.set_instance_state(
-            inst["id"], v.LAUNCHING, "", job_id=job["id"], cool_down_s=job["spec"]["cool_down_s"], cooling_until=None
+            inst["id"],
+            v.LAUNCHING,
+            "",
+            job_id=job["id"],
+            cool_down_s=job["spec"]["cool_down_s"],
+            cooling_until=None,
+            price_per_hour=float(price if price is not None else inst.get("price_per_hour") or 0.0),
         )
         self._waiting.pop(job["id"], None)
         self._bind(job, inst["id"], inst["machine_id"], f"restarting stopped instance {inst['id']}")
@@ -410,8 +464,16 @@ class Scheduler:
         # A provider whose machines can read their own launch data (cloud user data) gets a one-time enrollment
         # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
         enroll = new_token("e") if getattr(self.providers[provider_name], "enrolls", False) else None
+        price = float(self.machine_index().get(machine_id, (None, {}))[1].get("price_per_hour") or 0.0)
         self.store.create_instance(
-            instance_id, job["user_id"], provider_name, machine_id, token, job["spec"]["cool_down_s"], enroll
+            instance_id,
+            job["user_id"],
+            provider_name,
+            machine_id,
+            token,
+            job["spec"]["cool_down_s"],
+            enroll,
+            price_per_hour=price,
         )
         if enroll:
             env["AIBRO_ENROLL_TOKEN"] = enroll

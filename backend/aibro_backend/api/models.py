@@ -872,6 +872,9 @@ class Instance(Response):
     last_seen: float | None
     history: list[list[Any]] = Field(description="[status, substatus, ts] for every transition")
     cooling_left_s: float = 0.0
+    placement: dict[str, Any] | None = Field(
+        None, description="where its provider runs it, if it says (Ray: node_id, node_ip, hostname, waiting)"
+    )
 
 
 class Instances(Response):

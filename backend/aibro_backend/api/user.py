@@ -14,6 +14,7 @@ from .jobspec import spec_blobs, validate_spec
 from .models import INT64_MAX, EventsQuery, ReplayOverrides, finite
 
 MAX_WAIT_S = 60.0
+PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
 
 
 def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
@@ -219,8 +220,17 @@ class InstancesHandler(UserHandler):
             inst.pop("pid", None)
             cooling = inst["status"] == v.COOLING
             inst["cooling_left_s"] = max(0.0, (inst["cooling_until"] or now) - now) if cooling else 0
+            inst["placement"] = self._placement(inst)
             out.append(inst)
         self.send({"instances": out})
+
+    def _placement(self, inst: dict[str, Any]) -> dict[str, Any] | None:
+        """Where a live instance runs, from a provider that says (a Ray node); None otherwise."""
+        info = getattr(self.backend.scheduler.providers.get(inst["provider"]), "info", None)
+        if not callable(info) or inst["status"] not in v.INSTANCE_LIVE:
+            return None
+        found = info(inst)
+        return {k: found.get(k) for k in PLACEMENT_KEYS if found.get(k) is not None}
 
 
 class TerminateHandler(UserHandler):

@@ -1060,7 +1060,13 @@ class RayProvider:
                 room = self._cluster_available is None or fits(need, self._cluster_available) > 0
             if room:
                 return None  # the cluster has room: Ray is placing it (our own placed actors count as placed)
-            return f"waiting for {need_text(offer)} on the Ray cluster ({self.address})"
+            return self.waiting_for(rec["machine_id"])
+
+    def waiting_for(self, machine_id: str) -> str | None:
+        """What a job waits for while every instance of `machine_id` the cluster can hold is in use."""
+        with self._lock:
+            found = self._machines.get(machine_id)
+        return f"waiting for {need_text(found[0])} on the Ray cluster ({self.address})" if found else None
 
     def lost_reason(self, instance: dict[str, Any]) -> str | None:
         """Why a dead instance ended: its node died, the worker exited, or the cluster is gone (names the address)."""
