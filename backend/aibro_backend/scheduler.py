@@ -220,7 +220,7 @@ class Scheduler:
             return
         waiting = self._report_pending(inst, job)
         wait = float(job["spec"]["wait_request_s"])  # set by jobspec.validate_spec on every job
-        asked = max([inst["created"], *(ts for status, _, ts in inst["history"] if status == v.CLOSED)])
+        asked = max([inst["created"], *(h[2] for h in inst["history"] if h[0] == v.CLOSED)])
         if wait <= 0 or now - asked < wait:
             return
         self.providers[inst["provider"]].terminate(inst)
@@ -421,8 +421,15 @@ class Scheduler:
             self._skip_stopped.add(inst["id"])
             return False
         self._ops[inst["id"]] = fut
+        price = self.machine_index().get(inst["machine_id"], (None, {}))[1].get("price_per_hour")
         self.store.set_instance_state(
-            inst["id"], v.LAUNCHING, "", job_id=job["id"], cool_down_s=job["spec"]["cool_down_s"], cooling_until=None
+            inst["id"],
+            v.LAUNCHING,
+            "",
+            job_id=job["id"],
+            cool_down_s=job["spec"]["cool_down_s"],
+            cooling_until=None,
+            price_per_hour=float(price if price is not None else inst.get("price_per_hour") or 0.0),
         )
         self._waiting.pop(job["id"], None)
         self._bind(job, inst["id"], inst["machine_id"], f"restarting stopped instance {inst['id']}")
@@ -457,8 +464,16 @@ class Scheduler:
         # A provider whose machines can read their own launch data (cloud user data) gets a one-time enrollment
         # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
         enroll = new_token("e") if getattr(self.providers[provider_name], "enrolls", False) else None
+        price = float(self.machine_index().get(machine_id, (None, {}))[1].get("price_per_hour") or 0.0)
         self.store.create_instance(
-            instance_id, job["user_id"], provider_name, machine_id, token, job["spec"]["cool_down_s"], enroll
+            instance_id,
+            job["user_id"],
+            provider_name,
+            machine_id,
+            token,
+            job["spec"]["cool_down_s"],
+            enroll,
+            price_per_hour=price,
         )
         if enroll:
             env["AIBRO_ENROLL_TOKEN"] = enroll

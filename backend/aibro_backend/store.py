@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, user_id INTEGER NOT N
     machine_id TEXT NOT NULL, status TEXT NOT NULL, substatus TEXT NOT NULL DEFAULT '', pid INTEGER,
     token_hash TEXT NOT NULL, job_id TEXT, cool_down_s REAL NOT NULL DEFAULT 0, cooling_until REAL,
     created REAL NOT NULL, updated REAL NOT NULL, last_seen REAL, history TEXT NOT NULL DEFAULT '[]',
-    enroll_hash TEXT, enroll_expires REAL);
+    enroll_hash TEXT, enroll_expires REAL, price_per_hour REAL);
 CREATE TABLE IF NOT EXISTS artifacts (job_id TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
     sha TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (job_id, name));
 """
@@ -85,7 +85,8 @@ class Store:
             self.db.execute("UPDATE tokens SET id=? WHERE hash=?", (_token_id(), row["hash"]))
         self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS tokens_id ON tokens (id)")
         icols = {r["name"] for r in self.db.execute("PRAGMA table_info(instances)").fetchall()}
-        for col, kind in (("enroll_hash", "TEXT"), ("enroll_expires", "REAL")):  # one-time enrollment (cloud)
+        # one-time enrollment (cloud); the $/h an instance was started at (costs.py)
+        for col, kind in (("enroll_hash", "TEXT"), ("enroll_expires", "REAL"), ("price_per_hour", "REAL")):
             if col not in icols:
                 self.db.execute(f"ALTER TABLE instances ADD COLUMN {col} {kind}")
 
@@ -333,16 +334,19 @@ class Store:
         cool_down_s: float,
         enroll_token: str | None = None,
         enroll_ttl_s: float = ENROLL_TTL_S,
+        price_per_hour: float = 0.0,
     ) -> None:
         """A new LAUNCHING instance whose worker authenticates with `token`, or, when `enroll_token` is given
         (a machine whose user data anyone on it can read), first exchanges that one-time token for its own
-        (`enroll`); `token` is then never handed out. Only hashes are kept."""
+        (`enroll`); `token` is then never handed out. Only hashes are kept. `price_per_hour` is what it is billed
+        at (costs.py)."""
         now = time.time()
         enroll_hash = hash_token(enroll_token) if enroll_token else None
         enroll_expires = now + enroll_ttl_s if enroll_token else None
         self.db.execute(
             "INSERT INTO instances (id, user_id, provider, machine_id, status, token_hash, cool_down_s, created, "
-            "updated, history, enroll_hash, enroll_expires) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "updated, history, enroll_hash, enroll_expires, price_per_hour) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 instance_id,
                 user_id,
@@ -356,6 +360,7 @@ class Store:
                 json.dumps([[v.LAUNCHING, "", now]]),
                 enroll_hash,
                 enroll_expires,
+                price_per_hour,
             ),
         )
 
@@ -406,14 +411,19 @@ class Store:
         return [_instance_row(r) for r in self.db.execute(sql, args).fetchall()]
 
     def set_instance_state(self, instance_id: str, status: str, substatus: str = "", **fields: Any) -> None:
-        """Move an instance to a new state and timestamp the transition in its history."""
+        """Move an instance to a new state and timestamp the transition in its history: [status, substatus, ts,
+        job_id], the job it holds from then on (what costs.py bills each job for)."""
         inst = self.instance(instance_id)
         if inst is None:
             raise KeyError(instance_id)
         now = time.time()
         history = inst["history"]
-        if not history or history[-1][0] != status or history[-1][1] != substatus:
-            history.append([status, substatus, now])
+        job = fields.get("job_id", inst["job_id"])
+        last = history[-1] if history else None
+        if last is not None and last[:2] == [status, substatus] and len(last) < 4 and job:
+            history[-1] = [*last[:3], job]  # the job is bound just after the row is made (same state)
+        elif last is None or last[:2] != [status, substatus] or (len(last) > 3 and last[3] != job):
+            history.append([status, substatus, now, job])
         fields.update(status=status, substatus=substatus, updated=now, history=json.dumps(history))
         cols = ", ".join(f"{k}=?" for k in fields)
         self.db.execute(f"UPDATE instances SET {cols} WHERE id=?", (*fields.values(), instance_id))

@@ -813,7 +813,10 @@ class Job(Response):
     meta: dict[str, str]
     code: list[CodeListing]
     requirements: list[str]
-    cost: float
+    cost: float = Field(
+        description="USD: the seconds its instances held it at their start price, plus the 60 s minimum of a start "
+        "it caused; cooling afterwards is the instance's (costs.py)"
+    )
     timeline: list[TimelineEntry]
     history: list[HistoryRow]
     error: str | None
@@ -870,8 +873,15 @@ class Instance(Response):
     created: float
     updated: float
     last_seen: float | None
-    history: list[list[Any]] = Field(description="[status, substatus, ts] for every transition")
+    history: list[list[Any]] = Field(
+        description="[status, substatus, ts, job_id] for every transition: job_id is the job it holds from then on "
+        "(null while cooling or closed; absent in rows stored before it was recorded)"
+    )
     cooling_left_s: float = 0.0
+    price_per_hour: float | None = Field(None, description="USD per hour it was (re)started at; 0 for local machines")
+    cost: float = Field(0.0, description="USD so far: per-second billing, 60 s minimum per start (costs.py)")
+    cooling_cost: float = Field(0.0, description="the part of `cost` no job paid: cooling, billed to the instance")
+    billed_s: float = Field(0.0, description="seconds billed so far over all its starts")
     placement: dict[str, Any] | None = Field(
         None, description="where its provider runs it, if it says (Ray: node_id, node_ip, hostname, waiting)"
     )

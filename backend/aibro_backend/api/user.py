@@ -9,6 +9,7 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES, JobPicture
 
+from ..costs import instance_cost, job_costs
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
 from .models import INT64_MAX, EventsQuery, ReplayOverrides, finite
@@ -17,11 +18,14 @@ MAX_WAIT_S = 60.0
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
 
 
-def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
+def job_view(job: dict[str, Any], store: Any, costs: dict[str, float] | None = None) -> dict[str, Any]:
     """What a client sees of a job (models.Job): states, progress, timeline and cost, never other users' data.
 
     Built by the one event reduction (aibro_core.jobpicture), which skips an event it cannot use, and read from
-    the stored spec defensively: a row stored before requests were validated never turns this into a 500."""
+    the stored spec defensively: a row stored before requests were validated never turns this into a 500.
+    `costs` (job id → USD, from job_costs) saves a listing from reading the user's instances once per job."""
+    if costs is None:
+        costs = job_costs(store.instances(job["user_id"]), time.time())
     spec = job["spec"] if isinstance(job["spec"], dict) else {}
     picture = JobPicture().apply_all(store.typed_events(job["id"], (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
     valid = job["status"] in JOB_STATUSES and job["substatus"] in JOB_SUBSTATUSES
@@ -48,7 +52,7 @@ def job_view(job: dict[str, Any], store: Any) -> dict[str, Any]:
         "meta": spec.get("meta") or {},
         "code": code.get("files") or [],
         "requirements": spec.get("requirements") or [],
-        "cost": 0.0,
+        "cost": costs.get(job["id"], 0.0),
         "timeline": picture.timeline,
         "history": picture.history_rows(),
         "error": picture.error,
@@ -81,7 +85,8 @@ class JobsHandler(UserHandler):
     def get(self) -> None:
         store = self.backend.store
         cursor = store.max_gid(self.uid)  # taken first: events after it reach a watcher that follows from here
-        self.send({"jobs": [job_view(j, store) for j in store.jobs(self.uid)], "cursor": cursor})
+        costs = job_costs(store.instances(self.uid), time.time())
+        self.send({"jobs": [job_view(j, store, costs) for j in store.jobs(self.uid)], "cursor": cursor})
 
     def post(self) -> None:
         spec = self.body_json()
@@ -220,6 +225,8 @@ class InstancesHandler(UserHandler):
             inst.pop("pid", None)
             cooling = inst["status"] == v.COOLING
             inst["cooling_left_s"] = max(0.0, (inst["cooling_until"] or now) - now) if cooling else 0
+            priced = instance_cost(inst, now)
+            inst["cost"], inst["cooling_cost"], inst["billed_s"] = priced.cost, priced.cooling_cost, priced.billed_s
             inst["placement"] = self._placement(inst)
             out.append(inst)
         self.send({"instances": out})
