@@ -19,6 +19,7 @@ from .cellsplit import SplitCell, split_cell
 from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
 from .progress import JobView, TextProgress, local_notice, worker_note
+from .timeline_table import format_timelines
 from .training import Training, format_machines
 
 
@@ -177,6 +178,8 @@ class CloudMagics(Magics):
             def watcher(view: JobView, ev: dict[str, Any]) -> None:
                 if stop.is_set():
                     raise _Stop
+                if ev["type"] in ("status", "epoch"):
+                    view.cost = self._cost(job_id, view.cost)
                 panel.update(view, ev)
                 if local_notice(ev) or (not quiet and (ev["type"] in ("epoch", "error") or worker_note(ev))):
                     text(view, ev)  # a notice ("backend unreachable, restarting…") shows even with --quiet
@@ -299,14 +302,27 @@ class CloudMagics(Magics):
             raise UsageError(str(exc)) from None
         print(f"{job_id}: cancel requested ({job['status']} · {job['substatus']})")
 
+    def _cost(self, job_id: str, last: float) -> float:
+        """The job's cost so far (the backend bills it from its instances' times); the last one if unreachable."""
+        try:
+            return float(self.trainer.client.job(job_id)["cost"])
+        except (AibroError, KeyError, TypeError, ValueError):
+            return last
+
     @magic_arguments()
-    @argument("job_id")
+    @argument("job_id", nargs="?", default=None, help="one job (with its chart); without it, every job of yours")
     @argument("--chart", choices=["pie", "funnel"], default="pie")
     @line_magic
     def cloud_timeline(self, line: str) -> Any:
-        """Show how long a job spent in each substatus, as a pie or a funnel."""
+        """Per job: seconds in each substatus (gear-up: requesting, connecting, gearing up, sending), training
+        time and cost; for one job also a pie or funnel of its time."""
         args = _parse(self.cloud_timeline, line)
-        return Training.plot_timeline(args.job_id, args.chart)
+        try:
+            jobs = [self.trainer.client.job(args.job_id)] if args.job_id else self.trainer.client.jobs()
+        except AibroError as exc:
+            raise UsageError(str(exc)) from None
+        print(format_timelines(jobs))
+        return Training.plot_timeline(args.job_id, args.chart) if args.job_id else None
 
 
 def _parse(magic: Any, line: str) -> Any:
