@@ -146,7 +146,7 @@ def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> 
     providers: dict[str, Any] = {"local": LocalProvider(state, capacity)}  # the local provider always runs
     providers.update(extra_providers or {})
     holder: dict[str, Backend] = {}
-    scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, lambda ev: bus.publish())
+    scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, bus.publish)
     backend = Backend(home, store, BlobStore(state / "blobs"), policy, bus, scheduler)
     backend.extra["limits"] = Limits.from_env(policy)
     holder["b"] = backend

@@ -1,26 +1,52 @@
-"""Wakes long-poll waiters when the event log grows, so they return at once instead of polling."""
+"""Wakes long-poll waiters when the event log grows, so they return at once instead of polling.
+
+Keyed: a stored event wakes only the long-polls of its job and of its user. With one shared wake-up, every event
+of any job woke every waiter in the backend (a thousand watchers each re-reading the store for each of thousands
+of events a second); keyed, an event costs its own watchers only."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
+from typing import Any
+
+Key = tuple[str, Any]
+
+
+def job_key(job_id: str) -> Key:
+    return ("job", job_id)
+
+
+def user_key(user_id: int) -> Key:
+    return ("user", user_id)
 
 
 class EventBus:
     def __init__(self) -> None:
-        self._waiters: set[asyncio.Future] = set()
+        self._waiters: defaultdict[Key, set[asyncio.Future]] = defaultdict(set)
 
-    def publish(self) -> None:
-        for fut in self._waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self._waiters.clear()
+    def publish(self, event: dict[str, Any] | None = None) -> None:
+        """Wake the waiters of this event's job and user; with no event, every waiter."""
+        if event is None:
+            keys = list(self._waiters)
+        else:
+            keys = [job_key(event["job_id"]), user_key(event["user_id"])]
+        for key in keys:
+            for fut in self._waiters.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
+    async def wait(self, timeout: float, key: Key) -> None:
+        """Return when an event under `key` is published, or after `timeout` seconds."""
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.add(fut)
+        self._waiters[key].add(fut)
         try:
             await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             pass
         finally:
-            self._waiters.discard(fut)
+            waiting = self._waiters.get(key)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del self._waiters[key]

@@ -24,5 +24,5 @@ class Backend:
     url: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def on_event(self, _event: dict[str, Any]) -> None:
-        self.bus.publish()
+    def on_event(self, event: dict[str, Any]) -> None:
+        self.bus.publish(event)

@@ -10,6 +10,7 @@ from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES, JobPicture
 
 from ..costs import instance_cost, job_costs
+from ..bus import job_key, user_key
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
 from .models import INT64_MAX, EventsQuery, ReplayOverrides, finite
@@ -171,7 +172,7 @@ class JobEventsHandler(UserHandler):
         job = store.job(job_id)  # status first: a final status is committed with its event, so none is missed
         events = store.events(job_id, after)
         while not events and job["status"] not in v.JOB_FINAL and time.monotonic() < deadline:
-            await self.backend.bus.wait(deadline - time.monotonic())
+            await self.backend.bus.wait(deadline - time.monotonic(), job_key(job_id))
             job = store.job(job_id)
             events = store.events(job_id, after)
         status, substatus = _job_state(job, store)
@@ -185,7 +186,7 @@ class UserEventsHandler(UserHandler):
         deadline = time.monotonic() + wait
         events = store.user_events(self.uid, after)
         while not events and time.monotonic() < deadline:
-            await self.backend.bus.wait(deadline - time.monotonic())
+            await self.backend.bus.wait(deadline - time.monotonic(), user_key(self.uid))
             events = store.user_events(self.uid, after)
         cursor = events[-1]["gid"] if events else after
         self.send({"events": events, "cursor": cursor})

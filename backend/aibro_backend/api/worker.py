@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
+from ..store import NewEvent
 from .base import ApiError, BaseHandler
 from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
@@ -99,15 +100,14 @@ class WorkerEventsHandler(WorkerHandler):
         for ev in body.events:
             if ev.type == v.EV_EPOCH and ev.data.epoch >= epochs:
                 raise ApiError(400, f"epoch {ev.data.epoch} is past the job's {epochs} epochs", wseq=ev.wseq)
-        scheduler = self.backend.scheduler
-        for ev in body.events:
-            if ev.type == v.EV_STATUS and self.backend.store.job(job_id)["status"] not in v.JOB_ACTIVE:
-                continue
-            stored = self.backend.store.append_event(
-                job_id, ev.type, ev.payload(), attempt=body.attempt, wseq=ev.wseq, ts=ev.ts or time.time()
-            )
-            if stored:
-                scheduler.on_event(stored)
+        active = job["status"] in v.JOB_ACTIVE  # a worker's own events never end a job: one look is enough
+        batch = [
+            NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts or time.time())
+            for ev in body.events
+            if active or ev.type != v.EV_STATUS
+        ]
+        for stored in self.backend.store.append_events(job_id, batch, attempt=body.attempt):
+            self.backend.scheduler.on_event(stored)
         job = self.backend.store.job(job_id)
         self.send({"acked": self.backend.store.max_wseq(job_id, body.attempt), "cancel": job["cancel_requested"]})
 
@@ -128,6 +128,10 @@ class WorkerFinishHandler(WorkerHandler):
         job = self.assigned_job(job_id, body.attempt)
         store, scheduler = self.backend.store, self.backend.scheduler
         outcome = body.outcome
+        if outcome == v.SPOT_INTERRUPTED:
+            scheduler.spot_interrupted(job, store.instance(self.instance["id"]), (body.error or "")[:1000])
+            self.send({"ok": True})
+            return
         if job["status"] in v.JOB_ACTIVE:
             if outcome == "completed":
                 history = build_history(store.typed_events(job_id, (v.EV_EPOCH,)))
