@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -109,7 +109,16 @@ class PlayedInstances:
     under `root/<ec2 id>/`, the backend's public URL becomes the test backend's real one, and AWS calls go to
     moto. A machine moto reports stopped or terminated has its agent killed, as the real one would be."""
 
-    def __init__(self, backend_id: str, backend_url: str, root: Path, aws_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        backend_id: str,
+        backend_url: str,
+        root: Path,
+        aws_env: dict[str, str],
+        machine_env: Callable[[str], dict[str, str]] | None = None,
+    ) -> None:
+        """`machine_env(ec2_id)`: what else differs on that machine (its own fake instance metadata service)."""
+        self.machine_env = machine_env
         self.backend_id = backend_id
         self.backend_url = backend_url
         self.root = root
@@ -168,6 +177,8 @@ class PlayedInstances:
         env["AIBRO_WORKER_URL"] = self.backend_url
         # never the test host's own shutdown: the played machine notes that it asked to be shut down
         env["AIBRO_SHUTDOWN_COMMAND"] = f"touch {disk / 'shutdown-requested'}"
+        if self.machine_env is not None:
+            env.update(self.machine_env(ec2_id))
         self.envs[ec2_id] = dict(env)
         base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
         full = {**base, **self.aws_env, **env, "CUDA_VISIBLE_DEVICES": "-1", "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -19,6 +19,7 @@ from .providers.base import CapacityError, Provider
 from .store import Store
 
 log = logging.getLogger("aibro.scheduler")
+MAX_SPOT_INTERRUPTIONS = 10  # reclaimed spot machines a job survives (counted apart from crashes)
 
 
 def _takes_job(provider: Provider) -> bool:
@@ -315,8 +316,9 @@ class Scheduler:
             self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled")
             return
         attempt = job["attempt"] + 1
-        if attempt >= self.policy.max_attempts:
-            self.fail(job["id"], f"the worker was lost {attempt} times; giving up. See the worker log of {inst['id']}.")
+        crashes = attempt - self._spot_interruptions(job)  # a machine the cloud reclaimed is no crash
+        if crashes >= self.policy.max_attempts:
+            self.fail(job["id"], f"the worker was lost {crashes} times; giving up. See the worker log of {inst['id']}.")
             return
         self.store.update_job(job["id"], attempt=attempt, instance_id=None)
         done = job["epochs_done"]
@@ -325,6 +327,53 @@ class Scheduler:
         why = f"could not start ({launch_error})" if launch_error else f"was lost ({reason})" if reason else "was lost"
         self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} {why}; resuming from epoch {done}"})
         self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
+
+    def spot_interrupted(self, job: dict[str, Any], inst: dict[str, Any], notice: str) -> None:
+        """The worker of a spot machine stopped at a batch boundary because the cloud is reclaiming the machine
+        (its finished epochs are checkpointed): the machine is terminated, and the job goes back to the queue to
+        resume from its last epoch checkpoint on the next machine in its list (the same type again when it lists
+        no other). Counted apart from crashes (`max_attempts`), up to MAX_SPOT_INTERRUPTIONS."""
+        self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
+        provider = self.providers.get(inst["provider"])
+        if provider is not None:
+            provider.terminate(inst)
+        if job["status"] not in v.JOB_ACTIVE:
+            return
+        if job["cancel_requested"]:
+            self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled")
+            return
+        machine, done = inst["machine_id"], job["epochs_done"]
+        cloud = "AWS" if inst["provider"] == "aws" else "its cloud"
+        interruptions = self._spot_interruptions(job) + 1
+        self.emit(
+            job["id"],
+            v.EV_LOG,
+            {"message": f"{notice or 'spot interruption'} ({machine}, {inst['id']})", "spot_interrupted": machine},
+        )
+        if interruptions > MAX_SPOT_INTERRUPTIONS:
+            self.fail(
+                job["id"],
+                f"spot machines were reclaimed by {cloud} {interruptions} times; giving up. List an on-demand "
+                f"machine ({machine.removesuffix('.od')}.od) to finish from epoch {done} without interruptions",
+            )
+            return
+        attempt = job["attempt"] + 1
+        self.store.update_job(job["id"], attempt=attempt, instance_id=None, machine_id=None)
+        others = [m for m in job["spec"]["machines"] if m != machine]
+        if others:  # this machine just went away: the next attempt tries the others first
+            self.emit(
+                job["id"],
+                v.EV_LOG,
+                {"message": f"{machine} was reclaimed; trying {others[0]}", "passed_over": machine, "attempt": attempt},
+            )
+        message = (
+            f"spot machine {machine} was reclaimed by {cloud}; resuming from epoch {done} on {(others or [machine])[0]}"
+        )
+        self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, message)
+
+    def _spot_interruptions(self, job: dict[str, Any]) -> int:
+        """How many times this job's machine was reclaimed, read from its event log (a restart keeps it)."""
+        return sum(1 for e in self.store.typed_events(job["id"], (v.EV_LOG,)) if "spot_interrupted" in e["data"])
 
     def _check_cancels(self) -> None:
         now = time.time()

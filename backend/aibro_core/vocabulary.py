@@ -49,6 +49,16 @@ EV_ARTIFACT = "artifact"
 EVENT_TYPES = (EV_STATUS, EV_EPOCH, EV_BATCH, EV_LOG, EV_ERROR, EV_ARTIFACT)
 WORKER_EVENT_TYPES = (EV_STATUS, EV_EPOCH, EV_BATCH, EV_LOG, EV_ERROR)
 
+# How a worker's attempt at a job ended (POST /worker/jobs/{id}/finish). A spot interruption is no failure: the
+# cloud reclaimed the machine, the worker stopped at a batch boundary after its last epoch checkpoint, and the job
+# resumes elsewhere (its log event carries the key `spot_interrupted`, which the scheduler counts apart from
+# crashes).
+OUTCOME_COMPLETED = "completed"
+OUTCOME_CANCELED = "canceled"
+OUTCOME_FAILED = "failed"
+SPOT_INTERRUPTED = "spot_interrupted"
+OUTCOMES = (OUTCOME_COMPLETED, OUTCOME_CANCELED, OUTCOME_FAILED, SPOT_INTERRUPTED)
+
 # Fit keyword arguments that travel to the worker as they are.
 FIT_KWARGS = (
     "epochs",

@@ -122,7 +122,7 @@ def parse_expires(value: str | None) -> float | None:
         return None
 
 
-def build_user_data(config: AwsConfig, instance_id: str, enroll_token: str) -> str:
+def build_user_data(config: AwsConfig, instance_id: str, enroll_token: str, spot: bool = False) -> str:
     """The first-boot script: writes the worker's environment and a systemd unit that starts it on every boot.
 
     Everything in it is readable by anyone on the instance (and through DescribeInstanceAttribute), so it holds
@@ -143,6 +143,7 @@ def build_user_data(config: AwsConfig, instance_id: str, enroll_token: str) -> s
             ("AIBRO_WORKER_DIR", "/var/lib/aibro/work"),
             ("AIBRO_ENV_CACHE", "/var/lib/aibro/envs"),
             ("AIBRO_SHUTDOWN_ON_LOSS", "1"),  # a backend gone for good: the agent shuts the machine down
+            *((("AIBRO_SPOT_WATCH", "1"),) if spot else ()),  # poll IMDS for the 2-minute interruption notice
         )
     )
     script = f"""#!/bin/bash
@@ -405,7 +406,7 @@ class AwsProvider:
                 "the AWS provider needs a one-time enrollment token in env AIBRO_ENROLL_TOKEN (the long-lived "
                 "AIBRO_WORKER_TOKEN never goes into user data)"
             )
-        user_data = build_user_data(self.config, instance_id, token)
+        user_data = build_user_data(self.config, instance_id, token, spot=spot)
         with self._lock:
             known = self._tracked.get(instance_id)
             if known is not None and known.state not in ("failed", "terminated"):

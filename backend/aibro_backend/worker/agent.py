@@ -20,9 +20,11 @@ import requests
 
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError, AuthError, BackendUnreachable
+from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport
 
 from .outbox import Outbox
+from .spot import SpotWatch, spot_watch_from_env
 
 log = logging.getLogger("aibro.worker")
 POLL_S = 0.2
@@ -49,6 +51,8 @@ def retrying(fn: Callable[[], Any], what: str) -> Any:
 
 
 class Worker:
+    _s3_uploads: bool | None = None  # whether artifacts go to S3 on presigned URLs (the backend's HEAD says)
+
     def __init__(self, url: str, token: str, instance_id: str, workdir: Path) -> None:
         self.t = Transport(url, token, timeout=60)
         self.instance_id = instance_id
@@ -62,9 +66,30 @@ class Worker:
         self._code: Any = None
         self._active_env = False
         self.backend_lost = False
+        self._outbox: Outbox | None = None
+        self.spot: SpotWatch | None = spot_watch_from_env(os.environ, self._rebalance_recommended)
+
+    def _rebalance_recommended(self, detail: dict[str, Any]) -> None:
+        outbox = self._outbox
+        if outbox is not None:
+            outbox.put(
+                v.EV_LOG,
+                {
+                    "message": "AWS recommends a rebalance: this spot machine is at elevated risk of interruption; "
+                    "training goes on until an interruption is announced",
+                    "warning": "this spot machine may be reclaimed soon; the job would resume from its last epoch",
+                },
+            )
+
+    def interrupted(self) -> bool:
+        """Whether AWS announced that this spot machine is about to be reclaimed."""
+        return self.spot is not None and self.spot.notice.is_set()
 
     def run(self) -> None:
         while True:
+            if self.interrupted():
+                log.info("leaving: this spot machine is being reclaimed")
+                return
             try:
                 a = retrying(lambda: self.t.json("GET", "/worker/assignment"), "assignment")
             except (AuthError, BackendUnreachable) as exc:
@@ -76,6 +101,9 @@ class Worker:
                 return
             if a["action"] == "train":
                 self.run_job(a)
+                if self.interrupted():
+                    log.info("leaving: this spot machine is being reclaimed")
+                    return
             else:
                 time.sleep(POLL_S)
 
@@ -83,13 +111,15 @@ class Worker:
     def run_job(self, a: dict[str, Any]) -> None:
         job_id, attempt, spec = a["job_id"], a["attempt"], a["spec"]
         outbox = Outbox(self.t, job_id, attempt)
+        self._outbox = outbox
         try:
             outcome, error = self._train(outbox, job_id, attempt, spec, a.get("resume"), a.get("cancel"))
         except Exception as exc:  # noqa: BLE001 - any failure is reported to the user, the worker lives on
             log.exception("job %s failed", job_id)
-            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
+            outcome, error = v.OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
             outbox.put(v.EV_LOG, {"message": traceback.format_exc()[-4000:]})
         finally:
+            self._outbox = None
             self._gear_down()
         if outbox.stale.is_set():
             outbox.close()
@@ -109,7 +139,9 @@ class Worker:
         self, outbox: Outbox, job_id: str, attempt: int, spec: dict, resume: dict | None, cancel: bool
     ) -> tuple[str, str | None]:
         if cancel:
-            return "canceled", None
+            return v.OUTCOME_CANCELED, None
+        if self.interrupted():
+            return self._interrupted(outbox, resume["epoch"] if resume else 0)
         self._status(outbox, v.GEARING_UP_ENV)
         keras = self._gear_up(outbox, job_id, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
@@ -140,32 +172,50 @@ class Worker:
         def upload_checkpoint(which: Any, epoch: int) -> None:
             self._upload_model(which, job_id, attempt, v.checkpoint_name(epoch))
 
-        from .callbacks import EpochTensorBoard, EventCallback
+        from .callbacks import EpochTensorBoard, EventCallback, Interrupted
         from .pipeline import EpochPipeline, shadow_loader
 
         multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
         loader = None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"])
         pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint)
+        events = EventCallback(
+            outbox, pipeline, int(fit.get("epochs", 1)), _samples(x), self.spot.notice if self.spot else None
+        )
         callbacks = [
-            EventCallback(outbox, pipeline, int(fit.get("epochs", 1)), _samples(x)),
+            events,
             EpochTensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0),
         ]
         for cb in spec.get("callbacks", []):
             callbacks.append(getattr(keras.callbacks, cb["class"])(**cb.get("config", {})))
         try:
-            model.fit(x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit)
+            try:
+                model.fit(
+                    x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit
+                )
+            except Interrupted:
+                pass
             pipeline.drain()
         finally:
             pipeline.close()
         if outbox.cancel.is_set():
-            return "canceled", None
+            return v.OUTCOME_CANCELED, None
+        if events.resume_at is not None:
+            return self._interrupted(outbox, events.resume_at)
         self._status(outbox, v.RETURNING)
         self._upload_model(model, job_id, attempt, "model.keras")
         for path in sorted(tb_dir.rglob("*")):
             if path.is_file():
                 name = "tensorboard/" + path.relative_to(tb_dir).as_posix()
                 self._put_artifact(job_id, attempt, name, path)
-        return "completed", None
+        return v.OUTCOME_COMPLETED, None
+
+    def _interrupted(self, outbox: Outbox, resume_at: int) -> tuple[str, str]:
+        """The machine is being reclaimed: every finished epoch's checkpoint is uploaded (the pipeline drained),
+        so the job resumes elsewhere at `resume_at`; what ran of that epoch is dropped."""
+        assert self.spot is not None
+        message = f"{self.spot.describe()}: stopped at a batch boundary; the job resumes from epoch {resume_at}"
+        outbox.put(v.EV_LOG, {"message": message})
+        return v.SPOT_INTERRUPTED, message
 
     def _gear_up(self, outbox: Outbox, job_id: str, spec: dict) -> Any:
         """Packages first (a cached per-requirements environment), then the user's own code, then the imports the
@@ -286,8 +336,16 @@ class Worker:
     def _put_artifact(self, job_id: str, attempt: int, name: str, source: Path) -> None:
         """Upload a file in chunks of UPLOAD_CHUNK (so a checkpoint of any size up to the job's data limit goes,
         however small the backend's limit per request), resuming from what the backend holds when a chunk's
-        connection breaks: HEAD says how many bytes arrived."""
+        connection breaks: HEAD says how many bytes arrived. A backend keeping bytes in S3 says so on that HEAD
+        (X-Upload-Via: s3, asked once): the file then goes on its presigned URLs (aibro_core.presigned)."""
         url = f"/worker/jobs/{job_id}/artifacts/{name}"
+        if self._s3_uploads is None:
+            head = retrying(lambda: self.t.request("HEAD", url, params={"attempt": attempt}), "upload")
+            self._s3_uploads = head.headers.get("X-Upload-Via") == "s3"
+        if self._s3_uploads:
+            to = f"/worker/jobs/{job_id}/uploads/{name}"
+            retrying(lambda: upload_file_via_s3(self.t, to, source, attempt=attempt), "upload")
+            return
         total = source.stat().st_size
         offset, failures = 0, 0
         with open(source, "rb") as f:

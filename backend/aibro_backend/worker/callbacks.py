@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any
 
@@ -27,9 +28,18 @@ def clean_logs(logs: dict[str, Any] | None) -> dict[str, float | None]:
     return out
 
 
+class Interrupted(Exception):
+    """Raised out of `fit` when a spot interruption stopped an epoch part-way: its validation is skipped."""
+
+
 class EventCallback(keras.callbacks.Callback):
     """Per-epoch events with all Keras logs, throttled batch events, a checkpoint every epoch, and a stop
-    at the next batch boundary when the job is canceled.
+    at the next batch boundary when the job is canceled or the machine is about to be reclaimed (`interrupt`).
+
+    An interruption never leaves half an epoch in the history: an epoch stopped part-way gets no checkpoint and
+    no epoch event (its validation is skipped by raising `Interrupted`), so the resumed attempt runs it again from
+    the last epoch checkpoint and every epoch appears once. An epoch whose batches all ran before the notice
+    arrived is checkpointed and reported as usual, then training stops.
 
     Its batch hook only reads a flag and, a few times a second, queues an event, so Keras may run it off the
     training thread (`async_safe`); epoch-end work goes to the pipeline's background thread.
@@ -37,8 +47,18 @@ class EventCallback(keras.callbacks.Callback):
 
     async_safe = True
 
-    def __init__(self, outbox: Outbox, pipeline: EpochPipeline, epochs: int, samples: int | None) -> None:
+    def __init__(
+        self,
+        outbox: Outbox,
+        pipeline: EpochPipeline,
+        epochs: int,
+        samples: int | None,
+        interrupt: threading.Event | None = None,
+    ) -> None:
         super().__init__()
+        self.interrupt = interrupt or threading.Event()
+        self.cut_short: int | None = None  # the epoch an interruption stopped part-way
+        self.resume_at: int | None = None  # where the job must resume after an interruption stopped it early
         self.outbox = outbox
         self.pipeline = pipeline
         self.epochs = epochs
@@ -55,6 +75,12 @@ class EventCallback(keras.callbacks.Callback):
         if self.outbox.cancel.is_set():
             self.model.stop_training = True
             return
+        if self.interrupt.is_set():
+            steps = (self.params or {}).get("steps")
+            if steps is None or batch + 1 < steps:
+                self.cut_short = self.resume_at = self._epoch
+            self.model.stop_training = True
+            return
         now = time.monotonic()
         if now - self._last_batch >= BATCH_EVENT_INTERVAL_S:
             self._last_batch = now
@@ -66,7 +92,7 @@ class EventCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         seconds = time.monotonic() - self._epoch_start
         ended = time.time()
-        if self.outbox.cancel.is_set():
+        if self.outbox.cancel.is_set() or self.cut_short == epoch:
             self.model.stop_training = True
             return
         data = {
@@ -78,6 +104,13 @@ class EventCallback(keras.callbacks.Callback):
             "ended": ended,
         }
         self.pipeline.epoch_end(epoch, data)
+        if self.interrupt.is_set() and epoch + 1 < self.epochs:
+            self.resume_at = epoch + 1
+            self.model.stop_training = True
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        if self.cut_short is not None:
+            raise Interrupted(f"epoch {self.cut_short} was stopped part-way by a spot interruption")
 
 
 class EpochTensorBoard(keras.callbacks.TensorBoard):
