@@ -128,10 +128,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     if not args.model.endswith(".keras"):
         raise ValidationError(f"{args.model}: give a Keras v3 model file (model.save('model.keras'))")
+    from .quiet import import_tensorflow_quietly, unbuilt_optimizer_ok
+
+    import_tensorflow_quietly()
     import keras
 
     try:
-        model = keras.models.load_model(args.model, safe_mode=not args.unsafe)
+        with unbuilt_optimizer_ok():
+            model = keras.models.load_model(args.model, safe_mode=not args.unsafe)
     except (OSError, ValueError) as exc:
         raise ValidationError(f"{args.model}: cannot load it as a Keras model ({exc})") from None
     val = (load(args.val_x), load(args.val_y)) if args.val_x else None

@@ -128,14 +128,15 @@ class CloudMagics(Magics):
         view = await self._follow(job_id, job.get("description", ""), job["machines"], quiet=args.quiet)
         if view is None:
             return None
-        trained, history = self.trainer.collect(view, model, not args.unsafe, args.ckpt_dir, args.log_dir)
-        if args.into:
-            ns[args.into] = trained
-        if split.target is not None:
-            ns["__aibro_history__"] = history
-            _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_history__", ast.Load()))], ns)
-            ns.pop("__aibro_history__", None)
-        return _exec_returning_last(split.after, ns)
+        with self.last_panel.after_fit():  # what runs after the fit shows in the panel too (it survives a reload)
+            trained, history = self.trainer.collect(view, model, not args.unsafe, args.ckpt_dir, args.log_dir)
+            if args.into:
+                ns[args.into] = trained
+            if split.target is not None:
+                ns["__aibro_history__"] = history
+                _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_history__", ast.Load()))], ns)
+                ns.pop("__aibro_history__", None)
+            return _exec_returning_last(split.after, ns)
 
     def _receiver(self, split: SplitCell, ns: dict[str, Any]) -> tuple[Any, str]:
         import keras
@@ -155,8 +156,7 @@ class CloudMagics(Magics):
         from .widgets.picker import MachinePicker
 
         picker = MachinePicker(self.trainer.client.machines(), cool_down)
-        display(picker)
-        print("Choose machines and press Start training (or pass --machine, or set `%cloud_machines --use`).")
+        display(picker)  # it says what to do, and folds into one line at Start
         await until(picker.started.is_set)
         assert picker.chosen is not None
         machines, cool = picker.chosen
@@ -196,7 +196,7 @@ class CloudMagics(Magics):
         try:
             await until(lambda: not thread.is_alive() or panel.detached.is_set())
         except KeyboardInterrupt:
-            panel.detached.set()
+            panel.detach()
         if panel.detached.is_set():
             stop.set()
             print(f"Detached; {job_id} keeps training. Attach again with: %cloud_attach {job_id}")
@@ -255,7 +255,8 @@ class CloudMagics(Magics):
             job = self.trainer.client.job(args.job_id)
             view = await self._follow(args.job_id, job["description"], job["machines"])
             if view is not None:
-                self._bind(view, args.into or job.get("meta", {}).get("variable"))
+                with self.last_panel.after_fit():
+                    self._bind(view, args.into or job.get("meta", {}).get("variable"))
         except AibroError as exc:
             raise UsageError(str(exc)) from None
 
@@ -386,6 +387,9 @@ def _bind_fit(call: ast.Call, ns: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    from .quiet import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # before the notebook's `import keras`: no native start-up lines in its output
     ipython.register_magics(CloudMagics)
     cleanup = ipython.input_transformers_cleanup
     if awaitable_magics not in cleanup:

@@ -3,12 +3,13 @@ from a new kernel after the first one died."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from pathlib import Path
 
 import pytest
-from kernel_helpers import click, drain, run_cell, start_kernel
+from kernel_helpers import CellResult, click, drain, run_cell, start_kernel
 
 from helpers import wait_for
 
@@ -176,12 +177,18 @@ def test_options_ckpt_dir_log_dir_into_and_detach(kernel, client, tmp_path: Path
 
 
 def test_picker_appears_and_its_button_starts_the_job(kernel, client) -> None:  # noqa: ANN001
-    res = run_cell(
-        kernel,
-        "%%cloud_fit --cool-down 45 -d picked\nhistory = model.fit(x_train[:300], y_train[:300], epochs=1)",
-        until="press Start training",
+    res = CellResult(
+        msg_id=kernel.execute(
+            "%%cloud_fit --cool-down 45 -d picked\nhistory = model.fit(x_train[:300], y_train[:300], epochs=1)"
+        )
     )
+    deadline = time.monotonic() + 120
+    while not any(st.get("description") == "Start training" for st in res.widgets.values()):
+        assert time.monotonic() < deadline and not res.done, "the picker, with its Start training button"
+        with contextlib.suppress(AssertionError):  # drain's "not finished yet": the cell waits for the click
+            drain(kernel, res, timeout=2)
     assert not res.done and not res.error
+    assert "press Start training" in " ".join(str(st.get("value", "")) for st in res.widgets.values()), "its hint"
     assert "<code>local-cpu</code>" in " ".join(str(st.get("value", "")) for st in res.widgets.values()), (
         "the marketplace table"
     )

@@ -5,14 +5,15 @@ from __future__ import annotations
 import math
 
 import bqplot as bq
+import ipywidgets as w
 import pytest
 
 from aibro_core import vocabulary as v
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.progress import JobView
 from aibro_jupyter.training import Training
-from aibro_jupyter.widgets.picker import MachinePicker
-from aibro_jupyter.widgets.progress_panel import ProgressPanel
+from aibro_jupyter.widgets.picker import MachinePicker, marketplace_rows
+from aibro_jupyter.widgets.progress_panel import ProgressPanel, epoch_ticks
 from aibro_jupyter.widgets.timeline import durations, timeline_chart
 
 from conftest import make_model
@@ -58,74 +59,176 @@ def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_j
     assert (panel.epoch_bar.max, panel.epoch_label.value, panel.epoch_bar.bar_style) == (3, "3/3", "success")
     train, val = panel.lines
     assert list(train.x) == [1, 2, 3] and list(val.x) == [1, 2, 3], "train and validation curves, one point per epoch"
+    assert [t for t in panel.figure.axes[0].tick_values] == [1, 2, 3], "whole epochs on the x-axis"
     hist = view.history_dict()
     assert [round(float(a), 6) for a in train.y] == [round(b, 6) for b in hist["loss"]]
     assert [round(float(a), 6) for a in val.y] == [round(b, 6) for b in hist["val_loss"]]
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
         assert f"<th>{key}</th>" in panel.metrics.value
     assert f"{hist['val_accuracy'][-1]:.4f}" in panel.metrics.value, "the table shows the last epoch's numbers"
-    assert "<code>COMPLETED</code>" in panel.stepper.value and "color:#999" not in panel.stepper.value
+    assert "<code>COMPLETED</code>" in panel.stepper.value and "aibro-step-todo" not in panel.stepper.value
     assert panel.cancel_button.disabled and panel.detach_button.disabled, "nothing to cancel once the job ended"
     assert panel.cost.value.startswith("cost $0.00 · elapsed")
+    assert "COMPLETED</b> after 3/3 epochs" in panel.result.value, "the panel carries the result line"
+    assert f"val_accuracy: {hist['val_accuracy'][-1]:.4f}" in panel.result.value, "and the final metrics"
+    assert "RUNNING" in panel.state.value, "the cell still runs until the code after the fit has"
+
+
+def _epoch(k: int, epochs: int, loss: float) -> dict:
+    logs = {"loss": loss, "val_loss": loss * 1.1}
+    return {"type": v.EV_EPOCH, "seq": k + 1, "data": {"epoch": k, "epochs": epochs, "logs": logs}}
+
+
+@pytest.mark.parametrize(
+    ("epochs", "ticks"), [(1, [1]), (2, [1, 2]), (10, list(range(1, 11))), (30, [1, 5, 10, 15, 20, 25, 30])]
+)
+def test_epoch_axis_ticks_are_whole_epochs(epochs: int, ticks: list[int]) -> None:
+    assert epoch_ticks(epochs) == ticks
+    panel = ProgressPanel("job-t")
+    view = JobView("job-t")
+    for k in range(epochs):
+        view.apply(_epoch(k, epochs, 1.0 / (k + 1)))
+        panel.update(view, _epoch(k, epochs, 1.0 / (k + 1)))
+        axis = panel.figure.axes[0]
+        assert list(axis.tick_values) == ticks and axis.tick_format == "d"
+        scale = panel.lines[0].scales["x"]
+        assert scale.min <= 1 and scale.max >= epochs, "the axis spans every epoch from the start"
+    assert all(float(t).is_integer() for t in panel.figure.axes[0].tick_values)
+
+
+def test_metrics_table_keeps_every_epoch_and_loss_can_go_log_scale() -> None:
+    panel = ProgressPanel("job-m")
+    view = JobView("job-m")
+    for k in range(30):
+        view.apply(_epoch(k, 30, 10.0**-k))
+        panel.update(view, _epoch(k, 30, 10.0**-k))
+    rows = panel.metrics.value.count("<tr>") - 1
+    assert rows == 30 and "aibro-scroll" in panel.metrics.value, "all 30 epochs, in a box that scrolls"
+    assert panel.metrics.value.index("<td>30</td>") < panel.metrics.value.index("<td>1</td>"), "newest first"
+    linear = panel.lines[0].scales["y"]
+    panel.log_scale.value = True
+    assert (
+        isinstance(panel.lines[0].scales["y"], bq.LogScale) and panel.figure.axes[1].scale is panel.lines[0].scales["y"]
+    )
+    panel.log_scale.value = False
+    assert panel.lines[1].scales["y"] is linear
+    assert not any(getattr(m, "display_legend", False) for m in panel.figure.marks), "the legend is outside the plot"
+    assert "loss (train)" in panel.legend.value and "val_loss (validation)" in panel.legend.value
 
 
 def test_panel_buttons(done_job: dict) -> None:
     panel = ProgressPanel("job-x", "", ["local-cpu"])
     calls = []
     panel.on_cancel(lambda: calls.append("cancel"))
-    panel.detach_button.click()
-    assert panel.detached.is_set() and not calls, "Detach never cancels"
     panel.cancel_button.click()
     assert calls == ["cancel"] and panel.canceled.is_set() and panel.cancel_button.disabled
+    panel.detach_button.click()
+    assert panel.detached.is_set() and calls == ["cancel"], "Detach never cancels"
 
 
-def test_panel_stepper_mid_training_and_canceled() -> None:
-    panel = ProgressPanel("job-y")
-    view = JobView("job-y")
-    view.status, view.substatus = v.TRAINING, v.SUB_TRAINING
+def test_a_detached_panel_says_so_and_keeps_still() -> None:
+    panel = ProgressPanel("job-d", "", ["local-cpu"])
+    view = JobView("job-d")
+    view.apply({"type": v.EV_STATUS, "seq": 1, "data": {"status": v.TRAINING, "substatus": v.SUB_TRAINING}})
+    view.apply(_epoch(1, 10, 0.5))
     panel.update(view)
-    bold = [s for s in panel.stepper.value.split("<span") if "font-weight:bold" in s]
-    assert len(bold) == 1 and ">TRAINING</span>" in bold[0], "exactly the current step is highlighted"
-    view.status, view.substatus = v.CANCELED, v.SUB_CANCELED
+    panel.detach()
+    assert "DETACHED" in panel.state.value and "%cloud_attach job-d" in panel.state.value
+    assert panel.cancel_button.disabled and panel.detach_button.disabled, "nothing to press on a detached panel"
+    assert "RUNNING" not in panel.state.value
+    view.apply(_epoch(2, 10, 0.4))
     panel.update(view)
-    assert "CANCELED" in panel.stepper.value and panel.epoch_bar.bar_style == "danger"
+    assert panel.epoch_label.value == "1/10", "a detached panel no longer follows the job"
+
+
+def test_after_fit_output_and_errors_land_in_the_panel(capsys: pytest.CaptureFixture) -> None:
+    panel = ProgressPanel("job-a")
+    view = JobView("job-a")
+    view.apply(_epoch(0, 1, 0.25))
+    view.apply({"type": v.EV_STATUS, "seq": 9, "data": {"status": v.COMPLETED, "substatus": v.SUB_COMPLETED}})
+    panel.update(view)
+    with panel.after_fit():
+        print("final validation accuracy: 0.97 <b>")
+    assert "final validation accuracy: 0.97" in capsys.readouterr().out, "the cell's output is untouched"
+    assert "final validation accuracy: 0.97 &lt;b&gt;" in panel.result.value and "CELL DONE" in panel.state.value
+    assert "COMPLETED</b> after 1/1 epochs · loss: 0.2500" in panel.result.value
+    with pytest.raises(ZeroDivisionError), panel.after_fit():
+        print("before")
+        1 / 0  # noqa: B018
+    assert "CELL FAILED" in panel.state.value and "ZeroDivisionError" in panel.result.value
 
 
 def test_picker_lists_the_marketplace_and_starts_with_an_ordered_choice(client: BackendClient) -> None:
     offers = client.machines()
     picker = MachinePicker(offers, cool_down_s=120)
-    for offer in offers:
-        assert f"<code>{offer['machine_id']}</code>" in picker.table.value
-    picker.start_button.click()  # nothing added: the highlighted machine is the choice
-    assert picker.chosen == ([offers[0]["machine_id"]], 120.0) and picker.started.is_set()
+    assert "local-cpu" in picker.visible_rows
+    cells = [c.value for c in picker.grid.children if isinstance(c, w.HTML)]
+    assert any("<code>local-cpu</code>" in c for c in cells)
+    picker.add_buttons["local-cpu"].click()
+    picker.start_button.click()
+    assert picker.chosen == (["local-cpu"], 120.0) and picker.started.is_set()
     assert picker.start_button.disabled
+    assert len(picker.children) == 1 and "training on local-cpu" in picker.children[0].value, "it folds at Start"
+
+
+def _offer(mid: str, price: float, gpus: int, vcpus: int, mem: float, spot: bool, avail: str = "available") -> dict:
+    return {
+        "machine_id": mid,
+        "provider": "aws" if gpus else "local",
+        "gpu_count": gpus,
+        "gpu_type": "T4" if gpus else None,
+        "vcpus": vcpus,
+        "memory_gib": mem,
+        "price_per_hour": price,
+        "on_demand_price_per_hour": 0.526 if gpus else 0.0,
+        "spot": spot,
+        "availability": avail,
+    }
+
+
+MARKET = [
+    _offer("g4dn.xlarge", 0.16, 1, 4, 16, True),
+    _offer("g4dn.xlarge.od", 0.526, 1, 4, 16, False),
+    _offer("p3.8xlarge", 3.1, 4, 32, 244, True, "busy"),
+    _offer("local-cpu", 0.0, 0, 2, 8, False),
+]
+
+
+def test_picker_reads_like_a_marketplace() -> None:
+    rows = {r.machine: r for r in marketplace_rows(MARKET)}
+    assert set(rows) == {"g4dn.xlarge", "p3.8xlarge", "local-cpu"}, "spot and on-demand of a machine share a row"
+    assert rows["g4dn.xlarge"].spot == ("g4dn.xlarge", 0.16) and rows["g4dn.xlarge"].on_demand == (
+        "g4dn.xlarge.od",
+        0.526,
+    )
+    picker = MachinePicker(MARKET)
+    assert picker.visible_rows == ["local-cpu", "g4dn.xlarge", "p3.8xlarge"], "cheapest first"
+    picker.sort_buttons["GPU"].click()
+    assert picker.visible_rows[0] == "p3.8xlarge", "most GPUs first"
+    picker.sort_buttons["GPU"].click()
+    assert picker.visible_rows[0] == "local-cpu", "the same header again reverses"
+    for key, first in (("vCPU", "p3.8xlarge"), ("memory", "p3.8xlarge"), ("availability", "g4dn.xlarge")):
+        picker.sort_buttons[key].click()
+        assert picker.visible_rows[0] == first, key
+    assert "▼" in picker.sort_buttons["availability"].description
+    labels = sorted(b.description for b in picker.add_buttons.values())
+    assert labels == ["+ on-demand $0.000", "+ on-demand $0.526", "+ spot $0.160", "+ spot $3.100"]
+    with pytest.raises(ValueError, match="sort by one of price, GPU"):
+        picker.sort_by("colour")
 
 
 def test_picker_orders_spot_and_on_demand() -> None:
-    offers = [
-        {
-            "machine_id": m,
-            "provider": "aws",
-            "gpu_count": 1,
-            "gpu_type": "T4",
-            "vcpus": 4,
-            "memory_gib": 16,
-            "price_per_hour": p,
-            "on_demand_price_per_hour": 0.526,
-            "availability": "high",
-        }
-        for m, p in (("g4dn.xlarge", 0.16), ("g4dn.xlarge.od", 0.526), ("p3.2xlarge", 0.9))
-    ]
-    picker = MachinePicker(offers)
-    assert list(picker.available.options) == ["g4dn.xlarge", "p3.2xlarge"], "on-demand is a toggle, not a row"
-    picker.available.value = "p3.2xlarge"
-    picker.add_button.click()
-    picker.available.value, picker.kind.value = "g4dn.xlarge", "on-demand"
-    picker.add_button.click()
-    picker.add_button.click()  # the same machine twice is listed once
+    picker = MachinePicker(MARKET)
+    assert list(picker.order.options) == [], "several machines on offer: nothing is chosen for the user"
+    picker.add_buttons["p3.8xlarge"].click()
+    picker.add_buttons["g4dn.xlarge.od"].click()
+    picker.add_buttons["g4dn.xlarge.od"].click()  # the same machine twice is listed once
+    picker.add("g4dn.xlarge")
+    picker.order.value = "g4dn.xlarge"
+    picker.remove_button.click()
     picker.cool_down.value = 600
     picker.start_button.click()
-    assert picker.chosen == (["p3.2xlarge", "g4dn.xlarge.od"], 600.0)
+    assert picker.chosen == (["p3.8xlarge", "g4dn.xlarge.od"], 600.0)
 
 
 def test_picker_refuses_an_empty_choice() -> None:

@@ -1,12 +1,75 @@
-"""The machine picker: the marketplace as a table, an ordered choice, spot or on-demand, and a cool-down."""
+"""The machine picker: the marketplace as a sortable table, one row per machine with its spot and on-demand prices
+side by side; a row's buttons add that machine to the ordered list the job tries, then a cool-down and Start.
+After Start the picker folds into one line, so the panel that follows sits right under the cell."""
 
 from __future__ import annotations
 
 import html
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as w
+
+from .style import STYLE, css_color
+
+HINT = (
+    "Add machines in the order to try them, then press Start training (or pass --machine, or `%cloud_machines --use`)."
+)
+AVAILABILITY_RANK = {"available": 3, "high": 3, "medium": 2, "low": 1, "busy": 1, "unreachable": 0}
+
+
+@dataclass
+class Row:
+    """One machine of the marketplace: its spot and on-demand variants (machine id and $/h), either may be absent."""
+
+    machine: str
+    provider: str
+    gpu_count: int
+    gpu_type: str | None
+    vcpus: int
+    memory_gib: float
+    availability: str
+    spot: tuple[str, float] | None = None
+    on_demand: tuple[str, float] | None = None
+
+    @property
+    def price(self) -> float:
+        prices = [variant[1] for variant in (self.spot, self.on_demand) if variant]
+        return min(prices) if prices else 0.0
+
+
+SORTS: dict[str, Callable[[Row], Any]] = {
+    "price": lambda r: r.price,
+    "GPU": lambda r: (r.gpu_count, r.gpu_type or ""),
+    "vCPU": lambda r: r.vcpus,
+    "memory": lambda r: r.memory_gib,
+    "availability": lambda r: AVAILABILITY_RANK.get(r.availability, 0),
+}
+COLUMNS = ["machine", "provider", "GPU", "vCPU", "memory", "spot $/h", "on-demand $/h", "availability", "add to list"]
+SORTABLE = {"GPU": "GPU", "vCPU": "vCPU", "memory": "memory", "spot $/h": "price", "availability": "availability"}
+
+
+def marketplace_rows(offers: list[dict[str, Any]]) -> list[Row]:
+    """Offers grouped by machine: `g4dn.xlarge` (spot) and `g4dn.xlarge.od` (on-demand) make one row."""
+    ids = {o["machine_id"] for o in offers}
+    rows: dict[str, Row] = {}
+    for o in offers:
+        mid = o["machine_id"]
+        base = mid[: -len(".od")] if mid.endswith(".od") else mid
+        spot = o.get("spot", not mid.endswith(".od") and f"{mid}.od" in ids)
+        row = rows.setdefault(
+            base,
+            Row(base, o["provider"], o.get("gpu_count") or 0, o.get("gpu_type"), o["vcpus"], o["memory_gib"], ""),
+        )
+        if spot:
+            row.spot = (mid, float(o["price_per_hour"]))
+        else:
+            row.on_demand = (mid, float(o.get("on_demand_price_per_hour") or o["price_per_hour"]))
+        if AVAILABILITY_RANK.get(str(o["availability"]), 0) >= AVAILABILITY_RANK.get(row.availability, -1):
+            row.availability = str(o["availability"])
+    return list(rows.values())
 
 
 class MachinePicker(w.VBox):
@@ -14,61 +77,140 @@ class MachinePicker(w.VBox):
 
     def __init__(self, offers: list[dict[str, Any]], cool_down_s: float = 0) -> None:
         self.offers = offers
+        self.rows = marketplace_rows(offers)
+        self.sort_key, self.descending = "price", False
         self.started = threading.Event()
         self.chosen: tuple[list[str], float] | None = None
-        self.table = w.HTML(self._table_html())
-        spot_ids = [o["machine_id"] for o in offers if not o["machine_id"].endswith(".od")]
-        self.available = w.Select(options=spot_ids, rows=min(6, max(2, len(spot_ids))), description="machines")
-        self.kind = w.ToggleButtons(options=["spot", "on-demand"], value="spot", description="pricing")
-        self.add_button = w.Button(description="Add ↓", icon="plus")
+        self.hint = w.HTML(f"{STYLE}<div class='aibro-hint'>{html.escape(HINT)}</div>")
+        self.grid = w.GridBox(layout=w.Layout(grid_template_columns=f"repeat({len(COLUMNS)}, auto)"))
+        self.grid.add_class("aibro-grid")
+        self.order = w.Select(options=[], rows=4, description="try in order", layout=w.Layout(width="420px"))
+        self.order.style.description_width = "90px"
+        self.remove_button = w.Button(description="Remove", icon="minus")
         self.clear_button = w.Button(description="Clear")
-        self.order = w.Select(options=[], rows=4, description="try in order")
         self.cool_down = w.BoundedIntText(value=int(cool_down_s), min=0, max=7 * 24 * 3600, description="cool-down s")
         self.start_button = w.Button(description="Start training", button_style="primary", icon="play")
         self.message = w.HTML()
-        self.add_button.on_click(lambda _b: self.add(self.available.value, self.kind.value == "on-demand"))
+        self.remove_button.on_click(lambda _b: self._remove())
         self.clear_button.on_click(lambda _b: setattr(self.order, "options", []))
         self.start_button.on_click(lambda _b: self.start())
+        self.sort_buttons: dict[str, w.Button] = {}
+        self.add_buttons: dict[str, w.Button] = {}
+        self._render_grid()
+        variants = [variant[0] for r in self.rows for variant in (r.spot, r.on_demand) if variant]
+        if len(variants) == 1:  # one machine on offer: it is the choice unless the user clears it
+            self.order.options = variants
         super().__init__(
             [
-                self.table,
-                w.HBox([self.available, w.VBox([self.kind, w.HBox([self.add_button, self.clear_button])])]),
-                self.order,
+                self.hint,
+                self.grid,
+                w.HBox([self.order, w.VBox([self.remove_button, self.clear_button])]),
                 w.HBox([self.cool_down, self.start_button]),
                 self.message,
             ]
         )
+        self.add_class("aibro-picker")
+
+    @property
+    def visible_rows(self) -> list[str]:
+        """The machines in the order the table shows them."""
+        return [r.machine for r in self._sorted()]
+
+    def sort_by(self, key: str) -> None:
+        """Sort the table by price, GPU, vCPU, memory or availability; the same key again reverses it."""
+        if key not in SORTS:
+            raise ValueError(f"sort by one of {', '.join(SORTS)}, not {key!r}")
+        self.descending = (
+            not self.descending if key == self.sort_key else key in ("GPU", "vCPU", "memory", "availability")
+        )
+        self.sort_key = key
+        self._render_grid()
 
     def add(self, machine_id: str | None, on_demand: bool = False) -> None:
+        """Add a machine (its on-demand variant when asked and offered) to the end of the ordered list."""
         if not machine_id:
             return
         known = {o["machine_id"] for o in self.offers}
         mid = f"{machine_id}.od" if on_demand and f"{machine_id}.od" in known else machine_id
+        if mid not in known:
+            self.message.value = (
+                f"<span style='color:{css_color('error')}'>no machine {html.escape(mid)} on offer</span>"
+            )
+            return
         if mid not in self.order.options:
             self.order.options = [*self.order.options, mid]
+        self.message.value = ""
+
+    def _remove(self) -> None:
+        if self.order.value:
+            self.order.options = [m for m in self.order.options if m != self.order.value]
 
     def start(self) -> None:
-        machines = list(self.order.options) or ([self.available.value] if self.available.value else [])
+        machines = list(self.order.options)
         if not machines:
-            self.message.value = "<span style='color:#c62828'>add at least one machine</span>"
+            self.message.value = f"<span style='color:{css_color('error')}'>add at least one machine</span>"
             return
         self.chosen = (machines, float(self.cool_down.value))
         self.start_button.disabled = True
-        self.message.value = f"starting on {html.escape(', '.join(machines))}…"
+        summary = f"training on {', '.join(machines)} (tried in this order) · cool-down {int(self.cool_down.value)} s"
+        self.message.value = html.escape(summary)
+        self.children = (w.HTML(f"{STYLE}<div class='aibro-summary'>{html.escape(summary)}</div>"),)
         self.started.set()
 
-    def _table_html(self) -> str:
-        head = (
-            "<tr><th>machine</th><th>provider</th><th>GPU</th><th>vCPUs</th><th>GiB</th><th>$/h</th>"
-            "<th>on-demand $/h</th><th>availability</th></tr>"
-        )
-        rows = []
-        for o in self.offers:
-            gpu = f"{o['gpu_count']}× {o['gpu_type']}" if o.get("gpu_count") else "—"
-            rows.append(
-                f"<tr><td><code>{html.escape(o['machine_id'])}</code></td><td>{html.escape(o['provider'])}</td>"
-                f"<td>{html.escape(gpu)}</td><td>{o['vcpus']}</td><td>{o['memory_gib']}</td>"
-                f"<td>{o['price_per_hour']:.3f}</td><td>{o['on_demand_price_per_hour']:.3f}</td>"
-                f"<td>{html.escape(str(o['availability']))}</td></tr>"
-            )
-        return f"<table>{head}{''.join(rows)}</table>"
+    def _sorted(self) -> list[Row]:
+        return sorted(self.rows, key=SORTS[self.sort_key], reverse=self.descending)
+
+    def _render_grid(self) -> None:
+        cells: list[w.Widget] = []
+        for col in COLUMNS:
+            key = SORTABLE.get(col)
+            if key:
+                arrow = (" ▼" if self.descending else " ▲") if key == self.sort_key else ""
+                b = self.sort_buttons.get(key) or w.Button(tooltip=f"sort by {key}")
+                b.description = f"{col}{arrow}"
+                if key not in self.sort_buttons:
+                    b.on_click(lambda _b, k=key: self.sort_by(k))
+                    self.sort_buttons[key] = b
+                cell: w.Widget = w.Box([b])
+            else:
+                cell = w.HTML(f"<b>{html.escape(col)}</b>")
+            cell.add_class("aibro-cell")
+            cell.add_class("aibro-head")
+            cells.append(cell)
+        for r in self._sorted():
+            gpu = f"{r.gpu_count}× {r.gpu_type}" if r.gpu_count else "—"
+            texts = [
+                f"<code>{html.escape(r.machine)}</code>",
+                html.escape(r.provider),
+                html.escape(gpu),
+                str(r.vcpus),
+                f"{r.memory_gib:g} GiB",
+                f"{r.spot[1]:.3f}" if r.spot else "—",
+                f"{r.on_demand[1]:.3f}" if r.on_demand else "—",
+                html.escape(r.availability),
+            ]
+            for t in texts:
+                c = w.HTML(t)
+                c.add_class("aibro-cell")
+                cells.append(c)
+            buttons = []
+            for variant, label in ((r.spot, "spot"), (r.on_demand, "on-demand")):
+                if variant:
+                    buttons.append(self._add_button(variant[0], f"+ {label} ${variant[1]:.3f}"))
+            box = w.HBox(buttons)
+            box.add_class("aibro-cell")
+            cells.append(box)
+        self.grid.children = cells
+
+    def _add_button(self, machine_id: str, label: str) -> w.Button:
+        b = self.add_buttons.get(machine_id)
+        if b is None:
+            b = w.Button(description=label, tooltip=f"add {machine_id} to the list", layout=w.Layout(width="auto"))
+            b.on_click(lambda _b: self._append(machine_id))
+            self.add_buttons[machine_id] = b
+        return b
+
+    def _append(self, machine_id: str) -> None:
+        if machine_id not in self.order.options:
+            self.order.options = [*self.order.options, machine_id]
+        self.message.value = ""
