@@ -19,7 +19,7 @@ from .errors import AibroError
 
 def _client() -> BackendClient:
     target = config.resolve()
-    return BackendClient(target.url, target.token)
+    return BackendClient(target.url, target.token, ca_bundle=target.ca_bundle)
 
 
 def cmd_backend(args: argparse.Namespace) -> int:
@@ -41,6 +41,7 @@ def cmd_backend(args: argparse.Namespace) -> int:
     if args.action == "serve":
         tls = ["--certfile", args.certfile] if args.certfile else []
         tls += ["--keyfile", args.keyfile] if args.keyfile else []
+        tls += ["--ca-bundle", args.ca_bundle] if args.ca_bundle else []
         providers = [a for p in args.provider or [] for a in ("--provider", p)]
         providers += ["--aws-config", args.aws_config] if args.aws_config else []
         providers += [a for pair in ray_opts for a in pair]
@@ -66,7 +67,7 @@ def cmd_backend(args: argparse.Namespace) -> int:
     if target is None:
         print("no backend running (the first client starts the embedded one; or `aibro backend start`)")
         return 3
-    info = BackendClient(target.url, target.token).health()
+    info = BackendClient(target.url, target.token, ca_bundle=target.ca_bundle).health()
     kind = "embedded" if target.embedded else "configured"
     print(f"{kind} backend at {target.url}: ok, user {info['user']}, version {info['version']}")
     return 0
@@ -177,8 +178,10 @@ def cmd_login(args: argparse.Namespace) -> int:
             token = getpass.getpass(f"token for {args.url}: ").strip()
     if not token:
         raise AibroError("no token given: pipe it in with --token-stdin, type it at the prompt, or pass --token=TOKEN")
-    BackendClient(args.url, token).health()
-    write_private(config.login_file(), {"url": args.url, "token": token})
+    ca_bundle = os.path.abspath(args.ca_bundle) if args.ca_bundle else None
+    BackendClient(args.url, token, ca_bundle=ca_bundle).health()
+    saved = {"url": args.url, "token": token, **({"ca_bundle": ca_bundle} if ca_bundle else {})}
+    write_private(config.login_file(), saved)
     print(f"logged in to {args.url}; saved in {config.login_file()} (mode 0600)")
     return 0
 
@@ -235,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--port", type=int, default=0)
     be.add_argument("--certfile", default=None, help="serve: HTTPS with this certificate (PEM)")
     be.add_argument("--keyfile", default=None, help="serve: the certificate's private key (PEM)")
+    be.add_argument("--ca-bundle", default=None, metavar="FILE", help="serve: the CA (PEM) workers verify it with")
     be.add_argument(
         "--provider",
         action="append",
@@ -286,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     how = lg.add_mutually_exclusive_group()
     how.add_argument("--token", default=None, help="the token (prefer --token-stdin: argv shows in ps and history)")
     how.add_argument("--token-stdin", action="store_true", help="read the token from standard input")
+    lg.add_argument("--ca-bundle", default=None, metavar="FILE", help="the CA (PEM) that verifies an HTTPS backend")
     lg.set_defaults(fn=cmd_login)
     sub.add_parser("worker", help="run the worker agent (started by providers)").set_defaults(fn=cmd_worker)
     return p

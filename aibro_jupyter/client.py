@@ -33,8 +33,10 @@ class _Transport(Transport):
     """The shared transport, plus one recovery (`BackendClient.recover`) before a call reports the backend
     unreachable. `recover=False` on a call skips it (the event follower recovers on its own, with notices)."""
 
-    def __init__(self, url: str, token: str, on_unreachable: Callable[[], bool] | None) -> None:
-        super().__init__(url, token)
+    def __init__(
+        self, url: str, token: str, on_unreachable: Callable[[], bool] | None, ca_bundle: str | None = None
+    ) -> None:
+        super().__init__(url, token, ca_bundle_file=ca_bundle)
         self.on_unreachable = on_unreachable
 
     def send(self, method: str, path: str, *, recover: bool = True, **kw: Any) -> requests.Response:
@@ -62,8 +64,10 @@ class BackendClient:
         token: str,
         restart: Callable[[], Target] | None = None,
         notify: Callable[[str], None] | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
-        self.t = _Transport(url, token, self.recover if restart else None)
+        """`ca_bundle`: the PEM file that verifies an HTTPS backend (default AIBRO_CA_BUNDLE, else system roots)."""
+        self.t = _Transport(url, token, self.recover if restart else None, ca_bundle)
         self._restart = restart
         self.notify = notify or _notify_stderr
 

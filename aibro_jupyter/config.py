@@ -26,6 +26,7 @@ class Target:
     url: str
     token: str
     embedded: bool
+    ca_bundle: str | None = None  # the PEM that verifies an HTTPS backend (`aibro login --ca-bundle`)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -46,10 +47,10 @@ def configured_target() -> Target | None:
         token = os.environ.get("AIBRO_TOKEN")
         if not token:
             raise AibroError("AIBRO_BACKEND_URL is set but AIBRO_TOKEN is not: set both, or run `aibro login`")
-        return Target(url, token, False)
+        return Target(url, token, False, os.environ.get("AIBRO_CA_BUNDLE"))
     saved = _read_json(login_file())
     if saved and saved.get("url") and saved.get("token"):
-        return Target(saved["url"], saved["token"], False)
+        return Target(saved["url"], saved["token"], False, os.environ.get("AIBRO_CA_BUNDLE") or saved.get("ca_bundle"))
     return None
 
 

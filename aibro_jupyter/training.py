@@ -32,7 +32,8 @@ def connect() -> BackendClient:
     """A client for the configured backend, or the embedded one (started on first use, and started again by the
     client when it dies: a fit that is following its job says so and carries on)."""
     target = resolve()
-    client = BackendClient(target.url, target.token, restart=start_embedded if target.embedded else None)
+    restart = start_embedded if target.embedded else None
+    client = BackendClient(target.url, target.token, restart=restart, ca_bundle=target.ca_bundle)
     client.health()
     return client
 

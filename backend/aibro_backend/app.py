@@ -617,6 +617,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--keyfile", default=None, help="the certificate's private key (PEM), if not in --certfile")
     parser.add_argument(
+        "--ca-bundle",
+        default=os.environ.get("AIBRO_CA_BUNDLE"),
+        metavar="FILE",
+        help="the CA (PEM) that signed --certfile, when no system root did: workers verify this backend with it",
+    )
+    parser.add_argument(
         "--provider",
         action="append",
         choices=["local", "aws", "ray"],
@@ -651,6 +657,12 @@ def main(argv: list[str] | None = None) -> None:
         tls = tls_context(args.certfile, args.keyfile)
     except (OSError, ssl.SSLError) as exc:
         parser.error(f"cannot load the TLS certificate/key: {exc}")
+    if args.ca_bundle:  # local workers get a copy, cloud machines the PEM in their user data (AIBRO_CA_BUNDLE)
+        try:
+            ssl.create_default_context(cafile=args.ca_bundle)
+        except (OSError, ssl.SSLError) as exc:
+            parser.error(f"--ca-bundle {args.ca_bundle}: not a readable PEM CA bundle ({exc})")
+        os.environ["AIBRO_CA_BUNDLE"] = os.path.abspath(args.ca_bundle)
     if tls is None and not is_loopback(args.host):
         print(plain_http_warning(args.host), file=sys.stderr, flush=True)
     extra: dict[str, Any] = {}

@@ -39,8 +39,19 @@ def worker_env(
     env.update((k, val) for k, val in scheduled.items() if k in FROM_SCHEDULER or k.startswith(FROM_SCHEDULER_PREFIXES))
     env["AIBRO_WORKER_DIR"] = str(workdir)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices
+    if inherited.get("AIBRO_CA_BUNDLE"):  # how it verifies an HTTPS backend: a copy inside what it can see
+        env["AIBRO_CA_BUNDLE"] = str(_copy_ca_bundle(Path(inherited["AIBRO_CA_BUNDLE"]), workdir))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
+
+
+def _copy_ca_bundle(source: Path, workdir: Path) -> Path:
+    """The backend's CA bundle (AIBRO_CA_BUNDLE, set by `serve --ca-bundle`) copied into the worker's own
+    directory, the one place a sandboxed worker surely reads; certificates are public, so 0644."""
+    dest = workdir / "ca-bundle.pem"
+    dest.write_bytes(source.read_bytes())
+    dest.chmod(0o644)
+    return dest
 
 
 def worker_python(configured: str | None) -> str:
