@@ -29,6 +29,15 @@ class ByteSource:
             h.update(chunk)
         return h.hexdigest()
 
+    def read(self, start: int, length: int) -> bytes:
+        """`length` bytes from `start` (fewer at the end): one part of a multipart upload."""
+        out = bytearray()
+        for chunk in self.chunks(start, max(1, min(length, CHUNK))):
+            out += chunk[: length - len(out)]
+            if len(out) >= length:
+                break
+        return bytes(out)
+
 
 @dataclass
 class BytesSource(ByteSource):

@@ -46,6 +46,7 @@ from .bus import EventBus
 from .limits import Limits, limits_of
 from .policy import Policy
 from .providers.local import LocalProvider
+from .s3blobs import s3_backing
 from .scheduler import Scheduler
 from .state import Backend
 from .store import Store
@@ -74,6 +75,7 @@ def routes(backend: Backend) -> list:
         (p + r"/auth/tokens", tokens.TokensHandler, a),
         (p + r"/auth/tokens/([\w-]+)", tokens.TokenHandler, a),
         (p + r"/blobs/([^/]+)", transfer.BlobHandler, a),
+        (p + r"/blobs/([^/]+)/upload", transfer.BlobUploadHandler, a),
         (p + r"/jobs", user.JobsHandler, a),
         (p + r"/jobs/([\w-]+)", user.JobHandler, a),
         (p + r"/jobs/([\w-]+)/cancel", user.CancelHandler, a),
@@ -90,6 +92,7 @@ def routes(backend: Backend) -> list:
         (p + r"/worker/blobs/([0-9a-f]{64})", transfer.WorkerBlobHandler, a),
         (p + r"/worker/jobs/([\w-]+)/events", worker.WorkerEventsHandler, a),
         (p + r"/worker/jobs/([\w-]+)/artifacts/(.+)", transfer.WorkerArtifactHandler, a),
+        (p + r"/worker/jobs/([\w-]+)/uploads/(.+)", transfer.WorkerUploadHandler, a),
         (p + r"/worker/jobs/([\w-]+)/finish", worker.WorkerFinishHandler, a),
     ]
 
@@ -147,7 +150,8 @@ def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> 
     providers.update(extra_providers or {})
     holder: dict[str, Backend] = {}
     scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, bus.publish)
-    backend = Backend(home, store, BlobStore(state / "blobs"), policy, bus, scheduler)
+    blobs = BlobStore(state / "blobs", s3_backing(providers.get("aws")))
+    backend = Backend(home, store, blobs, policy, bus, scheduler)
     backend.extra["limits"] = Limits.from_env(policy)
     holder["b"] = backend
     return backend

@@ -12,6 +12,10 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .s3blobs import S3Backing
 
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 ARTIFACT_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,7}")
@@ -76,10 +80,15 @@ class PartialWriter:
 
 class BlobStore:
     """Blobs live at blobs/<sha>; partial uploads at partial/<user>/<sha> and partial/job~<job>/<name>; artifacts at
-    artifacts/<job>/<name>."""
+    artifacts/<job>/<name>.
 
-    def __init__(self, root: Path) -> None:
+    With `s3` (the AWS provider configured), blobs and the workers' artifacts live in S3 instead and travel on
+    presigned URLs (s3blobs.S3Backing); this directory then keeps only what the backend writes itself
+    (history.json). The index of who owns which blob stays in the store either way."""
+
+    def __init__(self, root: Path, s3: S3Backing | None = None) -> None:
         self.root = Path(root)
+        self.s3 = s3
         for sub in ("blobs", "partial", "artifacts"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._writers: dict[Path, PartialWriter] = {}

@@ -676,6 +676,24 @@ class WorkerFinish(Request):
     )
 
 
+class UploadedPart(Request):
+    number: Annotated[int, Field(ge=0, le=10_000), INTEGRAL]
+    etag: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class S3Upload(Request):
+    """POST /blobs/{sha256}/upload and /worker/jobs/{job_id}/uploads/{name} when the backend keeps bytes in S3:
+    `start` answers presigned URLs (an UploadPlan) for `size` bytes; after PUTting every part there, `finish`
+    with the plan's upload_id and each part's ETag has the backend complete, verify and record the upload."""
+
+    action: Literal["start", "finish"]
+    size: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+    sha256: Sha256 | None = None
+    attempt: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL] | None = None
+    upload_id: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    parts: Annotated[list[UploadedPart], Field(max_length=10_000)] = []
+
+
 # -- responses ---------------------------------------------------------------------------------------------------
 JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
 JobSubstatus = Literal[JOB_SUBSTATUSES]  # type: ignore[valid-type]
@@ -768,6 +786,25 @@ class OpenApiDocument(Response):
 class BlobProgress(Response):
     complete: bool
     received: int
+
+
+class PlanPart(Response):
+    number: int = Field(description="0 for a single PUT, else the multipart part number")
+    offset: int
+    size: int
+    url: str = Field(description="a presigned S3 URL: PUT these bytes there, with `headers`, and no bearer token")
+    headers: dict[str, str]
+
+
+class UploadPlan(Response):
+    """`start`: where the bytes go instead of this backend (S3: one presigned PUT, or one per part of a multipart
+    upload); `finish`: complete and received (a worker's artifact also its name, size and sha256)."""
+
+    via: Literal["s3"] | None = None
+    upload_id: str | None = None
+    parts: list[PlanPart] | None = None
+    complete: bool | None = None
+    received: int | None = None
 
 
 class BlobDropped(Response):

@@ -68,7 +68,21 @@ ROUTES: list[Route] = [
         "200 (X-Blob-Size) if this user holds the blob, else 404 with X-Received: the bytes a resumed upload skips",
         None,
         (400, 404),
-        headers={200: {"X-Blob-Size": "the blob's size"}, 404: {"X-Received": "bytes of a partial upload"}},
+        headers={
+            200: {"X-Blob-Size": "the blob's size"},
+            404: {
+                "X-Received": "bytes of a partial upload",
+                "X-Upload-Via": "'s3' when this backend keeps bytes in S3: POST /blobs/{sha256}/upload instead",
+            },
+        },
+    ),
+    Route(
+        "post",
+        "/blobs/{sha256}/upload",
+        "S3 backing: presigned PUT URL(s) for the blob (start), then complete, verify and index it (finish)",
+        m.UploadPlan,
+        (400, 409, 413),
+        m.S3Upload,
     ),
     Route(
         "put",
@@ -177,6 +191,15 @@ ROUTES: list[Route] = [
         TRANSFER_ERRORS,
         "binary",
         m.ArtifactChunkQuery,
+        security="worker",
+    ),
+    Route(
+        "post",
+        "/worker/jobs/{job_id}/uploads/{name}",
+        "S3 backing: presigned PUT URL(s) for an artifact of the assigned job (start), then index it (finish)",
+        m.UploadPlan,
+        (400, 409, 413),
+        m.S3Upload,
         security="worker",
     ),
     Route(

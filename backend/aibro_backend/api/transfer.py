@@ -5,6 +5,11 @@ offset, quota) and its body is appended to a partial file as it arrives (`@strea
 upload is hashed off the event loop and moved into place. A download is written 1 MiB at a time, each piece
 flushed to the socket before the next is read, so the backend holds about one piece per connection however large
 the file is. Uploads are chunked and resumable: `?offset=&total=`, and HEAD says how much is already here.
+
+When the blob store has its S3 backing (the AWS provider on), the same routes answer "go here instead": HEAD on a
+blob the user lacks says `X-Upload-Via: s3`, `POST .../upload` (`S3Upload`) hands out presigned PUT URLs and
+finishes the upload, downloads answer 307 to a presigned GET, and the chunked PUTs are refused with that fix. The
+backend then signs, verifies and indexes, and no training byte passes through it.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from tornado.iostream import StreamClosedError
 
 from ..blobs import BlobError, PartialWriter, UploadBusy, check_artifact_name, check_sha
 from ..limits import limits_of
+from ..s3blobs import S3Backing, S3BlobError
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs
+from .models import S3Upload
 from .worker import WorkerHandler
 
 READ_CHUNK = 1024 * 1024
+VIA_S3 = "X-Upload-Via"  # HEAD's header when uploads go to S3 on presigned URLs (POST .../upload)
 
 
 async def send_file(handler: tornado.web.RequestHandler, path: Path) -> None:
@@ -128,9 +136,14 @@ class StreamedUpload(tornado.web.RequestHandler):
 class BlobHandler(StreamedUpload, UserHandler):
     USAGE = "PUT /blobs/{sha} needs integer ?offset=&total= query arguments"
 
-    def head(self, sha: str) -> None:
+    async def head(self, sha: str) -> None:
         check = _sha(sha)
         size = self.backend.store.blob_size(check, self.uid)
+        s3 = self.backend.blobs.s3
+        if s3 is not None:  # held = indexed for this user and its key in the bucket (HEAD on the key)
+            if size is not None and await _run(s3, s3.size, s3.blob_key(check)) is None:
+                size = None
+            self.set_header(VIA_S3, "s3")
         if size is not None:
             self.set_header("X-Blob-Size", str(size))
             self.set_status(200)
@@ -141,6 +154,7 @@ class BlobHandler(StreamedUpload, UserHandler):
 
     def start_put(self, sha: str) -> None:
         check = _sha(sha)
+        _refuse_in_s3(self, f"/blobs/{check}/upload")
         offset, total = self.int_arg("offset", 0), self.int_arg("total", None)
         length = self.body_length()
         max_job = self.backend.policy.max_job_bytes
@@ -191,6 +205,8 @@ class ArtifactHandler(UserHandler):
     async def get(self, job_id: str, name: str) -> None:
         self.own_job(job_id)
         path = _artifact_path(self, job_id, name)
+        if _redirect_to_s3(self, job_id, name, path):
+            return
         if not path.is_file():
             raise ApiError(404, f"job {job_id} has no artifact '{name}' (GET /jobs/{job_id}/artifacts lists them)")
         await send_file(self, path)
@@ -202,6 +218,10 @@ class WorkerBlobHandler(WorkerHandler):
         job = self.backend.store.job(inst["job_id"]) if inst["job_id"] else None
         if job is None or sha not in spec_blobs(job["spec"]):
             raise ApiError(403, "this blob is not part of the job assigned to this instance")
+        s3 = self.backend.blobs.s3
+        if s3 is not None:
+            self.redirect(s3.get_url(s3.blob_key(sha)), status=307)
+            return
         await send_file(self, self.backend.blobs.blob_path(sha))
 
 
@@ -215,6 +235,8 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
     async def get(self, job_id: str, name: str) -> None:
         self.assigned_job(job_id)
         path = _artifact_path(self, job_id, name)
+        if _redirect_to_s3(self, job_id, name, path):
+            return
         if not path.is_file():
             raise ApiError(404, f"no artifact {name}")
         await send_file(self, path)
@@ -222,12 +244,15 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
     def head(self, job_id: str, name: str) -> None:
         self.assigned_job(job_id, self.int_arg("attempt", None))
         _artifact_path(self, job_id, name)
+        if self.backend.blobs.s3 is not None:
+            self.set_header(VIA_S3, "s3")
         self.set_header("X-Received", str(self.backend.blobs.artifact_received(job_id, name)))
         self.finish()
 
     def start_put(self, job_id: str, name: str) -> None:
         self.assigned_job(job_id, self.int_arg("attempt", None))
         _artifact_path(self, job_id, name)
+        _refuse_in_s3(self, f"/worker/jobs/{job_id}/uploads/{name}")
         length = self.body_length()
         offset = self.int_arg("offset", 0)
         total = self.int_arg("total", offset + length)
@@ -250,6 +275,95 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
         size, sha = await IOLoop.current().run_in_executor(None, blobs.finish_artifact, job_id, name)
         self.backend.store.add_artifact(job_id, name, size, sha)
         self.send({"name": name, "size": size, "sha256": sha, "complete": True, "received": size})
+
+
+class BlobUploadHandler(UserHandler):
+    """POST /blobs/{sha}/upload (S3 backing only): `start` answers presigned URLs for this user's staging key,
+    `finish` completes the upload, has S3 hash it, publishes it under `blobs/<sha>` and indexes it as theirs."""
+
+    async def post(self, sha: str) -> None:
+        check = _sha(sha)
+        s3 = _s3(self, f"PUT /blobs/{check}?offset=&total=")
+        body = self.body_model(S3Upload, "the upload request")
+        _check_size(self, body.size, "a blob")
+        if body.sha256 not in (None, check):
+            raise ApiError(400, f"'sha256' {body.sha256} is not this blob's name {check}: leave it out or match it")
+        key = s3.staging_key(self.uid, check)
+        if body.action == "start":
+            self.send(await _run(s3, s3.plan_upload, key, body.size, check))
+            return
+        parts = [p.model_dump() for p in body.parts]
+        size = await _run(s3, s3.finish_blob, self.uid, check, body.upload_id, parts)
+        self.backend.store.add_blob(check, self.uid, size)
+        self.backend.store.bump(self.uid, "blob_bytes_s3", size)
+        self.send({"complete": True, "received": size})
+
+
+class WorkerUploadHandler(WorkerHandler):
+    """POST /worker/jobs/{job}/uploads/{name} (S3 backing only): presigned URLs for the assigned job's artifact key
+    `<prefix>/jobs/<job>/<name>` (a new upload replaces it, as offset 0 does on disk), then `finish` indexes it."""
+
+    async def post(self, job_id: str, name: str) -> None:
+        s3 = _s3(self, f"PUT /worker/jobs/{job_id}/artifacts/{name}?attempt=&offset=&total=")
+        body = self.body_model(S3Upload, "the upload request")
+        if body.attempt is None:
+            raise ApiError(400, "worker uploads need 'attempt': the job attempt this worker runs")
+        self.assigned_job(job_id, body.attempt)
+        _artifact_path(self, job_id, name)
+        _check_size(self, body.size, "an artifact")
+        key = s3.artifact_key(job_id, name)
+        if body.action == "start":
+            self.send(await _run(s3, s3.plan_upload, key, body.size, body.sha256))
+            return
+        if body.sha256 is None:
+            raise ApiError(400, "finishing an artifact upload needs its 'sha256' (hex) to index it")
+        size = await _run(s3, s3.complete, key, body.upload_id, [p.model_dump() for p in body.parts])
+        if size != body.size:
+            raise ApiError(409, f"S3 holds {size} bytes of {name}, not the {body.size} declared: upload it again")
+        self.assigned_job(job_id, body.attempt)  # still this instance's, now that it is all there
+        self.backend.store.add_artifact(job_id, name, size, body.sha256)
+        self.send({"name": name, "size": size, "sha256": body.sha256, "complete": True, "received": size})
+
+
+def _s3(handler: UserHandler | WorkerHandler, instead: str) -> S3Backing:
+    s3 = handler.backend.blobs.s3
+    if s3 is None:
+        raise ApiError(409, f"this backend stores bytes itself, not in S3: upload with {instead}")
+    return s3
+
+
+def _refuse_in_s3(handler: UserHandler | WorkerHandler, instead: str) -> None:
+    if handler.backend.blobs.s3 is not None:
+        raise ApiError(
+            409,
+            f"this backend keeps bytes in S3: POST {instead} with {{action: start, size}} for presigned URLs "
+            f"(HEAD answers {VIA_S3}: s3)",
+        )
+
+
+def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> None:
+    max_job = handler.backend.policy.max_job_bytes
+    if size > max_job:
+        raise ApiError(413, f"{what} of {size} bytes is over the {max_job}-byte limit per job")
+
+
+async def _run(s3: S3Backing, fn: Any, *args: Any) -> Any:
+    """A blocking S3 call in the backing's pool, off the event loop; a refusal is a 409 naming the fix."""
+    try:
+        return await IOLoop.current().run_in_executor(s3.pool, fn, *args)
+    except S3BlobError as exc:
+        raise ApiError(409, str(exc)) from None
+
+
+def _redirect_to_s3(handler: UserHandler | WorkerHandler, job_id: str, name: str, path: Path) -> bool:
+    """With the S3 backing, an indexed artifact the backend did not write itself is a 307 to a presigned GET."""
+    s3 = handler.backend.blobs.s3
+    if s3 is None or path.is_file():
+        return False
+    if not any(a["name"] == name for a in handler.backend.store.artifacts(job_id)):
+        return False
+    handler.redirect(s3.get_url(s3.artifact_key(job_id, name)), status=307)
+    return True
 
 
 def _sha(sha: str) -> str:

@@ -1,0 +1,181 @@
+"""The blob store's S3 backing (the AWS provider on): bytes go between S3 and the client or worker on presigned
+URLs, never through the backend, which only signs, completes, verifies and indexes.
+
+Keys are content-addressed under the config's prefix: `<prefix>/blobs/<sha>` for a user's data and models,
+`<prefix>/jobs/<job>/<name>` for a job's checkpoints, TensorBoard logs and trained model. A client never gets a
+URL that writes `blobs/<sha>`: it uploads to its own staging key `<prefix>/uploads/<user>/<sha>` (one presigned
+PUT, or a multipart upload with one presigned URL per part when the data is over the part size), then asks the
+backend to finish. The backend has S3 compute the SHA-256 of the whole staged object (a server-side copy onto
+itself with ChecksumAlgorithm=SHA256, which works the same for single and multipart objects up to 5 GB and on
+moto), and only when it equals the name copies it (server-side) to `blobs/<sha>`. So whatever `blobs/<sha>`
+holds hashes to `<sha>`, and another user's upload of the same name can never replace it with other bytes. The
+single PUT is also signed with ChecksumSHA256, so real S3 already refuses wrong bytes there (moto does not).
+
+Every call that reaches S3 is blocking: the handlers run them in this backing's own thread pool.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+MIB = 1024 * 1024
+DEFAULT_PART_BYTES = 64 * MIB
+MIN_PART_BYTES = 5 * MIB  # S3's smallest part (all but the last)
+MAX_PARTS = 10_000
+MAX_COPY_BYTES = 5 * 1024 * MIB  # one CopyObject's limit: what can be verified server-side
+URL_TTL_S = 3600
+
+
+class S3BlobError(ValueError):
+    """An upload S3 holds that cannot be finished: missing, the wrong size, or not hashing to its name."""
+
+
+def part_bytes_from_env() -> int:
+    """AIBRO_S3_PART_BYTES (default 64 MiB): data over it goes as a multipart upload of parts this size."""
+    raw = os.environ.get("AIBRO_S3_PART_BYTES") or str(DEFAULT_PART_BYTES)
+    if not raw.isdigit() or int(raw) < MIN_PART_BYTES:
+        raise ValueError(f"AIBRO_S3_PART_BYTES={raw!r}: set a whole number of bytes >= {MIN_PART_BYTES} (5 MiB)")
+    return int(raw)
+
+
+def b64_sha(sha: str) -> str:
+    """A hex sha256 as S3's ChecksumSHA256 (base64 of the 32 bytes)."""
+    return base64.b64encode(bytes.fromhex(sha)).decode()
+
+
+class S3Backing:
+    """Presigned URLs and the few calls the backend itself makes on the bucket, under one key prefix."""
+
+    def __init__(self, session: Any, bucket: str, prefix: str, region: str, part_bytes: int | None = None) -> None:
+        from botocore.config import Config
+
+        self.s3 = session.client(
+            "s3", region_name=region, config=Config(signature_version="s3v4", retries={"mode": "standard"})
+        )
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.part_bytes = part_bytes or part_bytes_from_env()
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="aibro-s3")
+
+    # -- keys -------------------------------------------------------------------------------------
+    def blob_key(self, sha: str) -> str:
+        return f"{self.prefix}blobs/{sha}"
+
+    def staging_key(self, user_id: int, sha: str) -> str:
+        return f"{self.prefix}uploads/{user_id}/{sha}"
+
+    def artifact_key(self, job_id: str, name: str) -> str:
+        return f"{self.prefix}jobs/{job_id}/{name}"
+
+    # -- presigning (local signing, no network) ---------------------------------------------------------
+    def get_url(self, key: str) -> str:
+        return self._sign("get_object", Key=key)
+
+    def _sign(self, op: str, **params: Any) -> str:
+        return self.s3.generate_presigned_url(op, Params={"Bucket": self.bucket, **params}, ExpiresIn=URL_TTL_S)
+
+    # -- blocking calls (run them in `pool`) --------------------------------------------------------------
+    def size(self, key: str) -> int | None:
+        """The object's size, None when there is none (HEAD on the key)."""
+        try:
+            return int(self.s3.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+        except self.s3.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+    def plan_upload(self, key: str, size: int, sha: str | None) -> dict[str, Any]:
+        """Where to PUT `size` bytes: one presigned PUT (signed with the sha when known, so S3 checks it), or a
+        multipart upload with a URL per part of `part_bytes`. The answer the client and worker follow as is."""
+        if size <= self.part_bytes:
+            params: dict[str, Any] = {"Key": key}
+            headers: dict[str, str] = {}
+            if sha:
+                params["ChecksumSHA256"] = headers["x-amz-checksum-sha256"] = b64_sha(sha)
+            part = {"number": 0, "offset": 0, "size": size, "url": self._sign("put_object", **params)}
+            return {"via": "s3", "upload_id": None, "parts": [{**part, "headers": headers}]}
+        count = -(-size // self.part_bytes)
+        if count > MAX_PARTS:
+            raise S3BlobError(f"{size} bytes need {count} parts of {self.part_bytes}: raise AIBRO_S3_PART_BYTES")
+        upload_id = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        parts = []
+        for n in range(count):
+            offset = n * self.part_bytes
+            url = self._sign("upload_part", Key=key, UploadId=upload_id, PartNumber=n + 1)
+            parts.append({"number": n + 1, "offset": offset, "size": min(self.part_bytes, size - offset), "url": url})
+            parts[-1]["headers"] = {}
+        return {"via": "s3", "upload_id": upload_id, "parts": parts}
+
+    def complete(self, key: str, upload_id: str | None, etags: list[dict[str, Any]]) -> int:
+        """Finish a multipart upload from the parts' ETags (nothing to do for a single PUT); returns its size."""
+        if upload_id:
+            parts = [{"PartNumber": int(p["number"]), "ETag": str(p["etag"])} for p in etags]
+            try:
+                self.s3.complete_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                )
+            except self.s3.exceptions.ClientError as exc:
+                raise S3BlobError(f"S3 could not complete the upload ({_code(exc)}): upload it again") from None
+        size = self.size(key)
+        if size is None:
+            raise S3BlobError("nothing was uploaded to the URL(s) given: PUT the bytes there first, then finish")
+        return size
+
+    def sha256(self, key: str, size: int) -> str:
+        """The SHA-256 of the whole object as S3 computes it: a copy of the object onto itself asking for a
+        SHA256 checksum (a full-object checksum, whatever the parts were)."""
+        if size > MAX_COPY_BYTES:
+            raise S3BlobError(f"{size} bytes is over the 5 GB S3 can verify in one copy: split the data")
+        answer = self.s3.copy_object(
+            Bucket=self.bucket,
+            Key=key,
+            CopySource={"Bucket": self.bucket, "Key": key},
+            ChecksumAlgorithm="SHA256",
+            MetadataDirective="REPLACE",
+            ContentType="application/octet-stream",
+        )
+        got = answer.get("CopyObjectResult", {}).get("ChecksumSHA256")
+        if not got:
+            raise S3BlobError("S3 returned no SHA-256 for the uploaded object: cannot verify it")
+        return base64.b64decode(got).hex()
+
+    def finish_blob(self, user_id: int, sha: str, upload_id: str | None, etags: list[dict[str, Any]]) -> int:
+        """Complete, verify and publish a user's staged upload of `sha`; returns its size. The staged copy is
+        deleted either way; `blobs/<sha>` is written only with bytes S3 hashed to `sha`."""
+        staging = self.staging_key(user_id, sha)
+        size = self.complete(staging, upload_id, etags)
+        try:
+            digest = self.sha256(staging, size)
+            if digest != sha:
+                raise S3BlobError(f"upload digest {digest} does not match the name {sha}: upload it again")
+            if self.size(self.blob_key(sha)) is None:
+                src = {"Bucket": self.bucket, "Key": staging}
+                self.s3.copy_object(Bucket=self.bucket, Key=self.blob_key(sha), CopySource=src)
+        finally:
+            self.s3.delete_object(Bucket=self.bucket, Key=staging)
+        return size
+
+    def abort(self, key: str, upload_id: str) -> None:
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except self.s3.exceptions.ClientError:
+            pass
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def _code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code") or exc)
+
+
+def s3_backing(aws: Any) -> S3Backing | None:
+    """The S3 backing of the AWS provider's bucket and prefix (None without the provider: bytes stay on disk).
+    Every job of such a backend, local ones included, then keeps its bytes in S3: one store, one backing."""
+    if aws is None:
+        return None
+    config = aws.config
+    return S3Backing(aws.session, config.s3_bucket, config.s3_prefix, config.region)
