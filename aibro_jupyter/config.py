@@ -106,7 +106,11 @@ def start_embedded(timeout: float = 60.0) -> Target:
         log = os.fdopen(fd, "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "aibro_backend", "--home", str(h)],
-            env={**os.environ, "AIBRO_ALLOW_UNSAFE": os.environ.get("AIBRO_ALLOW_UNSAFE") or "all"},  # one user
+            env={
+                **os.environ,
+                "AIBRO_ALLOW_UNSAFE": os.environ.get("AIBRO_ALLOW_UNSAFE") or "all",  # one user
+                "AIBRO_SPARE_WORKER": os.environ.get("AIBRO_SPARE_WORKER") or "1",  # a first job as fast as a warm one
+            },
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

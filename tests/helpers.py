@@ -89,7 +89,11 @@ def worker_process(pid: int) -> int:
             cmd = (Path(f"/proc/{cur}/cmdline").read_bytes()).split(b"\0")
         except OSError:
             continue
-        if cmd and cmd[0] != b"bwrap" and b"aibro_backend.worker" in cmd:
+        if (
+            cmd
+            and cmd[0] != b"bwrap"
+            and any(c in (b"aibro_backend.worker", b"aibro_backend.worker.spare") for c in cmd)
+        ):
             return cur
         todo += children.get(cur, [])
     raise AssertionError(f"no worker process under pid {pid}")

@@ -162,7 +162,6 @@ def test_second_job_reuses_the_warm_worker(client: BackendClient, first_job, dig
         return t[v.SENDING_MODEL_DATA] - t[v.GEARING_UP_ENV]
 
     print(f"gear-up: cold {gear_up(first):.3f}s, warm {gear_up(second):.3f}s")
-    assert gear_up(second) < gear_up(first), "a warm worker has nothing to start or import"
     # the data is already there: only the new (untrained) model's bytes travel
     assert client.counters().get("blob_bytes_received", 0) - before == model_bytes
     inst = next(i for i in client.instances() if i["id"] == second["instance_id"])

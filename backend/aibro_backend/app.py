@@ -146,7 +146,8 @@ def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> 
     bus = EventBus()
     policy = Policy.from_env()
     capacity = int(os.environ.get("AIBRO_LOCAL_CAPACITY", "0")) or None
-    providers: dict[str, Any] = {"local": LocalProvider(state, capacity)}  # the local provider always runs
+    local = LocalProvider(state, capacity, spare=policy.spare_worker)
+    providers: dict[str, Any] = {"local": local}  # the local provider always runs
     providers.update(extra_providers or {})
     holder: dict[str, Backend] = {}
     scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, bus.publish)
@@ -479,6 +480,7 @@ async def serve(
 ) -> None:
     backend = build_backend(home, extra_providers)
     ensure_local_user(backend)
+    backend.scheduler.providers["local"].prime(backend.store.ensure_user("local"))  # the embedded user's spare
     limits = limits_of(backend)
     app = GuardedApplication(
         routes(backend),

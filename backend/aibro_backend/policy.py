@@ -16,6 +16,7 @@ class Policy:
     cancel_grace_s: float = 20.0
     max_cool_down_s: float = 3600.0  # like SageMaker's warm pools: a warm machine is held at most an hour
     allow_unsafe: str = "none"  # who may load models with safe_mode=False: "all", "none" or "alice,bob"
+    spare_worker: bool = False  # keep a local worker with TensorFlow imported for the next first job (spare.py)
 
     @classmethod
     def from_env(cls) -> Policy:
@@ -32,6 +33,7 @@ class Policy:
             cancel_grace_s=float(num("AIBRO_CANCEL_GRACE_S", cls.cancel_grace_s, float)),
             max_cool_down_s=float(num("AIBRO_MAX_COOL_DOWN_S", cls.max_cool_down_s, float)),
             allow_unsafe=(os.environ.get("AIBRO_ALLOW_UNSAFE") or cls.allow_unsafe).strip(),
+            spare_worker=(os.environ.get("AIBRO_SPARE_WORKER") or "0").strip().lower() in ("1", "true", "yes", "on"),
         )
 
     def unsafe_allowed(self, user: str) -> bool:

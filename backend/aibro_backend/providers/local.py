@@ -7,11 +7,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .sandbox import Sandbox
+from .spare import MODULE as SPARE_MODULE
+from .spare import SPARE_DELAY_S, SPARE_MACHINE, Spare, SpareCrashes
 
 # What a worker inherits from the backend's own environment: what any process needs, the host's network settings
 # (proxies, CA bundles: the worker's pip installs a job's requirements) and the TensorFlow / GPU knobs an operator
@@ -122,8 +125,12 @@ class LocalProvider:
 
     name = "local"
 
-    def __init__(self, state_dir: Path, capacity: int | None = None) -> None:
+    def __init__(self, state_dir: Path, capacity: int | None = None, spare: bool = False) -> None:
         self.state_dir = Path(state_dir)
+        self.spare_on = spare  # keep a spare worker with TensorFlow imported (providers/spare.py)
+        self._spare: Spare | None = None
+        self._spare_crashes = SpareCrashes()
+        self._prime_later: tuple[int, float] | None = None  # (user, when): the spare to start after a handover
         self.python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
         self.sandbox = Sandbox.choose(self.python)
         self.capacity = capacity or max(1, os.cpu_count() or 1)
@@ -163,39 +170,98 @@ class LocalProvider:
             return ",".join(str(i) for i in range(len(self._gpu_names)))
         return machine_id.removeprefix("local-gpu")
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int:
+    def _dirs(self, name: str, user_id: int | None) -> tuple[int | None, Path, Path]:
+        """The sandbox uid, the private work directory `workers/<name>` and the user's environment cache."""
         uid = self.sandbox.uid_for(user_id)
         (self.state_dir / "workers").mkdir(parents=True, exist_ok=True, mode=0o700)
-        workdir = self.state_dir / "workers" / instance_id
+        workdir = self.state_dir / "workers" / name
         self.sandbox.prepare(workdir, uid)
         envs = self.state_dir / "envs" / f"u{int(user_id or 0)}"  # one user's cached environments, never shared
         (self.state_dir / "envs").mkdir(parents=True, exist_ok=True, mode=0o700)
         self.sandbox.prepare(envs, uid)
+        return uid, workdir, envs
+
+    def _spawn(
+        self, module: str, machine_id: str, scheduled: dict[str, str], dirs: tuple[int | None, Path, Path], stdin: int
+    ) -> subprocess.Popen:
+        uid, workdir, envs = dirs
         full_env = worker_env(
-            os.environ, {**env, "AIBRO_ENV_CACHE": str(envs)}, workdir, self._visible_devices(machine_id)
+            os.environ, {**scheduled, "AIBRO_ENV_CACHE": str(envs)}, workdir, self._visible_devices(machine_id)
         )
         if self.sandbox.kind != "none":
             full_env["HOME"] = str(workdir)
         log = open(workdir / "worker.log", "ab")
-        argv = [self.python, "-I", "-m", "aibro_backend.worker"]
+        argv = [self.python, "-I", "-m", module]
         proc = subprocess.Popen(
             self.sandbox.command(argv, workdir, [envs], uid),
             env=full_env,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=str(workdir),
         )
         log.close()
+        return proc
+
+    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int:
+        spare = self._take_spare(machine_id, int(user_id or 0))
+        if spare is not None:
+            (self.state_dir / "workers" / instance_id).symlink_to(spare.workdir.name)  # its logs where they belong
+            scheduled = {
+                k: val for k, val in env.items() if k in FROM_SCHEDULER or k.startswith(FROM_SCHEDULER_PREFIXES)
+            }
+            spare.hand_over({**scheduled, "AIBRO_WORKER_DIR": str(spare.workdir)})
+            proc = spare.proc
+        else:
+            proc = self._spawn(
+                "aibro_backend.worker", machine_id, env, self._dirs(instance_id, user_id), subprocess.DEVNULL
+            )
         self._procs[proc.pid] = proc
+        if self.spare_on:  # the next spare starts a little later, not while this job's worker gears up
+            self._prime_later = (int(user_id or 0), time.monotonic() + SPARE_DELAY_S)
         return proc.pid
+
+    # -- the spare worker ------------------------------------------------------------------------------------
+    def prime(self, user_id: int) -> None:
+        """Have a spare worker ready for `user_id`'s next local-cpu job (nothing when spares are off)."""
+        if not self.spare_on:
+            return
+        if self._spare is not None:
+            if self._spare.alive() and self._spare.user_id == user_id:
+                return
+            if self._spare.alive():
+                self._spare.stop()  # it was another user's: a sandboxed spare runs as its user's uid
+            elif not self._spare_crashes.note_exit(self._spare):
+                self.spare_on, self._spare = False, None
+                return
+        name = f"spare-{os.urandom(4).hex()}"
+        proc = self._spawn(SPARE_MODULE, SPARE_MACHINE, {}, self._dirs(name, user_id), subprocess.PIPE)
+        self._spare = Spare(proc, self.state_dir / "workers" / name, user_id)
+
+    def _take_spare(self, machine_id: str, user_id: int) -> Spare | None:
+        spare = self._spare
+        if spare is None or machine_id != SPARE_MACHINE or spare.user_id != user_id or not spare.alive():
+            return None
+        self._spare = None
+        return spare
+
+    def close(self) -> None:
+        """The backend stops: the unused spare goes with it."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.stop()
 
     def reap(self) -> None:
         """Collect every worker process that has exited, so none lingers as a zombie."""
         for pid, proc in list(self._procs.items()):
             if proc.poll() is not None:
                 self._procs.pop(pid, None)
+        if self._spare is not None and not self._spare.alive():
+            self.prime(self._spare.user_id)  # died unused (killed, out of memory): start another, unless it keeps dying
+        if self._prime_later is not None and time.monotonic() >= self._prime_later[1]:
+            user_id, self._prime_later = self._prime_later[0], None
+            self.prime(user_id)
 
     def alive(self, instance: dict[str, Any]) -> bool:
         pid = instance.get("pid")
