@@ -166,11 +166,16 @@ class PlayedInstances:
         import subprocess
         import sys
 
-        from aibro_backend.providers.aws import parse_user_data_env
+        from aibro_backend.providers.aws import parse_user_data_ca, parse_user_data_env
 
         raw = ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="userData")["UserData"]
-        env = parse_user_data_env(base64.b64decode(raw["Value"]).decode())
+        user_data = base64.b64decode(raw["Value"]).decode()
+        env = parse_user_data_env(user_data)
         disk = self.root / ec2_id
+        if "AIBRO_CA_BUNDLE" in env:  # the CA bundle its bootstrap writes to /etc/aibro/ca.pem
+            disk.mkdir(parents=True, exist_ok=True)
+            (disk / "ca.pem").write_text(parse_user_data_ca(user_data) or "")
+            env["AIBRO_CA_BUNDLE"] = str(disk / "ca.pem")
         for key in ("AIBRO_WORKER_TOKEN_FILE", "AIBRO_WORKER_DIR", "AIBRO_ENV_CACHE"):
             env[key] = str(disk / env[key].removeprefix("/var/lib/aibro/"))
         Path(env["AIBRO_WORKER_DIR"]).mkdir(parents=True, exist_ok=True)

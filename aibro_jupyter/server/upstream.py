@@ -4,6 +4,7 @@ through tornado's AsyncHTTPClient, so a long-poll waiting in the backend holds a
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -11,6 +12,8 @@ from urllib.parse import urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.httputil import HTTPInputError
 from tornado.simple_httpclient import HTTPTimeoutError, SimpleAsyncHTTPClient
+
+from aibro_core.transport import ca_bundle, ssl_context, untrusted_message
 
 from .. import config
 from ..errors import AibroError
@@ -50,6 +53,7 @@ class Upstream:
         self._quick: AsyncHTTPClient | None = None
         self._polls: AsyncHTTPClient | None = None
         self._search: asyncio.Future[None] | None = None
+        self._tls: tuple[str | None, ssl.SSLContext] | None = None  # (CA bundle, its context), made once
 
     async def warm_up(self) -> None:
         """Find or start the backend as soon as Jupyter's loop runs, so the first sidebar request finds it ready."""
@@ -81,6 +85,20 @@ class Upstream:
             self._polls = SimpleAsyncHTTPClient(max_clients=MAX_LONG_POLLS, **limits)
         return self._polls if long_poll else self._quick
 
+    def _ssl_options(self, target: config.Target) -> ssl.SSLContext | None:
+        """How an HTTPS backend is verified: the one transport's rule (its CA bundle, else the system's roots)."""
+        if not target.url.startswith("https:"):
+            return None
+        try:
+            bundle = ca_bundle(target.ca_bundle)
+        except AibroError as exc:
+            raise Unreachable(
+                "the aibro backend's CA bundle cannot be read (the Jupyter server log names it)", str(exc)
+            ) from None
+        if self._tls is None or self._tls[0] != bundle:
+            self._tls = (bundle, ssl_context(bundle))
+        return self._tls[1]
+
     async def forward(self, method: str, path: str, query: dict[str, str], wait: float) -> Answer:
         """One call to the backend, whatever status it answers. If the backend cannot be reached the call raises
         `Unreachable` (the sidebar says "reconnecting") and the next call looks for it again, starting the
@@ -95,12 +113,16 @@ class Upstream:
             connect_timeout=CONNECT_TIMEOUT_S,
             request_timeout=wait + LONG_POLL_SLACK_S if wait > 0 else QUICK_TIMEOUT_S,
             follow_redirects=False,
+            ssl_options=self._ssl_options(target),
         )
         try:
             response: HTTPResponse = await self._client(wait > 0).fetch(request, raise_error=False)
         except HTTPInputError as exc:  # an answer over MAX_BODY_BYTES, or not HTTP at all
             message = "the aibro backend's answer was too large or malformed"
             raise Unreachable(message, f"{method} {target.url}/api/v1{path} failed: {exc!r}") from None
+        except ssl.SSLCertVerificationError as exc:
+            message = "the aibro backend's TLS certificate is not trusted: give its CA bundle (see the server log)"
+            raise Unreachable(message, untrusted_message(target.url, exc.verify_message, target.ca_bundle)) from None
         except (OSError, HTTPClientError) as exc:  # refused, reset, or a timeout (HTTPTimeoutError, 599)
             self._forget(target)
             if isinstance(exc, HTTPTimeoutError):

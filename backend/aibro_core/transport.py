@@ -1,22 +1,69 @@
-"""Bearer-token JSON over HTTP with errors a user can act on: the one transport of clients and workers."""
+"""Bearer-token JSON over HTTP with errors a user can act on: the one transport of clients and workers.
+
+It also decides how a backend served over HTTPS is verified, for every part that talks to one (clients, worker
+agents, the Jupyter server extension's proxy): against the CA bundle given (`aibro login URL --ca-bundle FILE`,
+or AIBRO_CA_BUNDLE, which the backend passes on to its workers), else against the system's trusted roots. A
+certificate that does not verify is refused with an error naming that option; it is never skipped.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import ssl
 from typing import Any
 
 import requests
 
 from .errors import ApiError, AuthError, BackendUnreachable
 
+CA_BUNDLE_ENV = "AIBRO_CA_BUNDLE"
+
+
+class UntrustedCertificate(BackendUnreachable):
+    """The backend answered over TLS with a certificate that does not verify against the CA bundle in use."""
+
+
+def ca_bundle(explicit: str | None = None) -> str | None:
+    """The CA bundle (PEM file) to verify the backend with: the one given, else AIBRO_CA_BUNDLE, else None (the
+    system's trusted roots). A bundle that cannot be read is refused here, naming it."""
+    path = explicit or os.environ.get(CA_BUNDLE_ENV) or None
+    if path is not None and not os.access(path, os.R_OK):
+        raise BackendUnreachable(
+            f"the CA bundle {path} cannot be read: give the PEM file of the CA that signed the backend's "
+            f"certificate (aibro login URL --ca-bundle FILE, or {CA_BUNDLE_ENV}=FILE)"
+        )
+    return path
+
+
+def ssl_context(bundle: str | None) -> ssl.SSLContext:
+    """An SSL context that verifies the backend against `bundle` (or the system's roots): for HTTP clients that
+    are not this transport (the server extension's tornado client)."""
+    return ssl.create_default_context(cafile=bundle) if bundle else ssl.create_default_context()
+
+
+def untrusted_message(url: str, reason: object, bundle: str | None) -> str:
+    """What a refused certificate means and how to fix it."""
+    given = f"the CA bundle {bundle}" if bundle else "the system's trusted certificates"
+    return (
+        f"the backend at {url} presented a TLS certificate that does not verify against {given} ({reason}): "
+        f"give the CA bundle that signed it: `aibro login {url} --ca-bundle FILE`, or set {CA_BUNDLE_ENV}=FILE "
+        "(its workers get it from `aibro backend serve --ca-bundle FILE`)"
+    )
+
 
 class Transport:
     """Bearer-token JSON over HTTP with errors a user can act on. Shared by the client and the worker."""
 
-    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, token: str, timeout: float = 30.0, ca_bundle_file: str | None = None) -> None:
+        """`ca_bundle_file`: the PEM file to verify an HTTPS backend with (default AIBRO_CA_BUNDLE, else the
+        system's trusted roots)."""
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.ca_bundle = ca_bundle(ca_bundle_file) if self.url.startswith("https:") else ca_bundle_file
         self.session = requests.Session()
+        self.session.verify = self.ca_bundle or True
         self.session.headers["Authorization"] = f"Bearer {token}"
 
     def request(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> requests.Response:
@@ -32,8 +79,12 @@ class Transport:
 
     def send(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> requests.Response:
         """One call, whatever status it answers; only an unreachable backend raises (the proxy passes errors on)."""
+        # verify per call: requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own `verify`
+        kw.setdefault("verify", self.session.verify)
         try:
             return self.session.request(method, f"{self.url}/api/v1{path}", timeout=timeout or self.timeout, **kw)
+        except requests.exceptions.SSLError as exc:
+            raise UntrustedCertificate(untrusted_message(self.url, _ssl_reason(exc), self.ca_bundle)) from None
         except requests.ConnectionError:
             raise BackendUnreachable(
                 f"cannot reach the aibro backend at {self.url}: start it with `aibro backend start`, "
@@ -44,6 +95,12 @@ class Transport:
 
     def json(self, method: str, path: str, **kw: Any) -> Any:
         return self.request(method, path, **kw).json()
+
+
+def _ssl_reason(exc: BaseException) -> str:
+    """The SSL error's own words, out of the several layers requests wraps it in."""
+    m = re.search(r"certificate verify failed: ([^(']+?) \(", str(exc))
+    return m.group(1) if m else "the TLS handshake failed"
 
 
 def _message(resp: requests.Response) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import os
 import random
 import re
 import threading
@@ -70,6 +71,7 @@ TRANSIENT_CODES = frozenset({"InternalError", "InternalFailure", "ServiceUnavail
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 GONE_STATES = ("shutting-down", "terminated")
 USER_DATA_LIMIT = 16 * 1024
+CA_PATH = "/etc/aibro/ca.pem"  # where a machine's bootstrap writes the backend's CA bundle (AIBRO_CA_BUNDLE)
 # How long a freshly launched instance may be missing from describe_instances (EC2 is eventually consistent).
 LISTING_GRACE_S = 60.0
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
@@ -122,17 +124,22 @@ def parse_expires(value: str | None) -> float | None:
         return None
 
 
-def build_user_data(config: AwsConfig, instance_id: str, enroll_token: str, spot: bool = False) -> str:
+def build_user_data(
+    config: AwsConfig, instance_id: str, enroll_token: str, spot: bool = False, ca_pem: str | None = None
+) -> str:
     """The first-boot script: writes the worker's environment and a systemd unit that starts it on every boot.
 
     Everything in it is readable by anyone on the instance (and through DescribeInstanceAttribute), so it holds
     only what is harmless once used: the one-time enrollment token, which the agent exchanges for its own
-    per-instance token (kept in AIBRO_WORKER_TOKEN_FILE, mode 0600, for the boots after a stop/start).
+    per-instance token (kept in AIBRO_WORKER_TOKEN_FILE, mode 0600, for the boots after a stop/start). `ca_pem`:
+    the CA certificate(s) that verify the backend's HTTPS (public), written to /etc/aibro/ca.pem for the agent.
     """
     if not _INSTANCE_ID.match(instance_id):
         raise ValueError(f"instance id {instance_id!r} must be 1-40 letters, digits, '.', '_' or '-'")
     if not _ENROLL_TOKEN.match(enroll_token):
         raise ValueError("the enrollment token must be 16-256 URL-safe characters")
+    if ca_pem is not None and ("AIBRO_" in ca_pem or "-----BEGIN CERTIFICATE-----" not in ca_pem):
+        raise ValueError("the CA bundle must be PEM certificates (-----BEGIN CERTIFICATE-----) and nothing else")
     env = "\n".join(
         f"{k}={val}"
         for k, val in (
@@ -144,8 +151,10 @@ def build_user_data(config: AwsConfig, instance_id: str, enroll_token: str, spot
             ("AIBRO_ENV_CACHE", "/var/lib/aibro/envs"),
             ("AIBRO_SHUTDOWN_ON_LOSS", "1"),  # a backend gone for good: the agent shuts the machine down
             *((("AIBRO_SPOT_WATCH", "1"),) if spot else ()),  # poll IMDS for the 2-minute interruption notice
+            *((("AIBRO_CA_BUNDLE", CA_PATH),) if ca_pem else ()),
         )
     )
+    ca = f"cat > {CA_PATH} <<'AIBRO_CA'\n{ca_pem.strip()}\nAIBRO_CA\nchmod 644 {CA_PATH}\n" if ca_pem else ""
     script = f"""#!/bin/bash
 # aibro worker bootstrap (first boot only). No long-lived secret here: a one-time enrollment token that the
 # agent exchanges for its per-instance token. The systemd unit brings the worker back after every stop/start.
@@ -155,7 +164,7 @@ mkdir -p /etc/aibro /var/lib/aibro/work /var/lib/aibro/envs
 cat > /etc/aibro/worker.env <<'AIBRO_ENV'
 {env}
 AIBRO_ENV
-if [ ! -x /opt/aibro/venv/bin/python ]; then
+{ca}if [ ! -x /opt/aibro/venv/bin/python ]; then
   python3 -m venv --system-site-packages /opt/aibro/venv
   /opt/aibro/venv/bin/pip install --quiet '{config.agent_pip_spec}'
 fi
@@ -179,8 +188,15 @@ systemctl enable --now aibro-worker.service
 """
     size = len(script.encode())
     if size > USER_DATA_LIMIT:
-        raise ValueError(f"user data is {size} bytes; EC2 takes at most {USER_DATA_LIMIT}")
+        fix = " (most of it the CA bundle: give only the CA that signed the backend's certificate)" if ca_pem else ""
+        raise ValueError(f"user data is {size} bytes; EC2 takes at most {USER_DATA_LIMIT}{fix}")
     return script
+
+
+def parse_user_data_ca(user_data: str) -> str | None:
+    """The CA bundle a bootstrap script writes to /etc/aibro/ca.pem, if any (for a harness playing the machine)."""
+    m = re.search(r"<<'AIBRO_CA'\n(.*?)\nAIBRO_CA\n", user_data, re.S)
+    return m.group(1) + "\n" if m else None
 
 
 def parse_user_data_env(user_data: str) -> dict[str, str]:
@@ -406,7 +422,7 @@ class AwsProvider:
                 "the AWS provider needs a one-time enrollment token in env AIBRO_ENROLL_TOKEN (the long-lived "
                 "AIBRO_WORKER_TOKEN never goes into user data)"
             )
-        user_data = build_user_data(self.config, instance_id, token, spot=spot)
+        user_data = build_user_data(self.config, instance_id, token, spot=spot, ca_pem=_backend_ca())
         with self._lock:
             known = self._tracked.get(instance_id)
             if known is not None and known.state not in ("failed", "terminated"):
@@ -770,6 +786,15 @@ class AwsProvider:
     def close(self) -> None:
         """Stop the pool without waiting (queued calls are dropped; running ones finish on their own)."""
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _backend_ca() -> str | None:
+    """The CA bundle workers verify this backend with (`serve --ca-bundle`, AIBRO_CA_BUNDLE), as PEM text."""
+    path = os.environ.get("AIBRO_CA_BUNDLE")
+    if not path:
+        return None
+    with open(path, encoding="ascii") as f:
+        return f.read()
 
 
 def tag_map(instance: dict[str, Any]) -> dict[str, str]:

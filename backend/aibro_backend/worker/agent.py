@@ -21,7 +21,7 @@ import requests
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError, AuthError, BackendUnreachable
 from aibro_core.presigned import upload_file_via_s3
-from aibro_core.transport import Transport
+from aibro_core.transport import Transport, UntrustedCertificate
 
 from .outbox import Outbox
 from .spot import SpotWatch, spot_watch_from_env
@@ -40,12 +40,16 @@ def retrying(fn: Callable[[], Any], what: str) -> Any:
     """Call `fn` until the backend answers; the backend may be restarting."""
     start = time.monotonic()
     delay = 0.2
+    said = False
     while True:
         try:
             return fn()
-        except BackendUnreachable:
+        except BackendUnreachable as exc:
             if time.monotonic() - start > BACKEND_GONE_S:
                 raise
+            if isinstance(exc, UntrustedCertificate) and not said:  # no fault of the network: say why, once
+                log.error("%s: %s", what, exc)
+                said = True
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
