@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from aibro_jupyter.quiet import import_tensorflow_quietly
+
+import_tensorflow_quietly()  # TensorFlow's native start-up lines (absl, cuInit) stay off the screen
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from aibro_jupyter import Training  # noqa: E402
+from aibro_jupyter.firstrun import embedded_note  # noqa: E402
 
 
 def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -58,6 +61,9 @@ def main() -> None:
     )
     loss, acc = model.evaluate(x_val, y_val, verbose=0)
     print(f"final validation accuracy of {job_id} (evaluated in this process): {acc:.4f}")
+    note = embedded_note()
+    if note:
+        print(f"\n{note}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Run examples/quickstart.ipynb headless in a real kernel and print what each cell printed.
+"""Run examples/quickstart.ipynb headless in a real kernel, printing what each cell prints as it prints it.
 
-This is the README's main command: it trains a real model through %%cloud_fit on the embedded local backend."""
+This is the README's main command: it trains a real model through %%cloud_fit on the embedded local backend,
+one "Epoch k/N" line as each epoch ends, and says at the end that the backend it started keeps running."""
 
 from __future__ import annotations
 
@@ -8,21 +9,64 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
 
+from aibro_jupyter.firstrun import embedded_note
+
 
 def _chatter(line: str) -> bool:
-    """TensorFlow's native start-up log lines, which the kernel forwards as stderr output."""
+    """TensorFlow's native start-up log lines, should any still reach the kernel's output."""
     return line.startswith(("I0000", "W0000", "E0000", "WARNING: All log messages before absl"))
 
 
+class StreamingClient(NotebookClient):
+    """A NotebookClient that prints each cell's text output the moment the kernel sends it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._partial = ""
+
+    def output(self, outs: list, msg: dict[str, Any], display_id: str | None, cell_index: int) -> Any:
+        out = super().output(outs, msg, display_id, cell_index)
+        kind = msg["msg_type"]
+        content = msg["content"]
+        if kind == "stream":
+            self._write(content.get("text", ""))
+        elif kind in ("execute_result", "display_data"):
+            data = content.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" not in data and data.get("text/plain"):
+                self._write(data["text/plain"] + "\n")
+        return out
+
+    def flush_partial(self) -> None:
+        """Print a last line that had no newline."""
+        if self._partial and not _chatter(self._partial):
+            print(self._partial, flush=True)
+        self._partial = ""
+
+    def _write(self, text: str) -> None:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if not _chatter(line):
+                print(line, flush=True)
+
+
 def main() -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the kernel inherits it: no TensorFlow start-up chatter
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the kernel inherits it
     path = Path(__file__).with_name("quickstart.ipynb")
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client = StreamingClient(
+        nb,
+        timeout=900,
+        kernel_name="python3",
+        # native writes to fd 2 go to the kernel's log below, not into the cells' output
+        extra_arguments=["--IPKernelApp.capture_fd_output=False"],
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     log = Path(tempfile.gettempdir()) / "aibro-quickstart-kernel.log"
     with open(log, "w") as err:  # the kernel's own start-up chatter (TensorFlow, ZMQ) goes here, not on screen
         try:
@@ -30,16 +74,10 @@ def main() -> int:
         except Exception:
             print(f"the notebook failed; the kernel's log is {log}", file=sys.stderr)
             raise
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream":
-                sys.stdout.write("".join(line for line in out["text"].splitlines(True) if not _chatter(line)))
-            elif out.get("output_type") in ("execute_result", "display_data"):
-                data = out.get("data", {})
-                if "application/vnd.jupyter.widget-view+json" not in data and data.get("text/plain"):
-                    print(data["text/plain"])
+    client.flush_partial()
+    note = embedded_note()
+    if note:
+        print(f"\n{note}", flush=True)
     return 0
 
 

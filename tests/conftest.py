@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+from collections.abc import Iterable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -83,3 +85,93 @@ def make_model(seed: int = 0):
 @pytest.fixture
 def model():
     return make_model()
+
+
+# -- quiet logs: every WARNING/ERROR line a test's backend wrote is one a user should act on ----------------------
+# At the end of the session every backend log under the session's temporary directory is read (the session's own
+# AIBRO_HOME/backend.log and each own_backend's log). A test that provokes an actionable line on purpose says so with
+# @pytest.mark.backend_log(r"regex", ...) (on the test or as a module's pytestmark); the lines below are provoked by
+# tests that predate the marker, named by their module. Any other WARNING/ERROR line fails the session.
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (\S+) (WARNING|ERROR|CRITICAL) (.*)$")
+BACKEND_LOG_MARK = "aibro backend listening on"
+REFUSED = r"tornado\.access WARNING 40[13] .* refused"
+EXPECTED_BY_MODULE: dict[str, list[str]] = {
+    "test_api_inputs.py": [REFUSED, r"tornado\.general WARNING .*Invalid body"],
+    "test_api_schema.py": [REFUSED, r"tornado\.general WARNING .*Invalid body"],
+    "test_security.py": [REFUSED, r"tornado\.general WARNING .*Invalid body"],
+    "test_tokens.py": [REFUSED],
+    "test_backend_log.py": [REFUSED],
+    "test_server_extension.py": [REFUSED],
+    "test_resources.py": [
+        r"aibro\.backend WARNING (at the cap of|accept\(\) failed|AIBRO_MAX_CONNECTIONS)",
+        r"tornado\.general WARNING SSL Error",
+        REFUSED,
+    ],
+    "test_scheduler_requests.py": [r"aibro\.scheduler (ERROR|WARNING) "],
+    "test_aws_backend.py": [r"aibro\.aws WARNING ", r"aibro\.scheduler WARNING "],
+    "test_aws_provider.py": [r"aibro\.aws WARNING "],
+    "test_enroll.py": [REFUSED],
+}
+_expected_patterns: set[str] = set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "backend_log(*patterns): WARNING/ERROR backend log lines (regexes) this test provokes on purpose"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _expected_patterns.update(EXPECTED_BY_MODULE.get(item.path.name, []))
+    for mark in item.iter_markers("backend_log"):
+        _expected_patterns.update(mark.args)
+
+
+def backend_logs(root: Path) -> list[Path]:
+    """Every backend log under `root`: files ending in .log that a backend wrote (it says where it listens)."""
+    found = []
+    for path in sorted(root.rglob("*.log")):
+        try:
+            with open(path, errors="replace") as f:
+                if BACKEND_LOG_MARK in f.read(1 << 16):
+                    found.append(path)
+        except OSError:
+            continue
+    return found
+
+
+def unexpected_log_lines(paths: Iterable[Path], expected: Iterable[str]) -> list[str]:
+    """The WARNING/ERROR/CRITICAL lines of these logs that match none of the expected regexes, as 'file: line'."""
+    patterns = [re.compile(p) for p in expected]
+    out = []
+    for path in paths:
+        for line in path.read_text(errors="replace").splitlines():
+            m = LOG_LINE.match(line)
+            if m and not any(p.search(line) for p in patterns):
+                out.append(f"{path}: {line}")
+    return out
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or getattr(factory, "_basetemp", None) is None:
+        return  # no test made a temporary directory: no backend ran
+    lines = unexpected_log_lines(backend_logs(factory.getbasetemp()), _expected_patterns)
+    session.config.stash[_LOG_FINDINGS] = lines
+    if lines and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_LOG_FINDINGS = pytest.StashKey[list[str]]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    lines = config.stash.get(_LOG_FINDINGS, [])
+    if lines:
+        terminalreporter.section("backend log: WARNING/ERROR lines no test expected", sep="=", red=True)
+        for line in lines[:50]:
+            terminalreporter.line(line)
+        terminalreporter.line(
+            f"{len(lines)} line(s). Make the backend quieter where nothing needs acting on, or mark a test that "
+            "provokes them on purpose with @pytest.mark.backend_log(r'regex')."
+        )

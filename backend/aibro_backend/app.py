@@ -292,6 +292,8 @@ class GuardedApplication(tornado.web.Application):
 def _log_access(status: int, request: httputil.HTTPServerRequest, note: str = "") -> None:
     """One access-log line: the path without its query string (a token put there by mistake never lands here)."""
     level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+    if status in (400, 404, 405, 409, 413, 422, 429):
+        level = logging.INFO  # the client's mistake, answered with the problem and the fix: nothing to act on here
     if request.method == "HEAD" and status == 404:
         level = logging.DEBUG  # "not uploaded yet": the normal answer a content-addressed upload starts with
     ms = 1000.0 * request.request_time()
