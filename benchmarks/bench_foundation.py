@@ -355,6 +355,60 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
     ]
 
 
+def spare_rss_mib(home: Path) -> float:
+    """Resident memory of the backend's idle spare worker (its python inside any sandbox), MiB; 0 if none."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes()
+            if cmd[0] != b"bwrap" and b"aibro_backend.worker.spare" in cmd and str(home).encode() in env:
+                status = (proc / "status").read_text()
+                return int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1]) / 1024
+        except (OSError, IndexError, StopIteration):
+            continue
+    return 0.0
+
+
+def first_job_gear_up(spare: bool, settle_s: float) -> tuple[float, float]:
+    """A fresh embedded backend (its own AIBRO_HOME), `settle_s` of a user opening a notebook, then one job:
+    (its gear-up s, the idle spare's RSS MiB just before the job)."""
+    home = Path(tempfile.mkdtemp(prefix="aibro-bench-first-"))
+    saved = {k: os.environ.get(k) for k in ("AIBRO_HOME", "AIBRO_SPARE_WORKER")}
+    os.environ.update(AIBRO_HOME=str(home), AIBRO_SPARE_WORKER="1" if spare else "0")
+    try:
+        target = config.resolve()
+        client = BackendClient(target.url, target.token)
+        time.sleep(settle_s)
+        rss = spare_rss_mib(home)
+        xs, ys = make_data(512, seed=9)
+        job = run_job(client, build_model(SEED), xs, ys, epochs=1, batch_size=BATCH)
+        return gear_up_s(job), rss
+    finally:
+        config.stop_embedded()
+        kill_workers(home)
+        shutil.rmtree(home, ignore_errors=True)
+        for k, val in saved.items():
+            if val is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = val
+
+
+def section_d(warm_gear: float, quick: bool) -> list[Row]:
+    """The first job of a session, on a fresh embedded backend with and without the spare worker."""
+    say("== d) first job of a session: fresh backend, spare worker on vs off")
+    settle = 10.0 if quick else 20.0
+    on, rss = first_job_gear_up(True, settle)
+    off, _ = first_job_gear_up(False, settle)
+    say(f"   spare on: gear-up {on:.2f} s (spare RSS {rss:.0f} MiB); spare off: gear-up {off:.2f} s")
+    return [
+        Row("gear-up s, first job, spare on", f"{on:.2f}", "<= 0.5", on <= 0.5),
+        Row("gear-up s, first job, spare off", f"{off:.2f}"),
+        Row("first-job minus warm gear-up s, spare on", f"{on - warm_gear:.2f}", "<= 0.5", on - warm_gear <= 0.5),
+        Row("idle spare worker RSS MiB (its memory cost)", f"{rss:.0f}"),
+    ]
+
+
 def table(rows: list[Row]) -> str:
     """metric | value | target | ok, aligned."""
     head = Row("metric", "value", "target")
@@ -393,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += section_a(client, args.quick)
         rows += section_b(client, args.quick)
         rows += section_c(client, args.quick)
+        warm = next((float(r.value) for r in rows if r.metric.startswith("gear-up s, warm")), 0.0)
+        config.stop_embedded()
+        rows += section_d(warm, args.quick)
     finally:
         config.stop_embedded()
         kill_workers(home)
