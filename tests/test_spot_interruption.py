@@ -174,3 +174,76 @@ def test_a_reclaimed_spot_machine_resumes_on_a_new_one_with_every_epoch_once(
     # continuity: the resumed attempt started from the last epoch checkpoint, the dropped part-epoch left no trace:
     # Adam's step count covers every epoch exactly once
     assert int(model.optimizer.iterations.numpy()) == int(np.ceil(n / batch)) * epochs
+
+
+SPOT_CELL = """%%cloud_fit --machine g4dn.xlarge,g4dn.xlarge.od --description "spot in a kernel"
+model = build()
+history = model.fit(x_train, y_train, epochs=4, batch_size=16, validation_data=(x_val, y_val))
+acc = model.evaluate(x_val, y_val, verbose=0)[1]
+print("FINAL", round(acc, 4), round(history.history["val_accuracy"][-1], 4), len(history.history["loss"]))
+"""
+KERNEL_SETUP = """
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import numpy as np, keras
+from sklearn.datasets import load_digits
+d = load_digits()
+x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
+x_train, y_train = np.tile(x[:1400], (8, 1)), np.tile(y[:1400], 8)  # epochs long enough to be cut part-way
+x_val, y_val = x[1400:], y[1400:]
+keras.utils.set_random_seed(0)
+def build():
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+    m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+%load_ext aibro_jupyter
+"""
+
+
+def test_a_spot_cloud_fit_cell_in_a_kernel_is_interrupted_and_resumes_on_the_next_machine(
+    spot_backend: dict, tmp_path: Path
+) -> None:
+    """Issue 11 item 11's "a spot job is interrupted and resumes": a `%%cloud_fit --machine
+    g4dn.xlarge,g4dn.xlarge.od` cell trains on a played spot machine; AWS's notice comes mid-epoch; the cell goes on
+    by itself on the next machine in its list (on-demand), shows every epoch once, and the trained model comes back
+    into `model`."""
+    import re
+
+    import boto3
+    from aws_moto import REGION
+    from kernel_helpers import drain, run_cell, start_kernel
+
+    from helpers import wait_for
+
+    b, played, imds = spot_backend["backend"], spot_backend["played"], spot_backend["imds"]
+    client = b.client()
+    km, kc = start_kernel(
+        {"AIBRO_HOME": str(tmp_path / "kernel-home"), "AIBRO_BACKEND_URL": b.url, "AIBRO_TOKEN": b.token}
+    )
+    try:
+        setup = run_cell(kc, KERNEL_SETUP, timeout=300)
+        assert not setup.error, setup.error
+        res = run_cell(kc, SPOT_CELL, timeout=600, until="Epoch 1/4")  # epoch 0 ended: epoch 1 is running
+        (ec2_first,) = played.envs
+        imds[ec2_first].announce()
+        job = next(j for j in client.jobs() if j["description"] == "spot in a kernel")
+        wait_for(
+            client, job["job_id"], lambda evs: any(e["type"] == "log" and "spot_interrupted" in e["data"] for e in evs)
+        )
+        boto3.Session(region_name=REGION).client("ec2").terminate_instances(InstanceIds=[ec2_first])
+        res = drain(kc, res, timeout=600)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert not res.error, res.error + res.stdout[-3000:]
+    for k in range(1, 5):
+        assert len(re.findall(rf"Epoch {k}/4\b", res.stdout)) == 1, res.stdout
+    final = re.search(r"FINAL (\S+) (\S+) (\d+)", res.stdout)
+    assert final and final.group(1) == final.group(2) and final.group(3) == "4", res.stdout
+    done = client.job(job["job_id"])
+    assert done["status"] == v.COMPLETED and done["machine_id"] == "g4dn.xlarge.od", done
+    assert len(played.envs) == 2
+    events = client.events(job["job_id"])["events"]
+    said = [e["data"].get("message", "") for e in events if e["type"] == "status"]
+    assert any(m.startswith("spot machine g4dn.xlarge was reclaimed by AWS; resuming from epoch") for m in said), said
