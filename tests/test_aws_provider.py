@@ -430,7 +430,10 @@ def test_launch_tags_market_options_and_user_data(provider: AwsProvider, account
         "AIBRO_WORKER_DIR": "/var/lib/aibro/work",
         "AIBRO_ENV_CACHE": "/var/lib/aibro/envs",
         "AIBRO_SHUTDOWN_ON_LOSS": "1",
+        "AIBRO_SPOT_WATCH": "1",  # a spot machine's agent polls IMDS for the interruption notice
     }
+    od_data = ec2.describe_instance_attribute(InstanceId=od_id, Attribute="userData")["UserData"]["Value"]
+    assert "AIBRO_SPOT_WATCH" not in parse_user_data_env(base64.b64decode(od_data).decode())
     snap = provider.poll("inst-spot1")
     assert snap is not None and snap["ec2_instance_id"] == spot_id and snap["state"] in ("pending", "running")
 
