@@ -1,6 +1,8 @@
 """The quickstart in a real JupyterLab in headless Chromium: the panel and its curves grow while the job trains,
 and a page reload mid-training still shows every epoch so far, live (the panel's state lives in the kernel, the
-job's in the backend). Screenshots are kept in test-artifacts/."""
+job's in the backend), then the final metrics, the result line and what the cell printed after the fit. The panel
+says RUNNING while its cell runs (the status bar says Idle), its x-axis shows whole epochs, its legend sits outside
+the plot, and a Detach click leaves it saying DETACHED. Screenshots are kept in test-artifacts/."""
 
 from __future__ import annotations
 
@@ -61,6 +63,58 @@ def _curve_points(page: Any) -> list[int]:
     return out
 
 
+def _panel(page: Any, nth: int = 0) -> Any:
+    return page.locator(".aibro-panel").nth(nth)
+
+
+def _tick_labels(page: Any) -> list[str]:
+    """The tick labels of the first panel's x-axis: the bqplot axis group whose label is "epoch"."""
+    js = """els => els.map(g => ({
+        label: (g.querySelector('.axislabel') || {}).textContent || '',
+        ticks: [...g.querySelectorAll('.tick text')].map(t => t.textContent.trim()),
+    }))"""
+    axes = _panel(page).locator(".bqplot g.axis").evaluate_all(js)
+    found = [a["ticks"] for a in axes if a["label"].strip() == "epoch"]
+    assert found, f"no epoch axis among {axes}"
+    return found[0]
+
+
+def _boxes_overlap(a: dict, b: dict) -> bool:
+    return not (
+        a["x"] + a["width"] <= b["x"]
+        or b["x"] + b["width"] <= a["x"]
+        or a["y"] + a["height"] <= b["y"]
+        or b["y"] + b["height"] <= a["y"]
+    )
+
+
+def _check_chart(page: Any) -> None:
+    """Whole epochs on the x-axis, each once; the legend outside the plot area."""
+    ticks = _tick_labels(page)
+    assert ticks and all(t.isdigit() for t in ticks), f"integer epoch ticks: {ticks}"
+    assert len(ticks) == len(set(ticks)) and [int(t) for t in ticks] == sorted(int(t) for t in ticks), ticks
+    assert [int(t) for t in ticks] == list(range(1, EPOCHS + 1)), f"every epoch of {EPOCHS} is a tick: {ticks}"
+    panel = _panel(page)
+    assert panel.locator(".bqplot [class^='legend']").count() == 0, "no legend drawn inside the plot"
+    legend = panel.locator(".aibro-legend").bounding_box()
+    plot = panel.locator(".bqplot").first.bounding_box()
+    assert legend and plot and not _boxes_overlap(legend, plot), f"the legend {legend} is outside the plot {plot}"
+
+
+def _run_new_cell(page: Any, code: str) -> None:
+    """Add a cell below the last one and run it, as a user does with the keyboard."""
+    page.locator(".jp-NotebookPanel .jp-Cell").last.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")
+    page.keyboard.press("Enter")
+    for i, line in enumerate(code.split("\n")):
+        if i:
+            page.keyboard.press("Enter")
+            page.keyboard.press("Home")
+        page.keyboard.type(line)
+    page.keyboard.press("Shift+Enter")
+
+
 def _snap(page: Any, name: str) -> None:
     """Screenshot with the panel in view and the news prompt out of the way."""
     dismiss_news_prompt(page)
@@ -87,6 +141,9 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         points = _curve_points(page)
         assert len(points) == 2 and min(points) >= grown - 1, f"train and validation curves grow: {points}"
         assert grown < EPOCHS, "the job finished before the reload: make the test's training longer"
+        state = _panel(page).locator(".aibro-state").inner_text()
+        assert state.startswith("RUNNING") and "still running" in state and "Idle" in state, state
+        _check_chart(page)
         _snap(page, "lab-before-reload.png")
         job = next(j for j in reversed(client.jobs()) if j["description"] == "quickstart digits cnn")
         assert job["status"] == "TRAINING"
@@ -112,6 +169,32 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         )
         points = _curve_points(page)
         assert len(points) == 2 and min(points) == EPOCHS, f"every epoch on both curves after the reload: {points}"
+        _wait(page, lambda: "CELL DONE" in _panel(page).locator(".aibro-state").inner_text(), "CELL DONE")
+        result = _panel(page).locator(".aibro-result").inner_text()
+        assert f"COMPLETED after {EPOCHS}/{EPOCHS} epochs" in result and "val_accuracy:" in result, result
+        assert "final validation accuracy (evaluated in this kernel):" in result, "the after-fit output, reloaded"
+        _check_chart(page)
+        outputs = " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "cuInit" not in outputs and "absl::InitializeLog" not in outputs, "no TensorFlow native lines"
         _snap(page, "lab-completed.png")
-    final = client.job(job["job_id"])
-    assert final["status"] == "COMPLETED" and final["epochs_done"] == EPOCHS
+        final = client.job(job["job_id"])
+        assert final["status"] == "COMPLETED" and final["epochs_done"] == EPOCHS
+
+        wait_kernel_idle(page)
+        _run_new_cell(
+            page, "%%cloud_fit -m local-cpu --cool-down 300 -d detach-in-lab\nmodel.fit(x_train, y_train, epochs=30)"
+        )
+        _wait(page, lambda: _panel(page, 1).count() and "/30" in _panel(page, 1).inner_text(), "the second panel")
+        second = _panel(page, 1)
+        assert second.locator(".aibro-state").inner_text().startswith("RUNNING")
+        second.locator("button", has_text="Detach").click()
+        _wait(page, lambda: "DETACHED" in second.locator(".aibro-state").inner_text(), "the panel saying DETACHED")
+        state = second.locator(".aibro-state").inner_text()
+        assert "keeps training" in state and "%cloud_attach job-" in state, state
+        assert second.locator("button", has_text="Detach").is_disabled()
+        assert second.locator("button", has_text="Cancel").is_disabled()
+        page.locator(".aibro-panel").nth(1).scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "lab-detached.png"))
+        detached = next(j for j in reversed(client.jobs()) if j["description"] == "detach-in-lab")
+        assert client.job(detached["job_id"])["status"] in ("QUEUING", "TRAINING"), "Detach leaves the job going"
+        client.cancel(detached["job_id"])

@@ -232,7 +232,8 @@ class ProgressPanel(w.VBox):
         for j in reversed(range(len(epochs))):
             cells = "".join(f"<td>{_fmt(hist[k][j])}</td>" for k in keys)
             rows.append(f"<tr><td>{epochs[j] + 1}</td>{cells}</tr>")
-        caption = f"all {len(epochs)} epochs, newest first" + (" (scroll for more)" if len(epochs) > 8 else "")
+        count = "1 epoch" if len(epochs) == 1 else f"all {len(epochs)} epochs, newest first"
+        caption = count + (" (scroll for more)" if len(epochs) > 8 else "")
         self.metrics.value = (
             f"<div class='aibro-caption'>{caption}</div><div class='aibro-scroll'><table class='aibro-table'>"
             f"<thead><tr><th>epoch</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
@@ -248,7 +249,7 @@ class ProgressPanel(w.VBox):
         x_scale, x_axis = self._scales["x"], self._scales["x_axis"]
         total = max(view.epochs or 0, len(xs), 1)
         with x_scale.hold_sync():
-            x_scale.min, x_scale.max = (0.5, 1.5) if total == 1 else (1.0, float(total))
+            x_scale.min, x_scale.max = 0.5, total + 0.5  # half an epoch of room: the end points show whole
         x_axis.tick_values = epoch_ticks(total)
         train_line, val_line = self.lines
         with train_line.hold_sync():
@@ -315,7 +316,7 @@ def _make_figure() -> tuple[Any, Any, dict[str, Any]]:
         import bqplot as bq
     except ImportError:  # curves are optional; the table carries the numbers
         return w.HTML(""), None, {}
-    xs, ys, logs = bq.LinearScale(min=0.5, max=1.5), bq.LinearScale(), bq.LogScale()
+    xs, ys, logs = bq.LinearScale(min=0.5, max=1.5), bq.LinearScale(min=0.0), bq.LogScale()  # a loss is >= 0
     train = bq.Lines(x=[], y=[], scales={"x": xs, "y": ys}, colors=[TRAIN_COLOR], labels=["loss"], marker="circle")
     val = bq.Lines(x=[], y=[], scales={"x": xs, "y": ys}, colors=[VAL_COLOR], labels=["val_loss"], marker="circle")
     x_axis = bq.Axis(scale=xs, side="bottom", label="epoch", tick_format="d", tick_values=[1])

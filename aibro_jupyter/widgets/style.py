@@ -24,11 +24,11 @@ STYLE = """<style>
 .aibro-header { font-size: var(--jp-ui-font-size2); padding: 2px 0; }
 .aibro-banner { padding: 4px 8px; border-left: 4px solid; border-radius: 2px; margin: 2px 0;
   background: var(--jp-layout-color2); line-height: 1.4; white-space: normal; }
+.aibro-final { padding: 4px 8px; border-left: 4px solid; background: var(--jp-layout-color2); margin: 2px 0; }
 .aibro-running { border-color: var(--jp-brand-color1); }
 .aibro-ok { border-color: var(--jp-success-color1); }
 .aibro-warn { border-color: var(--jp-warn-color1); }
 .aibro-error { border-color: var(--jp-error-color1); color: var(--jp-error-color1); }
-.aibro-final { padding: 4px 8px; border-left: 4px solid; background: var(--jp-layout-color2); margin: 2px 0; }
 .aibro-step-done { color: var(--jp-success-color1); }
 .aibro-step-now { color: var(--jp-brand-color1); font-weight: bold; }
 .aibro-step-todo { color: var(--jp-ui-font-color3); }
