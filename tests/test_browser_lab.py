@@ -64,7 +64,7 @@ def _curve_points(page: Any) -> list[int]:
 
 
 def _panel(page: Any, nth: int = 0) -> Any:
-    return page.locator(".aibro-panel").nth(nth)
+    return page.locator(".aibro-nb-panel").nth(nth)
 
 
 def _tick_labels(page: Any) -> list[str]:
@@ -96,7 +96,7 @@ def _check_chart(page: Any) -> None:
     assert [int(t) for t in ticks] == list(range(1, EPOCHS + 1)), f"every epoch of {EPOCHS} is a tick: {ticks}"
     panel = _panel(page)
     assert panel.locator(".bqplot [class^='legend']").count() == 0, "no legend drawn inside the plot"
-    legend = panel.locator(".aibro-legend").bounding_box()
+    legend = panel.locator(".aibro-nb-legend").bounding_box()
     plot = panel.locator(".bqplot").first.bounding_box()
     assert legend and plot and not _boxes_overlap(legend, plot), f"the legend {legend} is outside the plot {plot}"
 
@@ -141,7 +141,7 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         points = _curve_points(page)
         assert len(points) == 2 and min(points) >= grown - 1, f"train and validation curves grow: {points}"
         assert grown < EPOCHS, "the job finished before the reload: make the test's training longer"
-        state = _panel(page).locator(".aibro-state").inner_text()
+        state = _panel(page).locator(".aibro-nb-state").inner_text()
         assert state.startswith("RUNNING") and "still running" in state and "Idle" in state, state
         _check_chart(page)
         _snap(page, "lab-before-reload.png")
@@ -169,8 +169,8 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         )
         points = _curve_points(page)
         assert len(points) == 2 and min(points) == EPOCHS, f"every epoch on both curves after the reload: {points}"
-        _wait(page, lambda: "CELL DONE" in _panel(page).locator(".aibro-state").inner_text(), "CELL DONE")
-        result = _panel(page).locator(".aibro-result").inner_text()
+        _wait(page, lambda: "CELL DONE" in _panel(page).locator(".aibro-nb-state").inner_text(), "CELL DONE")
+        result = _panel(page).locator(".aibro-nb-result").inner_text()
         assert f"COMPLETED after {EPOCHS}/{EPOCHS} epochs" in result and "val_accuracy:" in result, result
         assert "final validation accuracy (evaluated in this kernel):" in result, "the after-fit output, reloaded"
         _check_chart(page)
@@ -186,14 +186,14 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         )
         _wait(page, lambda: _panel(page, 1).count() and "/30" in _panel(page, 1).inner_text(), "the second panel")
         second = _panel(page, 1)
-        assert second.locator(".aibro-state").inner_text().startswith("RUNNING")
+        assert second.locator(".aibro-nb-state").inner_text().startswith("RUNNING")
         second.locator("button", has_text="Detach").click()
-        _wait(page, lambda: "DETACHED" in second.locator(".aibro-state").inner_text(), "the panel saying DETACHED")
-        state = second.locator(".aibro-state").inner_text()
+        _wait(page, lambda: "DETACHED" in second.locator(".aibro-nb-state").inner_text(), "the panel saying DETACHED")
+        state = second.locator(".aibro-nb-state").inner_text()
         assert "keeps training" in state and "%cloud_attach job-" in state, state
         assert second.locator("button", has_text="Detach").is_disabled()
         assert second.locator("button", has_text="Cancel").is_disabled()
-        page.locator(".aibro-panel").nth(1).scroll_into_view_if_needed()
+        page.locator(".aibro-nb-panel").nth(1).scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "lab-detached.png"))
         detached = next(j for j in reversed(client.jobs()) if j["description"] == "detach-in-lab")
         assert client.job(detached["job_id"])["status"] in ("QUEUING", "TRAINING"), "Detach leaves the job going"

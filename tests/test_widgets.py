@@ -66,7 +66,7 @@ def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_j
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
         assert f"<th>{key}</th>" in panel.metrics.value
     assert f"{hist['val_accuracy'][-1]:.4f}" in panel.metrics.value, "the table shows the last epoch's numbers"
-    assert "<code>COMPLETED</code>" in panel.stepper.value and "aibro-step-todo" not in panel.stepper.value
+    assert "<code>COMPLETED</code>" in panel.stepper.value and "aibro-nb-step-todo" not in panel.stepper.value
     assert panel.cancel_button.disabled and panel.detach_button.disabled, "nothing to cancel once the job ended"
     assert panel.cost.value.startswith("cost $0.00 · elapsed")
     assert "COMPLETED</b> after 3/3 epochs" in panel.result.value, "the panel carries the result line"
@@ -103,7 +103,7 @@ def test_metrics_table_keeps_every_epoch_and_loss_can_go_log_scale() -> None:
         view.apply(_epoch(k, 30, 10.0**-k))
         panel.update(view, _epoch(k, 30, 10.0**-k))
     rows = panel.metrics.value.count("<tr>") - 1
-    assert rows == 30 and "aibro-scroll" in panel.metrics.value, "all 30 epochs, in a box that scrolls"
+    assert rows == 30 and "aibro-nb-scroll" in panel.metrics.value, "all 30 epochs, in a box that scrolls"
     assert panel.metrics.value.index("<td>30</td>") < panel.metrics.value.index("<td>1</td>"), "newest first"
     linear = panel.lines[0].scales["y"]
     panel.log_scale.value = True

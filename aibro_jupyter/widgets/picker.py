@@ -81,9 +81,9 @@ class MachinePicker(w.VBox):
         self.sort_key, self.descending = "price", False
         self.started = threading.Event()
         self.chosen: tuple[list[str], float] | None = None
-        self.hint = w.HTML(f"{STYLE}<div class='aibro-hint'>{html.escape(HINT)}</div>")
+        self.hint = w.HTML(f"{STYLE}<div class='aibro-nb-hint'>{html.escape(HINT)}</div>")
         self.grid = w.GridBox(layout=w.Layout(grid_template_columns=f"repeat({len(COLUMNS)}, auto)"))
-        self.grid.add_class("aibro-grid")
+        self.grid.add_class("aibro-nb-grid")
         self.order = w.Select(options=[], rows=4, description="try in order", layout=w.Layout(width="420px"))
         self.order.style.description_width = "90px"
         self.remove_button = w.Button(description="Remove", icon="minus")
@@ -109,7 +109,7 @@ class MachinePicker(w.VBox):
                 self.message,
             ]
         )
-        self.add_class("aibro-picker")
+        self.add_class("aibro-nb-picker")
 
     @property
     def visible_rows(self) -> list[str]:
@@ -154,7 +154,7 @@ class MachinePicker(w.VBox):
         self.start_button.disabled = True
         summary = f"training on {', '.join(machines)} (tried in this order) · cool-down {int(self.cool_down.value)} s"
         self.message.value = html.escape(summary)
-        self.children = (w.HTML(f"{STYLE}<div class='aibro-summary'>{html.escape(summary)}</div>"),)
+        self.children = (w.HTML(f"{STYLE}<div class='aibro-nb-summary'>{html.escape(summary)}</div>"),)
         self.started.set()
 
     def _sorted(self) -> list[Row]:
@@ -174,8 +174,8 @@ class MachinePicker(w.VBox):
                 cell: w.Widget = w.Box([b])
             else:
                 cell = w.HTML(f"<b>{html.escape(col)}</b>")
-            cell.add_class("aibro-cell")
-            cell.add_class("aibro-head")
+            cell.add_class("aibro-nb-cell")
+            cell.add_class("aibro-nb-head")
             cells.append(cell)
         for r in self._sorted():
             gpu = f"{r.gpu_count}× {r.gpu_type}" if r.gpu_count else "—"
@@ -191,14 +191,14 @@ class MachinePicker(w.VBox):
             ]
             for t in texts:
                 c = w.HTML(t)
-                c.add_class("aibro-cell")
+                c.add_class("aibro-nb-cell")
                 cells.append(c)
             buttons = []
             for variant, label in ((r.spot, "spot"), (r.on_demand, "on-demand")):
                 if variant:
                     buttons.append(self._add_button(variant[0], f"+ {label} ${variant[1]:.3f}"))
             box = w.HBox(buttons)
-            box.add_class("aibro-cell")
+            box.add_class("aibro-nb-cell")
             cells.append(box)
         self.grid.children = cells
 

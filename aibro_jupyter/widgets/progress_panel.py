@@ -42,7 +42,7 @@ class ProgressPanel(w.VBox):
         self._ended_at: float | None = None
         self.header = w.HTML(STYLE + self._header_html(description, machines or []))
         self.state = w.HTML()
-        self.state.add_class("aibro-state")
+        self.state.add_class("aibro-nb-state")
         self.stepper = w.HTML()
         self.notice = w.HTML("")  # what the client itself has to say, e.g. "backend unreachable, restarting…"
         self.epoch_bar = w.IntProgress(value=0, min=0, max=1, description="epoch", bar_style="info")
@@ -50,13 +50,13 @@ class ProgressPanel(w.VBox):
         self.batch_bar = w.IntProgress(value=0, min=0, max=1, description="batch")
         self.batch_label = w.Label("")
         self.metrics = w.HTML()
-        self.metrics.add_class("aibro-metrics")
+        self.metrics.add_class("aibro-nb-metrics")
         self.legend = w.HTML(_legend_html())
-        self.legend.add_class("aibro-legend")
+        self.legend.add_class("aibro-nb-legend")
         self.log_scale = w.ToggleButton(value=False, description="log scale", icon="line-chart")
         self.log_scale.observe(lambda ch: self._set_log_scale(bool(ch["new"])), names="value")
         self.result = w.HTML()
-        self.result.add_class("aibro-result")
+        self.result.add_class("aibro-nb-result")
         self.cost = w.Label("cost $0.00 · elapsed 0s")
         self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop")
         self.detach_button = w.Button(description="Detach", icon="unlink")
@@ -82,7 +82,7 @@ class ProgressPanel(w.VBox):
                 w.HBox([self.cost, self.cancel_button, self.detach_button]),
             ]
         )
-        self.add_class("aibro-panel")
+        self.add_class("aibro-nb-panel")
 
     def on_cancel(self, fn: Callable[[], None]) -> None:
         self._on_cancel = fn
@@ -109,10 +109,10 @@ class ProgressPanel(w.VBox):
         parts = []
         if output.strip():
             parts.append(
-                f"<div class='aibro-caption'>after the fit, this cell printed:</div><pre>{html.escape(output)}</pre>"
+                f"<div class='aibro-nb-caption'>after the fit, this cell printed:</div><pre>{html.escape(output)}</pre>"
             )
         if error:
-            parts.append(f"<pre class='aibro-error'>{html.escape(error)}</pre>")
+            parts.append(f"<pre class='aibro-nb-error'>{html.escape(error)}</pre>")
         self.result.value = self._final_html() + "".join(parts)
         self._render_state()
 
@@ -135,7 +135,7 @@ class ProgressPanel(w.VBox):
     def _header_html(self, description: str, machines: list[str]) -> str:
         desc = f" — {html.escape(description)}" if description else ""
         on = f" <small>on {html.escape(', '.join(machines))}</small>" if machines else ""
-        return f"<div class='aibro-header'><b>{html.escape(self.job_id)}</b>{desc}{on}</div>"
+        return f"<div class='aibro-nb-header'><b>{html.escape(self.job_id)}</b>{desc}{on}</div>"
 
     def _render_state(self) -> None:
         job = html.escape(self.job_id)
@@ -153,7 +153,7 @@ class ProgressPanel(w.VBox):
             kind, text = "error", f"CELL FAILED — {html.escape(self.status)}; see the error below."
         else:
             kind, text = "running", f"RUNNING — {html.escape(RUNNING_NOTE)}"
-        self.state.value = f"<div class='aibro-banner aibro-{kind}'>{text}</div>"
+        self.state.value = f"<div class='aibro-nb-banner aibro-nb-{kind}'>{text}</div>"
 
     def _render_stepper(self) -> None:
         done = STEPS.index(self.substatus) if self.substatus in STEPS else -1
@@ -167,8 +167,8 @@ class ProgressPanel(w.VBox):
                 cls = "now"
             else:
                 cls = "todo"
-            parts.append(f'<span class="aibro-step-{cls}">{html.escape(step)}</span>')
-        tail = ' → <span class="aibro-step-canceled">CANCELED</span>' if self.status == v.CANCELED else ""
+            parts.append(f'<span class="aibro-nb-step-{cls}">{html.escape(step)}</span>')
+        tail = ' → <span class="aibro-nb-step-canceled">CANCELED</span>' if self.status == v.CANCELED else ""
         self.stepper.value = f"<code>{html.escape(self.status)}</code> " + " → ".join(parts) + tail
 
     def update(self, view: JobView, ev: dict[str, Any] | None = None) -> None:
@@ -216,7 +216,7 @@ class ProgressPanel(w.VBox):
         kind = "ok" if view.status == v.COMPLETED else "error"
         why = f" — {html.escape(str(view.errors[-1]))}" if view.errors and view.status != v.COMPLETED else ""
         return (
-            f"<div class='aibro-final aibro-{kind}'><b>{html.escape(view.status)}</b> after "
+            f"<div class='aibro-nb-final aibro-nb-{kind}'><b>{html.escape(view.status)}</b> after "
             f"{len(view.history)}/{view.epochs or '?'} epochs{metrics}{why}</div>"
         )
 
@@ -235,7 +235,7 @@ class ProgressPanel(w.VBox):
         count = "1 epoch" if len(epochs) == 1 else f"all {len(epochs)} epochs, newest first"
         caption = count + (" (scroll for more)" if len(epochs) > 8 else "")
         self.metrics.value = (
-            f"<div class='aibro-caption'>{caption}</div><div class='aibro-scroll'><table class='aibro-table'>"
+            f"<div class='aibro-nb-caption'>{caption}</div><div class='aibro-nb-scroll'><table class='aibro-nb-table'>"
             f"<thead><tr><th>epoch</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         )
 
@@ -305,10 +305,8 @@ def _fmt(val: Any) -> str:
 
 def _legend_html() -> str:
     items = [(TRAIN_COLOR, "loss (train)"), (VAL_COLOR, "val_loss (validation)")]
-    return " ".join(
-        f"<span class='aibro-key'><span class='aibro-swatch' style='background:{c}'></span>{html.escape(t)}</span>"
-        for c, t in items
-    )
+    swatch = "<span class='aibro-nb-swatch' style='background:{}'></span>"
+    return " ".join(f"<span class='aibro-nb-key'>{swatch.format(c)}{html.escape(t)}</span>" for c, t in items)
 
 
 def _make_figure() -> tuple[Any, Any, dict[str, Any]]:

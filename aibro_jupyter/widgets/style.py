@@ -1,6 +1,7 @@
 """The look of the panel and the picker, in JupyterLab's own CSS variables so light and dark themes both read well.
 
-A `<style>` block travels in the first HTML widget of each; its rules are scoped to aibro-* classes."""
+A `<style>` block travels in the first HTML widget of each; its rules are scoped to aibro-nb-* classes (the
+sidebar has its own aibro-* names)."""
 
 from __future__ import annotations
 
@@ -19,42 +20,43 @@ def css_color(kind: str) -> str:
 
 
 STYLE = """<style>
-.aibro-panel, .aibro-picker { color: var(--jp-ui-font-color1); font-family: var(--jp-ui-font-family);
+.aibro-nb-panel, .aibro-nb-picker { color: var(--jp-ui-font-color1); font-family: var(--jp-ui-font-family);
   font-size: var(--jp-ui-font-size1); }
-.aibro-header { font-size: var(--jp-ui-font-size2); padding: 2px 0; }
-.aibro-banner { padding: 4px 8px; border-left: 4px solid; border-radius: 2px; margin: 2px 0;
+.aibro-nb-header { font-size: var(--jp-ui-font-size2); padding: 2px 0; }
+.aibro-nb-banner { padding: 4px 8px; border-left: 4px solid; border-radius: 2px; margin: 2px 0;
   background: var(--jp-layout-color2); line-height: 1.4; white-space: normal; }
-.aibro-final { padding: 4px 8px; border-left: 4px solid; background: var(--jp-layout-color2); margin: 2px 0; }
-.aibro-running { border-color: var(--jp-brand-color1); }
-.aibro-ok { border-color: var(--jp-success-color1); }
-.aibro-warn { border-color: var(--jp-warn-color1); }
-.aibro-error { border-color: var(--jp-error-color1); color: var(--jp-error-color1); }
-.aibro-step-done { color: var(--jp-success-color1); }
-.aibro-step-now { color: var(--jp-brand-color1); font-weight: bold; }
-.aibro-step-todo { color: var(--jp-ui-font-color3); }
-.aibro-step-canceled { color: var(--jp-error-color1); font-weight: bold; }
-.aibro-caption { color: var(--jp-ui-font-color2); font-size: var(--jp-ui-font-size0); margin: 2px 0; }
-.aibro-scroll { max-height: 230px; overflow-y: auto; border: 1px solid var(--jp-border-color2); }
-.aibro-table { border-collapse: collapse; font-family: var(--jp-code-font-family);
+.aibro-nb-final { padding: 4px 8px; border-left: 4px solid; background: var(--jp-layout-color2); margin: 2px 0; }
+.aibro-nb-running { border-color: var(--jp-brand-color1); }
+.aibro-nb-ok { border-color: var(--jp-success-color1); }
+.aibro-nb-warn { border-color: var(--jp-warn-color1); }
+.aibro-nb-error { border-color: var(--jp-error-color1); color: var(--jp-error-color1); }
+.aibro-nb-step-done { color: var(--jp-success-color1); }
+.aibro-nb-step-now { color: var(--jp-brand-color1); font-weight: bold; }
+.aibro-nb-step-todo { color: var(--jp-ui-font-color3); }
+.aibro-nb-step-canceled { color: var(--jp-error-color1); font-weight: bold; }
+.aibro-nb-caption { color: var(--jp-ui-font-color2); font-size: var(--jp-ui-font-size0); margin: 2px 0; }
+.aibro-nb-scroll { max-height: 230px; overflow-y: auto; border: 1px solid var(--jp-border-color2); }
+.aibro-nb-table { border-collapse: collapse; font-family: var(--jp-code-font-family);
   font-size: var(--jp-code-font-size); }
-.aibro-table th { position: sticky; top: 0; background: var(--jp-layout-color2); color: var(--jp-ui-font-color1);
+.aibro-nb-table th { position: sticky; top: 0; background: var(--jp-layout-color2); color: var(--jp-ui-font-color1);
   font-weight: 600; text-align: right; padding: 4px 10px; border-bottom: 1px solid var(--jp-border-color1);
   white-space: nowrap; }
-.aibro-table td { text-align: right; padding: 2px 10px; border-bottom: 1px solid var(--jp-border-color3);
+.aibro-nb-table td { text-align: right; padding: 2px 10px; border-bottom: 1px solid var(--jp-border-color3);
   white-space: nowrap; }
-.aibro-table td:first-child, .aibro-table th:first-child { text-align: left; }
-.aibro-key { margin-right: 12px; white-space: nowrap; }
-.aibro-swatch { display: inline-block; width: 14px; height: 3px; margin: 0 4px 3px 0; vertical-align: middle; }
-.aibro-legend { align-self: center; }
-.aibro-result pre { background: var(--jp-cell-editor-background); color: var(--jp-content-font-color1);
+.aibro-nb-table td:first-child, .aibro-nb-table th:first-child { text-align: left; }
+.aibro-nb-key { margin-right: 12px; white-space: nowrap; }
+.aibro-nb-swatch { display: inline-block; width: 14px; height: 3px; margin: 0 4px 3px 0; vertical-align: middle; }
+.aibro-nb-legend { align-self: center; }
+.aibro-nb-result pre { background: var(--jp-cell-editor-background); color: var(--jp-content-font-color1);
   border: 1px solid var(--jp-border-color2); padding: 4px 8px; margin: 2px 0; white-space: pre-wrap; }
-.aibro-grid { display: grid; gap: 0; border: 1px solid var(--jp-border-color2); width: max-content; }
-.aibro-grid .aibro-cell { padding: 3px 10px; border-bottom: 1px solid var(--jp-border-color3);
+.aibro-nb-grid { display: grid; gap: 0; border: 1px solid var(--jp-border-color2); width: max-content; }
+.aibro-nb-grid .aibro-nb-cell { padding: 3px 10px; border-bottom: 1px solid var(--jp-border-color3);
   font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); white-space: nowrap;
   color: var(--jp-ui-font-color1); line-height: 26px; }
-.aibro-grid .aibro-head { background: var(--jp-layout-color2); }
-.aibro-grid .aibro-head button { font-weight: 600; background: transparent; color: var(--jp-ui-font-color1);
+.aibro-nb-grid .aibro-nb-head { background: var(--jp-layout-color2); }
+.aibro-nb-grid .aibro-nb-head button { font-weight: 600; background: transparent; color: var(--jp-ui-font-color1);
   white-space: nowrap; }
-.aibro-hint { color: var(--jp-ui-font-color2); }
-.aibro-summary { padding: 4px 8px; background: var(--jp-layout-color2); border-left: 4px solid var(--jp-brand-color1); }
+.aibro-nb-hint { color: var(--jp-ui-font-color2); }
+.aibro-nb-summary { padding: 4px 8px; background: var(--jp-layout-color2);
+  border-left: 4px solid var(--jp-brand-color1); }
 </style>"""
