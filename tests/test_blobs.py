@@ -259,3 +259,24 @@ def test_tokens_are_stored_hashed(store: Store, tmp_path: Path) -> None:
 def _wal(db: Path) -> bytes:
     wal = db.with_name(db.name + "-wal")
     return wal.read_bytes() if wal.exists() else b""
+
+
+def test_byte_source_read_gives_any_range_across_the_npy_header_and_chunks() -> None:
+    """A multipart upload reads its parts with ByteSource.read: every range equals the same slice of the bytes
+    np.save writes, across the header/buffer boundary and chunk edges, and short at the end."""
+    import io
+
+    import numpy as np
+
+    from aibro_jupyter.blobsource import ArraySource, BytesSource
+
+    arr = np.arange(30_000, dtype=np.float32).reshape(100, 300)
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    whole = buf.getvalue()
+    source = ArraySource(arr)
+    assert source.size == len(whole)
+    for start, length in ((0, 10), (0, 200), (100, 50), (127, 4096), (5000, 70_000), (len(whole) - 7, 100)):
+        assert source.read(start, length) == whole[start : start + length], (start, length)
+    data = BytesSource(b"abcdef")
+    assert data.read(2, 3) == b"cde" and data.read(4, 10) == b"ef"

@@ -118,6 +118,7 @@ class S3Backing:
                     Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
                 )
             except self.s3.exceptions.ClientError as exc:
+                self.abort(key, upload_id)
                 raise S3BlobError(f"S3 could not complete the upload ({_code(exc)}): upload it again") from None
         size = self.size(key)
         if size is None:

@@ -14,6 +14,7 @@ backend then signs, verifies and indexes, and no training byte passes through it
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from .jobspec import spec_blobs
 from .models import S3Upload
 from .worker import WorkerHandler
 
+log = logging.getLogger("aibro.backend")
 READ_CHUNK = 1024 * 1024
 VIA_S3 = "X-Upload-Via"  # HEAD's header when uploads go to S3 on presigned URLs (POST .../upload)
 
@@ -349,10 +351,15 @@ def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> N
 
 async def _run(s3: S3Backing, fn: Any, *args: Any) -> Any:
     """A blocking S3 call in the backing's pool, off the event loop; a refusal is a 409 naming the fix."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         return await IOLoop.current().run_in_executor(s3.pool, fn, *args)
     except S3BlobError as exc:
         raise ApiError(409, str(exc)) from None
+    except (BotoCoreError, ClientError) as exc:
+        log.warning("S3 call %s failed: %s", getattr(fn, "__name__", fn), exc)
+        raise ApiError(507, f"the backend could not reach its S3 bucket ({exc}): retry later") from None
 
 
 def _redirect_to_s3(handler: UserHandler | WorkerHandler, job_id: str, name: str, path: Path) -> bool:

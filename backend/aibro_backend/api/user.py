@@ -226,8 +226,7 @@ class InstancesHandler(UserHandler):
             inst.pop("pid", None)
             cooling = inst["status"] == v.COOLING
             inst["cooling_left_s"] = max(0.0, (inst["cooling_until"] or now) - now) if cooling else 0
-            priced = instance_cost(inst, now)
-            inst["cost"], inst["cooling_cost"], inst["billed_s"] = priced.cost, priced.cooling_cost, priced.billed_s
+            _price(inst, now)
             inst["placement"] = self._placement(inst)
             out.append(inst)
         self.send({"instances": out})
@@ -252,4 +251,11 @@ class TerminateHandler(UserHandler):
             self.backend.scheduler.close_instance(inst)
         inst = self.backend.store.instance(instance_id, self.uid)
         inst.pop("pid", None)
+        _price(inst, time.time())
         self.send({"instance": inst})
+
+
+def _price(inst: dict[str, Any], now: float) -> None:
+    """An instance view's cost fields (models.Instance): its cost so far, the cooling part, billed seconds."""
+    priced = instance_cost(inst, now)
+    inst["cost"], inst["cooling_cost"], inst["billed_s"] = priced.cost, priced.cooling_cost, priced.billed_s
