@@ -1,7 +1,10 @@
-"""A real JupyterLab server and Debian's headless Chromium driven by Playwright, for the browser tests."""
+"""A real JupyterLab server and Debian's headless Chromium driven by Playwright, for the browser tests; and the
+page checks they share: layout (every element inside its box), text contrast, and the screenshot gallery that
+docs/gallery.md shows (written to docs/screenshots/ by the tests themselves, so it always shows this code)."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -16,6 +19,8 @@ from typing import Any
 import requests
 
 CHROMIUM = "/usr/bin/chromium"
+GALLERY = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+GALLERY_MAX_BYTES = 400_000
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -77,8 +82,8 @@ def jupyterlab(root: Path, env: dict[str, str], log: Path) -> Iterator[tuple[str
 
 
 @contextmanager
-def chromium_page() -> Iterator[Any]:
-    """A page in headless Debian Chromium (never a downloaded browser)."""
+def chromium_page(scale: float = 1) -> Iterator[Any]:
+    """A page in headless Debian Chromium (never a downloaded browser); `scale` 2 makes sharp screenshots."""
     if not Path(CHROMIUM).exists():
         raise AssertionError(f"{CHROMIUM} is missing: install Debian's browser with `apt-get install -y chromium`")
     from playwright.sync_api import sync_playwright
@@ -86,7 +91,7 @@ def chromium_page() -> Iterator[Any]:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=scale)
             yield page
         finally:
             browser.close()
@@ -115,3 +120,128 @@ def dismiss_news_prompt(page: Any) -> None:
 def wait_kernel_idle(page: Any, timeout_ms: float = 120_000) -> None:
     """The status bar says the notebook's kernel is Idle: only then is it safe to run cells."""
     page.wait_for_selector(".jp-StatusBar-Widget >> text=/Idle/", timeout=timeout_ms)
+
+
+def jupyterlab_settings(root: Path, theme: str) -> dict[str, str]:
+    """User settings for `jupyterlab(env=...)` that start JupyterLab in `theme` ("JupyterLab Dark", ...)."""
+    path = root / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"theme": theme}))
+    return {"JUPYTERLAB_SETTINGS_DIR": str(root)}
+
+
+def gallery_shot(target: Any, name: str, until: Any = None) -> Path:
+    """Screenshot `target` (a page or a locator) into docs/screenshots/NAME.png for docs/gallery.md; with
+    `until` (a locator inside it), only down to that element's bottom, so a tall sidebar's blank end is left out."""
+    GALLERY.mkdir(parents=True, exist_ok=True)
+    path = GALLERY / f"{name}.png"
+    if until is None:
+        target.screenshot(path=str(path))  # not animations="disabled": that ends a toast's auto-close timer
+    else:
+        top, end = target.bounding_box(), until.bounding_box()
+        height = min(top["height"], end["y"] + end["height"] - top["y"] + 8)
+        clip = {"x": top["x"], "y": top["y"], "width": top["width"], "height": height}
+        target.page.screenshot(path=str(path), clip=clip)
+    assert path.stat().st_size < GALLERY_MAX_BYTES, f"{path} is {path.stat().st_size} bytes: shoot a smaller part"
+    return path
+
+
+_OUTSIDE_JS = """
+([root, clip]) => {
+  const box = document.querySelector(root).getBoundingClientRect();
+  const bad = [];
+  const name = e => e.tagName.toLowerCase() + (e.className && typeof e.className === 'string'
+    ? '.' + e.className.trim().split(/\\s+/).join('.') : '') + ` "${(e.textContent || '').trim().slice(0, 40)}"`;
+  for (const e of document.querySelectorAll(root + ' *')) {
+    const r = e.getBoundingClientRect();
+    if (!r.width || !r.height || e.closest(clip) && !e.matches(clip)) continue;
+    if (r.left < box.left - 0.5 || r.right > box.right + 0.5) {
+      const span = (q) => `${q.left.toFixed(0)}..${q.right.toFixed(0)}`;
+      bad.push(`${name(e)} spans x ${span(r)}, outside ${span(box)}`);
+    }
+    if (e.matches('button') && (e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1)) {
+      bad.push(`${name(e)}: its text overflows it (${e.scrollWidth}x${e.scrollHeight} in ` +
+        `${e.clientWidth}x${e.clientHeight})`);
+    }
+    if (e.matches('button, .aibro-line')) {
+      const range = document.createRange();
+      range.selectNodeContents(e);
+      const rects = Array.from(range.getClientRects()).filter(q => q.width > 0).sort((a, b) => a.top - b.top);
+      let lines = 0, bottom = -Infinity;
+      for (const q of rects) {
+        if (q.top >= bottom - 1) { lines += 1; bottom = q.bottom; } else { bottom = Math.max(bottom, q.bottom); }
+      }
+      if (lines > 1) bad.push(`${name(e)}: wraps onto ${lines} lines`);
+    }
+  }
+  return bad;
+}
+"""
+
+
+def outside_their_box(page: Any, root: str, clip: str = "") -> list[str]:
+    """Elements under `root` that stick out of it sideways, buttons whose text overflows them or wraps, and
+    one-line texts (`.aibro-line`) that wrap. Descendants of `clip` (a box that scrolls its own content) are not
+    looked at, the box itself is."""
+    return page.evaluate(_OUTSIDE_JS, [root, clip or ":not(*)"])
+
+
+_CONTRAST_JS = """
+(root) => {
+  const parse = s => {
+    const m = s.match(/rgba?\\(([^)]+)\\)/);
+    if (!m) return null;
+    const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number);
+    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+  };
+  const over = (top, under) => under.map((v, i) => v * (1 - top[3]) + top[i] * top[3]);
+  const background = e => {
+    const layers = [];
+    for (let n = e; n; n = n.parentElement) {
+      const c = parse(getComputedStyle(n).backgroundColor);
+      if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    return layers.reverse().reduce((acc, c) => over(c, acc), [255, 255, 255]);
+  };
+  const lum = c => c.slice(0, 3).map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+    .reduce((acc, v, i) => acc + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const out = [];
+  for (const e of document.querySelectorAll(root + ', ' + root + ' *')) {
+    const own = Array.from(e.childNodes).some(n => n.nodeType === 3 && n.textContent.trim());
+    const r = e.getBoundingClientRect();
+    if (!own || !r.width || !r.height) continue;
+    const bg = background(e);
+    const fg = over(parse(getComputedStyle(e).color), bg);
+    const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+    out.push({ text: e.textContent.trim().slice(0, 40), cls: String(e.className), ratio: (hi + 0.05) / (lo + 0.05),
+      fg: fg.map(Math.round), bg: bg.map(Math.round) });
+  }
+  return out;
+}
+"""
+
+
+def text_contrast(page: Any, root: str) -> list[dict[str, Any]]:
+    """For every visible element under `root` with text of its own: its WCAG contrast ratio (text colour over
+    the background it is drawn on, transparency blended in), with the text, classes and both colours."""
+    return page.evaluate(_CONTRAST_JS, root)
+
+
+def close_connection_lost_dialog(page: Any) -> None:
+    """JupyterLab's own "Server Connection Error" dialog, shown after the browser was offline: close it."""
+    lost = page.locator(".jp-Dialog", has_text="Server Connection Error")
+    if lost.count():
+        lost.locator("button", has_text="Close").click()
+        lost.wait_for(state="detached", timeout=10_000)
+
+
+def open_sidebar(page: Any, url: str, token: str) -> None:
+    """Open JupyterLab and the "Cloud training" sidebar at its default width, and wait until it is live."""
+    page.goto(f"{url}/lab?token={token}")
+    page.wait_for_selector(".jp-LabShell", timeout=120_000)
+    tab = page.locator('.jp-SideBar [data-id="aibro-cloud-training"]')
+    tab.wait_for(timeout=60_000)
+    if not page.locator("#aibro-cloud-training").is_visible():
+        tab.click()
+    page.wait_for_selector("#aibro-cloud-training .aibro-connection[data-state=live]", timeout=60_000)
+    dismiss_news_prompt(page)

@@ -27,6 +27,22 @@ export function money(value: number): string {
   return `$${value.toFixed(2)}`;
 }
 
+/**
+ * An hourly price the way clouds list them ("$0.526", "$32.77"; a cent or less keeps two significant digits),
+ * "free" for a machine that costs nothing (local, a Ray cluster of one's own).
+ */
+export function price(value: number | null | undefined): string {
+  if (!value) {
+    return 'free';
+  }
+  return `$${value < 0.01 ? value.toPrecision(2) : value.toFixed(value < 10 ? 3 : 2)}`;
+}
+
+/** A backend timestamp (seconds) as the browser's local wall-clock time, "17:04:09". */
+export function clock(ts: number): string {
+  return new Date(ts * 1000).toLocaleTimeString([], { hour12: false });
+}
+
 /** "loss 0.1234 · accuracy 0.9650" for the last epoch's logs, validation metrics included. */
 export function metrics(logs: HistoryRow | undefined): string {
   if (!logs) {

@@ -65,16 +65,24 @@ export class JobsModel {
 
   /**
    * Ask the backend to cancel a job; the card says "Canceling…" until the CANCELED status arrives.
+   * @returns the job as the backend has it once the cancel is recorded: a job that had already ended comes
+   *   back with its final status and no `cancel_requested`, which the card says instead of waiting.
    * @throws {ApiError} when the proxy or the backend refuses (the job is unknown, the backend is away)
    */
-  async cancel(jobId: string): Promise<void> {
-    const answer = await api.cancel(jobId); // the job itself, as it is once the cancel is recorded
+  async cancel(jobId: string): Promise<IJob> {
+    const answer = await api.cancel(jobId);
     const job = this.jobs.get(jobId);
     if (job) {
       // Only the flag: the picture stays the one the event stream builds, which may already be newer.
       job.cancel_requested = answer.cancel_requested;
       this.changedSignal.emit();
     }
+    return answer;
+  }
+
+  /** The offer a machine id names, when the backend lists it. */
+  machine(machineId: string | null | undefined): IMachine | undefined {
+    return this.machines.find(m => m.machine_id === machineId);
   }
 
   /**

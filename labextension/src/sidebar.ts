@@ -1,16 +1,21 @@
 /**
- * The "Cloud training" sidebar: jobs (live), instances (cooling countdown, Terminate) and machines.
+ * The "Cloud training" sidebar: jobs (live), instances (state with times, cooling countdown, Terminate) and the
+ * machines on offer (a table sortable by price, GPU, vCPU, memory and availability).
  * Cards are built once per job and updated in place, so a click never lands on a node being replaced.
+ * Every element keeps inside the sidebar at JupyterLab's default width: long names end in an ellipsis (the full
+ * text is the tooltip), buttons wrap to a new line rather than out of their box, the machine table scrolls
+ * sideways inside its own box with the prices in the first columns.
  */
 import { Clipboard } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { IInstance, IJob, IMachine } from './api';
-import { duration, elapsed, FINAL, isActive, metrics, money } from './format';
+import { clock, duration, elapsed, FINAL, isActive, metrics, money, price } from './format';
 import { JobsModel } from './model';
 import { Sparkline } from './sparkline';
 
 type Tab = 'jobs' | 'instances' | 'machines';
+type SortKey = 'machine' | 'price' | 'gpu' | 'vcpus' | 'memory' | 'availability';
 
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -23,18 +28,35 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/** A one-line text that ends in an ellipsis when it does not fit; the whole of it is the tooltip. */
+function line(cls: string, text: string): HTMLDivElement {
+  const node = el('div', `aibro-line ${cls}`, text);
+  node.title = text;
+  return node;
+}
+
+/** What a job costs so far: "free" on a machine with no price, dollars otherwise. */
+function jobCost(job: IJob, model: JobsModel): string {
+  const offer = model.machine(job.machine_id ?? job.machines[0]);
+  return job.cost || (offer && offer.price_per_hour) ? money(job.cost) : 'free';
+}
+
 class JobCard {
   readonly node = el('div', 'aibro-job');
-  private title = el('div', 'aibro-job-title');
+  private title = line('aibro-job-title', '');
+  private jobId = line('aibro-job-id', '');
   private state = el('div', 'aibro-job-state');
   private epochs = el('span', 'aibro-job-epochs');
   private bar = el('progress', 'aibro-job-bar');
   private metrics = el('div', 'aibro-job-metrics');
   private meta = el('div', 'aibro-job-meta');
   private error = el('div', 'aibro-job-error');
+  private note = el('div', 'aibro-job-note');
   private curve = new Sparkline();
   private cancel = el('button', 'jp-Button jp-mod-styled jp-mod-warn aibro-cancel', 'Cancel');
   private copy = el('button', 'jp-Button jp-mod-styled aibro-copy', 'Copy %cloud_attach');
+  /** A cancel request is on its way: renders meanwhile leave the button as "Canceling…". */
+  private pending = false;
 
   constructor(
     private job: IJob,
@@ -45,14 +67,17 @@ class JobCard {
     progress.append(this.epochs, this.bar);
     const buttons = el('div', 'aibro-job-buttons');
     buttons.append(this.cancel, this.copy);
+    this.copy.title = `Copy "%cloud_attach ${job.job_id}": run it in a notebook cell to follow this job there`;
     this.node.append(
       this.title,
+      this.jobId,
       this.state,
       progress,
       this.metrics,
       this.curve.node,
       this.meta,
       this.error,
+      this.note,
       buttons
     );
     this.cancel.onclick = () => void this.onCancel();
@@ -64,15 +89,24 @@ class JobCard {
     this.update(job);
   }
 
+  /** Cancel, and say what came of it: the backend's refusal, or that the job had already ended. */
   private async onCancel(): Promise<void> {
+    this.note.textContent = '';
     this.cancel.disabled = true;
     this.cancel.textContent = 'Canceling…';
+    this.pending = true;
     try {
-      await this.model.cancel(this.job.job_id);
+      const answer = await this.model.cancel(this.job.job_id);
+      if (!answer.cancel_requested && FINAL.has(answer.status)) {
+        this.note.textContent = `already ${answer.status}: nothing to cancel`;
+        this.cancel.hidden = true;
+      }
     } catch (error) {
-      this.error.textContent = `cancel failed: ${(error as Error).message}`;
+      this.note.textContent = `cancel failed: ${(error as Error).message}`;
       this.cancel.disabled = false;
       this.cancel.textContent = 'Cancel';
+    } finally {
+      this.pending = false;
     }
   }
 
@@ -80,7 +114,9 @@ class JobCard {
     this.job = job;
     const active = isActive(job);
     this.node.dataset.status = job.status;
-    this.title.textContent = job.description ? `${job.description} · ${job.job_id}` : job.job_id;
+    this.title.textContent = this.title.title = job.description || job.job_id;
+    this.jobId.textContent = this.jobId.title = job.job_id;
+    this.jobId.hidden = !job.description;
     this.state.textContent = `${job.status} · ${job.substatus}`;
     this.epochs.textContent = `epoch ${job.epochs_done}/${job.epochs}`;
     this.bar.max = Math.max(1, job.epochs);
@@ -95,8 +131,10 @@ class JobCard {
     this.error.textContent = job.error ?? '';
     this.cancel.hidden = !active;
     if (active && !job.cancel_requested) {
-      this.cancel.disabled = false;
-      this.cancel.textContent = 'Cancel';
+      if (!this.pending) {
+        this.cancel.disabled = false;
+        this.cancel.textContent = 'Cancel';
+      }
     } else if (active) {
       this.cancel.disabled = true;
       this.cancel.textContent = 'Canceling…';
@@ -106,7 +144,47 @@ class JobCard {
   /** Elapsed time moves every second while the job is active. */
   tick(): void {
     const where = this.job.machine_id ?? this.job.machines.join(' → ');
-    this.meta.textContent = `${where} · ${duration(elapsed(this.job))} · ${money(this.job.cost)}`;
+    this.meta.textContent = `${where} · ${duration(elapsed(this.job))} · ${jobCost(this.job, this.model)}`;
+  }
+}
+
+/** Instance transitions as "LAUNCHING 17:04:09 → EXECUTING 17:04:12", one step per status. */
+function steps(inst: IInstance): [string, number][] {
+  const out: [string, number][] = [];
+  for (const entry of inst.history) {
+    const [status, , ts] = entry as [string, string, number];
+    if (typeof ts === 'number' && (!out.length || out[out.length - 1][0] !== status)) {
+      out.push([status, ts]);
+    }
+  }
+  return out;
+}
+
+const AVAILABILITY_ORDER: Record<string, number> = { available: 0, busy: 1 };
+
+const COLUMNS: { key: SortKey; label: string; title: string }[] = [
+  { key: 'machine', label: 'Machine', title: 'machine id and provider' },
+  { key: 'price', label: '$/h', title: 'price per hour of this offer (spot or on-demand)' },
+  { key: 'gpu', label: 'GPU', title: 'GPUs' },
+  { key: 'vcpus', label: 'vCPU', title: 'virtual CPUs' },
+  { key: 'memory', label: 'Mem', title: 'memory (GiB)' },
+  { key: 'availability', label: 'Avail', title: 'availability now' }
+];
+
+function compareMachines(key: SortKey): (a: IMachine, b: IMachine) => number {
+  switch (key) {
+    case 'price':
+      return (a, b) => a.price_per_hour - b.price_per_hour;
+    case 'gpu':
+      return (a, b) => a.gpu_count - b.gpu_count || (a.gpu_type ?? '').localeCompare(b.gpu_type ?? '');
+    case 'vcpus':
+      return (a, b) => a.vcpus - b.vcpus;
+    case 'memory':
+      return (a, b) => a.memory_gib - b.memory_gib;
+    case 'availability':
+      return (a, b) => (AVAILABILITY_ORDER[a.availability] ?? 2) - (AVAILABILITY_ORDER[b.availability] ?? 2);
+    default:
+      return (a, b) => a.machine_id.localeCompare(b.machine_id);
   }
 }
 
@@ -122,8 +200,13 @@ export class CloudSidebar extends Widget {
     instances: el('button', 'aibro-tab', 'Instances'),
     machines: el('button', 'aibro-tab', 'Machines')
   };
+  private activeBadge = el('span', 'aibro-badge');
   private cards = new Map<string, JobCard>();
   private timer: number;
+  private machineScroll = el('div', 'aibro-machine-scroll');
+  private machinesDrawn: { machines: IMachine[]; key: SortKey; dir: number } | null = null;
+  private sortKey: SortKey = 'price';
+  private sortDir = 1;
 
   constructor(private model: JobsModel) {
     super();
@@ -132,10 +215,15 @@ export class CloudSidebar extends Widget {
     this.title.caption = 'Cloud training';
     const header = el('div', 'aibro-header', 'Cloud training');
     const tabs = el('div', 'aibro-tabs');
+    tabs.setAttribute('role', 'tablist');
     (Object.keys(this.tabButtons) as Tab[]).forEach(t => {
       this.tabButtons[t].onclick = () => this.showTab(t);
+      this.tabButtons[t].dataset.tab = t;
+      this.tabButtons[t].setAttribute('role', 'tab');
       tabs.appendChild(this.tabButtons[t]);
     });
+    const hint = el('div', 'aibro-hint', 'Click a column to sort; prices are per hour.');
+    this.panes.machines.append(hint, this.machineScroll);
     this.node.append(header, this.banner, tabs, this.panes.jobs, this.panes.instances, this.panes.machines);
     model.changed.connect(this.render, this);
     this.timer = window.setInterval(() => this.tick(), 1000);
@@ -151,6 +239,7 @@ export class CloudSidebar extends Widget {
     (Object.keys(this.panes) as Tab[]).forEach(t => {
       this.panes[t].hidden = t !== tab;
       this.tabButtons[t].classList.toggle('aibro-tab-active', t === tab);
+      this.tabButtons[t].setAttribute('aria-selected', String(t === tab));
     });
     this.render();
   }
@@ -164,7 +253,12 @@ export class CloudSidebar extends Widget {
         : m.connection === 'reconnecting'
           ? `reconnecting… (${m.lastError})`
           : 'connecting…';
-    this.tabButtons.jobs.textContent = `Jobs (${m.activeCount} active)`;
+    this.banner.title = this.banner.textContent;
+    const active = m.activeCount;
+    this.activeBadge.textContent = String(active);
+    this.activeBadge.hidden = !active;
+    this.tabButtons.jobs.replaceChildren('Jobs ', this.activeBadge);
+    this.tabButtons.jobs.title = `${active} active job${active === 1 ? '' : 's'}`;
     this.renderJobs();
     this.renderInstances();
     this.renderMachines();
@@ -201,24 +295,50 @@ export class CloudSidebar extends Widget {
     }
   }
 
+  /** Live instances first, then the five most recently closed ones (their history says how they ended). */
   private renderInstances(): void {
-    const rows = this.model.instances.filter(i => i.status !== 'CLOSED');
+    const all = [...this.model.instances].sort((a, b) => b.updated - a.updated);
+    const live = all.filter(i => i.status !== 'CLOSED');
+    const closed = all.filter(i => i.status === 'CLOSED').slice(0, 5);
     const pane = this.panes.instances;
-    if (!rows.length) {
-      pane.replaceChildren(el('div', 'aibro-empty', 'No live instances.'));
-      return;
+    const nodes: HTMLElement[] = live.length
+      ? live.map(i => this.instanceRow(i))
+      : [el('div', 'aibro-empty', 'No live instances.')];
+    if (closed.length) {
+      nodes.push(el('div', 'aibro-subhead', 'Recently closed'), ...closed.map(i => this.instanceRow(i)));
     }
-    pane.replaceChildren(...rows.map(i => this.instanceRow(i)));
+    pane.replaceChildren(...nodes);
   }
 
   private instanceRow(inst: IInstance): HTMLElement {
     const row = el('div', 'aibro-instance');
     row.dataset.instanceId = inst.id;
     row.dataset.status = inst.status;
-    const label = el('div', 'aibro-instance-label', `${inst.id} · ${inst.machine_id} · ${inst.status}`);
+    const head = el('div', 'aibro-instance-head');
+    const badge = el('span', 'aibro-state-badge', inst.status);
+    badge.dataset.status = inst.status;
+    head.append(badge, line('aibro-instance-id', inst.id));
+    const where = line('aibro-instance-machine', `${inst.machine_id} · ${inst.provider}`);
+    const since = el('div', 'aibro-instance-since');
+    since.dataset.since = String(this.latestStep(inst));
     const countdown = el('span', 'aibro-countdown');
     countdown.dataset.until = String(this.model.instancesFetched / 1000 + inst.cooling_left_s);
-    row.append(label, countdown);
+    const timeline = el('div', 'aibro-instance-steps');
+    steps(inst).forEach(([status, ts], i) => {
+      const step = el('span', 'aibro-step', `${i ? '→ ' : ''}${status} ${clock(ts)}`);
+      step.dataset.status = status;
+      timeline.appendChild(step);
+    });
+    if (inst.substatus && inst.substatus !== inst.status) {
+      timeline.appendChild(el('span', 'aibro-step aibro-substatus', `(${inst.substatus})`));
+    }
+    row.append(head, where, since, countdown, timeline);
+    const job = this.lastJob(inst);
+    if (job) {
+      const verb = job.job_id === inst.job_id ? 'running' : 'last ran';
+      const text = `${verb} ${job.description || job.job_id} · ${jobCost(job, this.model)}`;
+      row.appendChild(line('aibro-instance-job', text));
+    }
     if (inst.status === 'COOLING' || inst.status === 'LAUNCHING') {
       const term = el('button', 'jp-Button jp-mod-styled jp-mod-warn aibro-terminate', 'Terminate');
       term.onclick = () => {
@@ -228,53 +348,108 @@ export class CloudSidebar extends Widget {
           term.disabled = false;
         });
       };
-      row.appendChild(term);
+      const buttons = el('div', 'aibro-job-buttons');
+      buttons.appendChild(term);
+      row.appendChild(buttons);
     }
-    this.tickCountdown(countdown, inst.status);
+    this.tickInstance(row);
     return row;
   }
 
-  private tickCountdown(node: HTMLElement, status: string): void {
-    if (status !== 'COOLING') {
-      node.textContent = '';
-      return;
-    }
-    const left = Math.max(0, Number(node.dataset.until) - Date.now() / 1000);
-    node.textContent = ` cooling, closes in ${duration(left)}`;
+  /** The job the instance runs, or else the last one it ran (a cooling instance waits for the next). */
+  private lastJob(inst: IInstance): IJob | undefined {
+    const running = inst.job_id ? this.model.jobs.get(inst.job_id) : undefined;
+    const ran = Array.from(this.model.jobs.values()).filter(j => j.instance_id === inst.id);
+    return running ?? ran.sort((a, b) => b.created - a.created)[0];
   }
 
+  /** When the instance entered its present status (the backend's clock, seconds). */
+  private latestStep(inst: IInstance): number {
+    const all = steps(inst);
+    return all.length ? all[all.length - 1][1] : inst.updated;
+  }
+
+  private tickInstance(row: HTMLElement): void {
+    const status = row.dataset.status ?? '';
+    const since = row.querySelector<HTMLElement>('.aibro-instance-since');
+    if (since) {
+      const t = Number(since.dataset.since);
+      since.textContent =
+        status === 'CLOSED'
+          ? `closed at ${clock(t)}`
+          : `${status.toLowerCase()} since ${clock(t)} (${duration(Date.now() / 1000 - t)})`;
+    }
+    const countdown = row.querySelector<HTMLElement>('.aibro-countdown');
+    if (countdown && !countdown.textContent?.startsWith('terminate failed')) {
+      const left = Math.max(0, Number(countdown.dataset.until) - Date.now() / 1000);
+      countdown.textContent = status === 'COOLING' ? `closes in ${duration(left)} unless a job comes` : '';
+      countdown.hidden = status !== 'COOLING';
+    }
+  }
+
+  private sortBy(key: SortKey): void {
+    this.sortDir = this.sortKey === key ? -this.sortDir : 1;
+    this.sortKey = key;
+    this.renderMachines();
+  }
+
+  /** The marketplace: one row per offer, the price first so it shows without scrolling. */
   private renderMachines(): void {
+    const machines = this.model.machines;
+    const drawn = this.machinesDrawn;
+    if (drawn && drawn.machines === machines && drawn.key === this.sortKey && drawn.dir === this.sortDir) {
+      return;
+    }
+    this.machinesDrawn = { machines, key: this.sortKey, dir: this.sortDir };
     const table = el('table', 'aibro-machine-table');
     const head = el('tr', '');
-    ['machine', 'provider', 'GPU', 'vCPUs', 'memory', '$/h spot', '$/h on-demand', 'availability'].forEach(h =>
-      head.appendChild(el('th', '', h))
-    );
+    COLUMNS.forEach(c => {
+      const th = el('th', '');
+      const button = el('button', 'aibro-sort', c.label);
+      button.dataset.sort = c.key;
+      button.title = `sort by ${c.title}`;
+      button.onclick = () => this.sortBy(c.key);
+      if (c.key === this.sortKey) {
+        th.setAttribute('aria-sort', this.sortDir > 0 ? 'ascending' : 'descending');
+        button.textContent = `${c.label} ${this.sortDir > 0 ? '▲' : '▼'}`;
+      }
+      th.appendChild(button);
+      head.appendChild(th);
+    });
     table.appendChild(head);
-    this.model.machines.forEach((m: IMachine) => {
+    const cmp = compareMachines(this.sortKey);
+    const rows = [...machines].sort(
+      (a, b) => this.sortDir * cmp(a, b) || a.price_per_hour - b.price_per_hour
+    );
+    rows.forEach((m: IMachine) => {
       const tr = el('tr', '');
       tr.dataset.machineId = m.machine_id;
-      [
-        m.machine_id,
-        m.provider,
-        m.gpu_count ? `${m.gpu_count}× ${m.gpu_type}` : '-',
-        String(m.vcpus),
-        `${m.memory_gib} GiB`,
-        money(m.price_per_hour),
-        money(m.on_demand_price_per_hour),
-        m.availability
-      ].forEach(c => tr.appendChild(el('td', '', c)));
+      tr.dataset.provider = m.provider;
+      tr.dataset.availability = m.availability;
+      const market = m.price_per_hour ? (m.spot ? 'spot' : 'on-demand') : m.provider;
+      const name = el('td', 'aibro-machine-name');
+      name.append(line('', m.machine_id), el('div', 'aibro-sub', m.provider));
+      const cost = el('td', 'aibro-price');
+      cost.append(el('div', '', price(m.price_per_hour)), el('div', 'aibro-sub', market));
+      if (m.spot && m.on_demand_price_per_hour) {
+        cost.title = `spot; on-demand is ${price(m.on_demand_price_per_hour)}/h`;
+      }
+      tr.append(
+        name,
+        cost,
+        el('td', '', m.gpu_count ? `${m.gpu_count}× ${m.gpu_type ?? 'GPU'}` : '–'),
+        el('td', 'aibro-num', String(m.vcpus)),
+        el('td', 'aibro-num', `${m.memory_gib}G`),
+        el('td', 'aibro-avail', m.availability)
+      );
+      tr.lastElementChild!.setAttribute('data-availability', m.availability);
       table.appendChild(tr);
     });
-    this.panes.machines.replaceChildren(table);
+    this.machineScroll.replaceChildren(table);
   }
 
   private tick(): void {
     this.cards.forEach(c => c.tick());
-    this.panes.instances.querySelectorAll<HTMLElement>('.aibro-instance').forEach(row => {
-      const countdown = row.querySelector<HTMLElement>('.aibro-countdown');
-      if (countdown) {
-        this.tickCountdown(countdown, row.dataset.status ?? '');
-      }
-    });
+    this.panes.instances.querySelectorAll<HTMLElement>('.aibro-instance').forEach(row => this.tickInstance(row));
   }
 }
