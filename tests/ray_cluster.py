@@ -69,7 +69,13 @@ class RayCluster:
         self.client_address = ""
         self.timings: dict[str, float] = {}
         # The raylets' environment is what actors inherit: a backend secret in it must never reach a worker.
-        self.env = {**os.environ, "RAY_TMPDIR": self.tmp, "RAY_USAGE_STATS_ENABLED": "0", "AIBRO_TOKEN": SECRET}
+        self.env = {
+            **os.environ,
+            "RAY_TMPDIR": self.tmp,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_raylet_start_wait_time_s": "300",  # a loaded 2-core box: a node registers slowly (default 10 s)
+            "AIBRO_TOKEN": SECRET,
+        }
 
     def _start(self, name: str, args: list[str]) -> None:
         t0 = time.monotonic()
@@ -80,7 +86,7 @@ class RayCluster:
         with open(logf, "wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         self.sessions[name] = proc.pid
-        if proc.wait(timeout=180) != 0:
+        if proc.wait(timeout=400) != 0:
             raise RuntimeError(f"ray start for {name} failed:\n{logf.read_text()[-3000:]}")
         self.timings[name] = time.monotonic() - t0
 
