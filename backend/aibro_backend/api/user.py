@@ -9,8 +9,8 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES, JobPicture
 
-from ..costs import instance_cost, job_costs
 from ..bus import job_key, user_key
+from ..costs import instance_cost, job_costs
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
 from .models import INT64_MAX, EventsQuery, ReplayOverrides, finite
