@@ -105,8 +105,8 @@ class S3Backing:
         for n in range(count):
             offset = n * self.part_bytes
             url = self._sign("upload_part", Key=key, UploadId=upload_id, PartNumber=n + 1)
-            parts.append({"number": n + 1, "offset": offset, "size": min(self.part_bytes, size - offset), "url": url})
-            parts[-1]["headers"] = {}
+            length = min(self.part_bytes, size - offset)
+            parts.append({"number": n + 1, "offset": offset, "size": length, "url": url, "headers": {}})
         return {"via": "s3", "upload_id": upload_id, "parts": parts}
 
     def complete(self, key: str, upload_id: str | None, etags: list[dict[str, Any]]) -> int:
