@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,37 +73,77 @@ class RayCluster:
             **os.environ,
             "RAY_TMPDIR": self.tmp,
             "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_raylet_start_wait_time_s": "300",  # a loaded 2-core box: a node registers slowly (default 10 s)
+            "RAY_raylet_start_wait_time_s": "150",  # a loaded 2-core box: a node registers slowly (default 10 s)
             "AIBRO_TOKEN": SECRET,
         }
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _start(self, name: str, make_args: Callable[[], list[str]], attempts: int = 2) -> None:
+        """`ray start` for one node, with fresh ports and a fresh temp dir on a second try: on a loaded host a
+        port picked free can be taken before Ray binds it, and the node then never registers."""
         t0 = time.monotonic()
-        logf = Path(self.tmp) / f"{name}.log"
-        tmp = Path(self.tmp) / name  # a temp dir per node: nodes started at once would race for socket names
-        tmp.mkdir()
-        cmd = ["ray", "start", "--disable-usage-stats", "--temp-dir", str(tmp), "--include-log-monitor=false", *args]
-        with open(logf, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        self.sessions[name] = proc.pid
-        if proc.wait(timeout=400) != 0:
-            raise RuntimeError(f"ray start for {name} failed:\n{logf.read_text()[-3000:]}")
-        self.timings[name] = time.monotonic() - t0
+        for attempt in range(attempts):
+            logf = Path(self.tmp) / f"{name}-{attempt}.log"
+            tmp = Path(self.tmp) / name  # a temp dir per node: nodes started at once would race for socket names
+            tmp.mkdir()
+            cmd = ["ray", "start", "--disable-usage-stats", "--temp-dir", str(tmp), "--include-log-monitor=false"]
+            with open(logf, "wb") as out:
+                proc = subprocess.Popen(
+                    [*cmd, *make_args()], stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                )
+            self.sessions[name] = proc.pid
+            try:
+                code = proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code == 0:
+                self.timings[name] = time.monotonic() - t0
+                return
+            why = f"ray start for {name} failed ({code}):\n{logf.read_text()[-1500:]}\n{self._log_tails(tmp)}"
+            self._kill_session(proc.pid)
+            shutil.rmtree(tmp, ignore_errors=True)
+            print(f"\n{why}\n(attempt {attempt + 1} of {attempts})")
+        raise RuntimeError(why)
+
+    @staticmethod
+    def _log_tails(tmp: Path) -> str:
+        logs = tmp / "session_latest" / "logs"
+        out = []
+        for name in ("raylet.out", "raylet.err", "gcs_server.err"):
+            with contextlib.suppress(OSError):
+                out.append(f"-- {name}:\n" + "\n".join((logs / name).read_text().splitlines()[-12:]))
+        return "\n".join(out)
+
+    def _kill_session(self, sid: int) -> None:
+        for pid in self.processes({sid}):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
     def head(self) -> None:
-        args, (gcs, client, dashboard) = node_ports(3)
-        args += ["--port", str(gcs), "--ray-client-server-port", str(client), "--dashboard-port", str(dashboard)]
-        args += ["--include-dashboard=false", "--num-cpus", "1", "--resources", json.dumps({"aibro-test": 1})]
-        self._start("head", ["--head", *args])
-        self.client_address = f"ray://127.0.0.1:{client}"
+        ports: list[int] = []
+
+        def args() -> list[str]:
+            flags, (gcs, client, dashboard) = node_ports(3)
+            ports[:] = [gcs, client, dashboard]
+            flags += ["--port", str(gcs), "--ray-client-server-port", str(client), "--dashboard-port", str(dashboard)]
+            return [
+                "--head",
+                *flags,
+                *("--include-dashboard=false", "--num-cpus", "1", "--resources", json.dumps({"aibro-test": 1})),
+            ]
+
+        self._start("head", args)
+        self.client_address = f"ray://127.0.0.1:{ports[1]}"
         self.address = (Path(self.tmp) / "head" / "ray_current_cluster").read_text().strip()
 
     def node(self, name: str, gpus: int = 0, resources: dict[str, float] | None = None) -> None:
-        args, _ = node_ports()
-        args += ["--address", self.address, "--num-cpus", "1"]
-        args += ["--resources", json.dumps({POOL: 1, name: 1, **(resources or {})})]
-        if gpus:
-            args += ["--num-gpus", str(gpus)]  # Ray takes the count as given: a GPU node without a GPU
+        def args() -> list[str]:
+            flags, _ = node_ports()
+            flags += ["--address", self.address, "--num-cpus", "1"]
+            flags += ["--resources", json.dumps({POOL: 1, name: 1, **(resources or {})})]
+            if gpus:
+                flags += ["--num-gpus", str(gpus)]  # Ray takes the count as given: a GPU node without a GPU
+            return flags
+
         self._start(name, args)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -111,9 +151,9 @@ class RayCluster:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.sessions[name], sig)
 
-    def processes(self) -> list[int]:
+    def processes(self, sessions: set[int] | None = None) -> list[int]:
         """Every process in one of this cluster's sessions (Ray workers have process groups of their own)."""
-        mine = set(self.sessions.values())
+        mine = sessions or set(self.sessions.values())
         out = []
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
