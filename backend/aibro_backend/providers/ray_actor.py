@@ -1,0 +1,134 @@
+"""On a Ray node: the detached actor that holds an instance's reservation and runs the worker agent as its child.
+
+Plain class: the bridge (providers/ray_bridge.py) wraps it with `ray.remote`, so importing it never needs Ray;
+every node imports it from its own `aibro-backend` install. See providers/ray.py for why an actor."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class InstanceActor:
+    """Runs on a cluster node inside a Ray actor; holds the machine's resources while the agent it started runs.
+
+    Plain class: the bridge wraps it with `ray.remote` (so importing this module never needs Ray).
+    """
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import ray
+
+        self._spec = spec
+        self._proc: subprocess.Popen | None = None
+        self._code: int | None = None
+        self._error: str | None = None
+        self._started = threading.Event()
+        self._done = threading.Event()
+        ctx = ray.get_runtime_context()
+        self._info: dict[str, Any] = {
+            "node_id": ctx.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "actor_pid": os.getpid(),
+        }
+        # The agent's parent is this thread: it lives as long as the agent (PR_SET_PDEATHSIG follows the thread).
+        threading.Thread(target=self._supervise, name="aibro-agent", daemon=True).start()
+        self._started.wait()
+        if self._error:
+            raise RuntimeError(f"the worker agent could not start on {self._info['node_ip']}: {self._error}")
+
+    def _command(self) -> tuple[list[str], dict[str, str], Path, str]:
+        from .local import worker_env, worker_python
+        from .sandbox import Sandbox
+
+        spec = self._spec
+        python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
+        argv = list(spec.get("argv") or [python, "-I", "-m", "aibro_backend.worker"])
+        box = Sandbox.choose(python, spec.get("sandbox") or "auto")
+        root = Path(spec.get("worker_root") or os.path.join(tempfile.gettempdir(), "aibro-ray"))
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        uid = box.uid_for(spec.get("user_id"))
+        (root / "workers").mkdir(exist_ok=True, mode=0o700)
+        (root / "envs").mkdir(exist_ok=True, mode=0o700)
+        workdir = root / "workers" / spec["instance_id"]
+        envs = root / "envs" / f"u{int(spec.get('user_id') or 0)}"  # one user's cached environments, never shared
+        box.prepare(workdir, uid)
+        box.prepare(envs, uid)
+        visible = ",".join(self._info["gpu_ids"]) or "-1"
+        env = worker_env(os.environ, {**spec["env"], "AIBRO_ENV_CACHE": str(envs)}, workdir, visible)
+        if box.kind != "none":
+            env["HOME"] = str(workdir)
+        cmd = box.command(argv, workdir, [envs], uid)
+        if cmd and cmd[0] == "bwrap":
+            cmd.insert(1, "--die-with-parent")
+        return cmd, env, workdir, box.kind
+
+    def _supervise(self) -> None:
+        try:
+            cmd, env, workdir, kind = self._command()
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+
+            def die_with_parent() -> None:
+                libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the agent dies with this actor, even by SIGKILL
+
+            with open(workdir / "worker.log", "ab") as out:
+                self._proc = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    cwd=str(workdir),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
+            self._info.update(pid=self._proc.pid, workdir=str(workdir), sandbox=kind)
+        except Exception as exc:  # noqa: BLE001 - reported by the constructor, as the actor's creation error
+            self._error = f"{type(exc).__name__}: {exc}"
+            self._started.set()
+            return
+        self._started.set()
+        self._code = self._proc.wait()
+        self._done.set()
+        # Nobody killed this actor after the agent exited (the backend or its bridge is away): free the
+        # reservation on its own after a while, so a finished instance never holds a GPU for good.
+        time.sleep(float(self._spec.get("linger_s", 60.0)))
+        with contextlib.suppress(Exception):
+            import ray
+
+            ray.kill(ray.get_runtime_context().current_actor)
+        os._exit(0)
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def ping(self) -> bool:
+        return True
+
+    def wait(self, timeout_s: float) -> int | None:
+        """The agent's exit code once it exits; None while it still runs after `timeout_s`."""
+        self._done.wait(timeout_s)
+        return self._code if self._done.is_set() else None
+
+    def stop(self, grace_s: float = 2.0) -> int | None:
+        """SIGTERM the agent's process group, SIGKILL what is left after `grace_s` (pip installs too)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, sig)
+            if self._done.wait(wait):
+                break
+        return self._code
