@@ -1,7 +1,9 @@
 """The "Cloud training" sidebar in a real JupyterLab in headless Chromium, with no kernel anywhere: a job started
 from the CLI shows up and progresses, survives a page reload and a backend restart ("reconnecting", then live),
-is canceled from its card (the backend says CANCELED); a job that completes raises a notification; the
-instance cools with a countdown and is terminated from the Instances tab. Screenshots go to test-artifacts/."""
+is canceled from its card (the backend says CANCELED; a cancel that cannot reach the server says so on the card);
+a job that completes raises a notification; the instance cools with a countdown and is terminated from the
+Instances tab. Final cards have no Cancel, and every element stays inside the sidebar at JupyterLab's default
+width. Screenshots go to test-artifacts/, the gallery's ones to docs/screenshots/."""
 
 from __future__ import annotations
 
@@ -17,7 +19,15 @@ import keras
 import numpy as np
 import pytest
 import requests
-from browser import chromium_page, dismiss_news_prompt, jupyterlab, wait_until
+from browser import (
+    chromium_page,
+    close_connection_lost_dialog,
+    gallery_shot,
+    jupyterlab,
+    open_sidebar,
+    outside_their_box,
+    wait_until,
+)
 
 from aibro_jupyter.client import BackendClient
 
@@ -54,15 +64,15 @@ def _epochs(page: Any, job_id: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _open_sidebar(page: Any, url: str, token: str) -> None:
-    page.goto(f"{url}/lab?token={token}")
-    page.wait_for_selector(".jp-LabShell", timeout=120_000)
-    tab = page.locator('.jp-SideBar [data-id="aibro-cloud-training"]')
-    tab.wait_for(timeout=60_000)
-    if not page.locator("#aibro-cloud-training").is_visible():
-        tab.click()
-    page.wait_for_selector("#aibro-cloud-training .aibro-connection[data-state=live]", timeout=60_000)
-    dismiss_news_prompt(page)
+def _inside(page: Any, where: str) -> None:
+    bad = outside_their_box(page, "#aibro-cloud-training", clip=".aibro-machine-scroll")
+    assert not bad, f"{where}: elements outside their box at the default sidebar width: {bad}"
+
+
+def _no_cancel_on_final_cards(page: Any) -> None:
+    for card in page.locator(".aibro-job").all():
+        if card.get_attribute("data-status") in ("COMPLETED", "CANCELED"):
+            assert not card.locator(".aibro-cancel").is_visible(), f"Cancel on {card.get_attribute('data-job-id')}"
 
 
 @pytest.fixture
@@ -91,9 +101,9 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
 ) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     env = {"AIBRO_HOME": str(aibro_home), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
-    with jupyterlab(tmp_path, env, ARTIFACTS / "jupyterlab-sidebar.log") as (url, token), chromium_page() as page:
+    with jupyterlab(tmp_path, env, ARTIFACTS / "jupyterlab-sidebar.log") as (url, token), chromium_page(2) as page:
         shot = ARTIFACTS / "sidebar-timeout.png"
-        _open_sidebar(page, url, token)
+        open_sidebar(page, url, token)
         assert page.locator(".jp-Notebook").count() == 0, "no notebook open"
         kernels = requests.get(f"{url}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=10)
         assert kernels.status_code == 200 and kernels.json() == [], "no kernel: the sidebar stands alone"
@@ -104,10 +114,10 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         card = _card(page, job_id)
         assert card.locator(".aibro-job-state").inner_text() == "TRAINING · TRAINING", "status · substatus"
         assert "loss" in card.locator(".aibro-job-metrics").inner_text()
-        meta = re.fullmatch(r"local-cpu · (\d+):(\d\d) · \$0\.00", card.locator(".aibro-job-meta").inner_text())
+        meta = re.fullmatch(r"local-cpu · (\d+):(\d\d) · free", card.locator(".aibro-job-meta").inner_text())
         assert meta, card.locator(".aibro-job-meta").inner_text()
         page.wait_for_timeout(2500)
-        later = re.fullmatch(r"local-cpu · (\d+):(\d\d) · \$0\.00", card.locator(".aibro-job-meta").inner_text())
+        later = re.fullmatch(r"local-cpu · (\d+):(\d\d) · free", card.locator(".aibro-job-meta").inner_text())
         assert later and int(later[1]) * 60 + int(later[2]) > int(meta[1]) * 60 + int(meta[2]), "elapsed time moves"
         shown = {e.get_attribute("data-job-id") for e in page.locator(".aibro-job").all()}
         assert shown == {j["job_id"] for j in client.jobs()}, "every job of the user has a card"
@@ -119,9 +129,24 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
         card.locator(".aibro-copy").click()
         assert page.evaluate("navigator.clipboard.readText()") == f"%cloud_attach {job_id}"
+        page.wait_for_timeout(1700)  # "Copied" goes back to the button's label
+        _inside(page, "jobs, one training")
+        gallery_shot(page.locator("#aibro-cloud-training"), "sidebar-jobs", until=card)
+
+        page.context.set_offline(True)  # a cancel that cannot reach the server says so and can be tried again
+        page.wait_for_selector(".aibro-connection[data-state=reconnecting]", timeout=60_000)
+        card.locator(".aibro-cancel").click()
+        note = card.locator(".aibro-job-note")
+        wait_until(page, lambda: "cancel failed" in note.inner_text(), "the failed cancel on the card", 60, shot)
+        assert "unreachable" in note.inner_text(), note.inner_text()
+        assert card.locator(".aibro-cancel").inner_text() == "Cancel" and card.locator(".aibro-cancel").is_enabled()
+        page.context.set_offline(False)
+        page.wait_for_selector(".aibro-connection[data-state=live]", timeout=60_000)
+        close_connection_lost_dialog(page)
+        assert client.job(job_id)["status"] == "TRAINING" and not client.job(job_id)["cancel_requested"]
 
         page.reload()
-        _open_sidebar(page, url, token)
+        open_sidebar(page, url, token)
         after = wait_until(page, lambda: _epochs(page, job_id) >= grown and _epochs(page, job_id), "reload", 60, shot)
         assert after >= grown and _epochs(page, job_id) <= client.job(job_id)["epochs_done"]
 
@@ -141,19 +166,29 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         _card(page, job_id).locator(".aibro-cancel").click()
         wait_until(page, lambda: _card(page, job_id).get_attribute("data-status") == "CANCELED", "CANCELED", 60, shot)
         assert client.job(job_id)["status"] == "CANCELED", "the backend says CANCELED"
+        assert not _card(page, job_id).locator(".aibro-job-note").inner_text(), "the earlier failure is gone"
+        _no_cancel_on_final_cards(page)
         page.wait_for_selector(f".Toastify__toast >> text=/{job_id}.*canceled/", timeout=30_000)
         counted = page.locator(".aibro-statusbar")
         wait_until(page, lambda: counted.inner_text().startswith(f"☁ {active - 1} training"), "the count to drop")
 
         short = _start_job(aibro_home, job_files, 2, "sidebar short job")
         page.wait_for_selector(".Toastify__toast >> text=/sidebar short job.*completed/", timeout=240_000)
+        toast = page.locator(".Toastify__toast", has_text="sidebar short job").first
+        toast.hover()  # a hovered toast stays (its auto-close pauses) while it is photographed
+        page.wait_for_timeout(1000)
+        gallery_shot(toast, "notification")
+        page.mouse.move(0, 0)
         assert _card(page, short).get_attribute("data-status") == "COMPLETED" and _epochs(page, short) == 2
         page.screenshot(path=str(ARTIFACTS / "sidebar-completed.png"))
+        _no_cancel_on_final_cards(page)
 
         failing = _start_job(aibro_home, job_files, 2, "sidebar failing job", model="failing_model")
         page.wait_for_selector(".Toastify__toast >> text=/sidebar failing job.*failed/", timeout=240_000)
         assert client.job(failing)["status"] == "CANCELED" and client.job(failing)["error"]
         assert _card(page, failing).locator(".aibro-job-error").inner_text(), "the card says why it failed"
+        _no_cancel_on_final_cards(page)
+        _inside(page, "jobs, all ended, one failed")
 
         page.context.set_offline(True)  # the browser loses the server while a job starts and ends
         page.wait_for_selector(".aibro-connection[data-state=reconnecting]", timeout=60_000)
@@ -165,22 +200,28 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         page.context.set_offline(False)
         page.wait_for_selector(".Toastify__toast >> text=/sidebar unseen job.*completed/", timeout=60_000)
         assert _card(page, unseen).get_attribute("data-status") == "COMPLETED"
-        lost = page.locator(".jp-Dialog", has_text="Server Connection Error")  # JupyterLab's own dialog
-        if lost.count():
-            lost.locator("button", has_text="Close").click()
-            lost.wait_for(state="detached", timeout=10_000)
+        close_connection_lost_dialog(page)
 
         page.locator(".aibro-tab", has_text="Instances").click()
         row = page.locator(".aibro-instance[data-status=COOLING]").first
         row.wait_for(timeout=60_000)
         wait_until(page, lambda: "closes in 4:" in row.inner_text() or "closes in 5:" in row.inner_text(), "countdown")
         instance_id = row.get_attribute("data-instance-id")
+        row = page.locator(f'.aibro-instance[data-instance-id="{instance_id}"]')
+        steps = row.locator(".aibro-instance-steps").inner_text()
+        assert re.search(r"LAUNCHING \d\d:\d\d:\d\d.*EXECUTING \d\d:\d\d:\d\d.*COOLING \d\d:\d\d:\d\d", steps, re.S), (
+            steps
+        )
+        assert re.match(r"cooling since \d\d:\d\d:\d\d \(\d+:\d\d\)", row.locator(".aibro-instance-since").inner_text())
+        assert row.locator(".aibro-instance-job").inner_text().endswith("· free"), "the job's cost: free on local"
+        _inside(page, "instances")
         page.screenshot(path=str(ARTIFACTS / "sidebar-instances.png"))
+        gallery_shot(page.locator("#aibro-cloud-training"), "sidebar-instances", until=page.locator(".aibro-instances"))
         row.locator(".aibro-terminate").click()
         wait_until(
             page,
-            lambda: page.locator(f'.aibro-instance[data-instance-id="{instance_id}"]').count() == 0,
-            "the terminated instance to go",
+            lambda: row.get_attribute("data-status") in ("CLOSING", "CLOSED") and not row.locator("button").count(),
+            "the terminated instance to close",
             60,
             shot,
         )
@@ -188,5 +229,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
 
         page.locator(".aibro-tab", has_text="Machines").click()
         assert page.locator('.aibro-machine-table tr[data-machine-id="local-cpu"]').count() == 1
+        assert page.locator('tr[data-machine-id="local-cpu"] .aibro-price').inner_text().startswith("free")
+        _inside(page, "machines")
         kernels = requests.get(f"{url}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=10)
         assert kernels.json() == [], "all of it without a kernel ever starting"

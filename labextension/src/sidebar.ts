@@ -324,9 +324,14 @@ export class CloudSidebar extends Widget {
     const countdown = el('span', 'aibro-countdown');
     countdown.dataset.until = String(this.model.instancesFetched / 1000 + inst.cooling_left_s);
     const timeline = el('div', 'aibro-instance-steps');
-    steps(inst).forEach(([status, ts], i) => {
-      const step = el('span', 'aibro-step', `${i ? '→ ' : ''}${status} ${clock(ts)}`);
-      step.dataset.status = status;
+    const all = steps(inst);
+    // An instance that ran many jobs: its launch, then its last few transitions (the tooltip has them all).
+    const shown = all.length > 5 ? [all[0], null, ...all.slice(-3)] : all;
+    timeline.title = all.map(([status, ts]) => `${status} ${clock(ts)}`).join(' → ');
+    shown.forEach((entry, i) => {
+      const text = entry ? `${entry[0]} ${clock(entry[1])}` : `… ${all.length - 4} more`;
+      const step = el('span', 'aibro-step', `${i ? '→ ' : ''}${text}`);
+      step.dataset.status = entry ? entry[0] : '';
       timeline.appendChild(step);
     });
     if (inst.substatus && inst.substatus !== inst.status) {

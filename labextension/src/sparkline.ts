@@ -15,6 +15,7 @@ export class Sparkline {
     this.node.setAttribute('width', String(width));
     this.node.setAttribute('height', String(height));
     this.node.setAttribute('viewBox', `0 0 ${width} ${height}`);
+    this.node.setAttribute('preserveAspectRatio', 'none');
     this.train = this.path('aibro-sparkline-loss');
     this.val = this.path('aibro-sparkline-val');
   }
