@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium_page, dismiss_news_prompt, jupyterlab, wait_kernel_idle, wait_until
+from browser import (
+    chromium_page,
+    dismiss_news_prompt,
+    gallery_shot,
+    jupyterlab,
+    jupyterlab_settings,
+    text_contrast,
+    wait_kernel_idle,
+    wait_until,
+)
 
 from aibro_jupyter.client import BackendClient
 
@@ -145,6 +154,7 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         assert state.startswith("RUNNING") and "still running" in state and "Idle" in state, state
         _check_chart(page)
         _snap(page, "lab-before-reload.png")
+        gallery_shot(_panel(page), "panel-running")
         job = next(j for j in reversed(client.jobs()) if j["description"] == "quickstart digits cnn")
         assert job["status"] == "TRAINING"
 
@@ -177,6 +187,7 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         outputs = " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
         assert "cuInit" not in outputs and "absl::InitializeLog" not in outputs, "no TensorFlow native lines"
         _snap(page, "lab-completed.png")
+        gallery_shot(_panel(page), "panel-completed")
         final = client.job(job["job_id"])
         assert final["status"] == "COMPLETED" and final["epochs_done"] == EPOCHS
 
@@ -198,3 +209,76 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         detached = next(j for j in reversed(client.jobs()) if j["description"] == "detach-in-lab")
         assert client.job(detached["job_id"])["status"] in ("QUEUING", "TRAINING"), "Detach leaves the job going"
         client.cancel(detached["job_id"])
+
+
+LOOK_CELL = """
+%load_ext aibro_jupyter
+from aibro_core import vocabulary as v
+from aibro_jupyter.progress import JobView
+from aibro_jupyter.widgets.picker import MachinePicker
+from aibro_jupyter.widgets.progress_panel import ProgressPanel
+
+def offer(mid, provider, price, gpus, vcpus, mem, spot, avail="available"):
+    return dict(machine_id=mid, provider=provider, gpu_count=gpus, gpu_type="T4" if gpus else None, vcpus=vcpus,
+                memory_gib=mem, price_per_hour=price, on_demand_price_per_hour=0.526 if gpus else 0.0, spot=spot,
+                availability=avail)
+
+display(MachinePicker([
+    offer("local-cpu", "local", 0.0, 0, 2, 8, False), offer("g4dn.xlarge", "aws", 0.158, 1, 4, 16, True),
+    offer("g4dn.xlarge.od", "aws", 0.526, 1, 4, 16, False), offer("ray-gpu", "ray", 0.0, 1, 8, 32, False, "busy"),
+]))
+view, panel = JobView("job-look"), ProgressPanel("job-look", "the look", ["g4dn.xlarge"])
+for k in range(12):
+    view.apply({"type": "epoch", "seq": k + 1, "data": {"epoch": k, "epochs": 12,
+                "logs": {"loss": 2.0 / (k + 1) ** 2, "val_loss": 2.2 / (k + 1) ** 1.5, "accuracy": 1 - 0.5 / (k + 1)}}})
+view.apply({"type": "status", "seq": 20, "data": {"status": v.COMPLETED, "substatus": v.SUB_COMPLETED}})
+panel.update(view)
+with panel.after_fit():
+    print("final validation accuracy: 0.9899")
+display(panel)
+"""
+
+
+def _look_notebook(dest: Path) -> None:
+    cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": LOOK_CELL}
+    kernel = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb = {"cells": [cell], "metadata": {"kernelspec": kernel}, "nbformat": 4, "nbformat_minor": 5}
+    (dest / "look.ipynb").write_text(json.dumps(nb))
+
+
+def _poor_contrast(page: Any, root: str) -> set[str]:
+    """HTML text under `root` (the chart's SVG text is bqplot's own) that reads below WCAG AA against its background."""
+    texts = [t for t in text_contrast(page, root) if not t["cls"].startswith("[object SVG")]
+    assert len(texts) > 10, f"{root} shows text"
+    return {f"{t['cls']} {t['text']!r}: {t['ratio']:.2f} ({t['fg']} on {t['bg']})" for t in texts if t["ratio"] < 4.5}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("theme", ["JupyterLab Dark", "JupyterLab Light"])
+def test_picker_and_panel_read_in_both_themes(
+    aibro_home: Path, client: BackendClient, tmp_path: Path, theme: str
+) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    _look_notebook(tmp_path)
+    env = {"AIBRO_HOME": str(aibro_home), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    env.update(jupyterlab_settings(tmp_path / "settings", theme))
+    with jupyterlab(tmp_path, env, ARTIFACTS / "jupyterlab-look.log") as (url, token), chromium_page() as page:
+        page.goto(f"{url}/lab/tree/look.ipynb?token={token}")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+        wait_kernel_idle(page)
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        _wait(page, lambda: page.locator(".aibro-nb-panel .aibro-nb-result pre").count(), "the picker and the panel")
+        dismiss_news_prompt(page)
+        dark = page.evaluate("document.body.dataset.jpThemeLight") == "false"
+        assert dark == (theme == "JupyterLab Dark"), f"JupyterLab runs {theme}"
+        for root in (".aibro-nb-picker", ".aibro-nb-panel"):
+            poor = _poor_contrast(page, root)
+            assert not poor, f"{theme}: text that does not read against its background in {root}: {poor}"
+        heads = page.locator(".aibro-nb-picker .aibro-nb-head").all_inner_texts()
+        assert [h.strip() for h in heads][:3] == ["machine", "provider", "GPU"], heads
+        for head in page.locator(".aibro-nb-picker .aibro-nb-head button").all():
+            assert head.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), f"a cramped header: {head.inner_text()}"
+        name = theme.split()[-1].lower()
+        page.locator(".aibro-nb-picker").screenshot(path=str(ARTIFACTS / f"picker-{name}.png"))
+        page.locator(".aibro-nb-panel").screenshot(path=str(ARTIFACTS / f"panel-{name}.png"))

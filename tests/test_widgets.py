@@ -80,7 +80,8 @@ def _epoch(k: int, epochs: int, loss: float) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("epochs", "ticks"), [(1, [1]), (2, [1, 2]), (10, list(range(1, 11))), (30, [1, 5, 10, 15, 20, 25, 30])]
+    ("epochs", "ticks"),
+    [(1, [1]), (2, [1, 2]), (10, list(range(1, 11))), (12, [2, 4, 6, 8, 10, 12]), (30, [5, 10, 15, 20, 25, 30])],
 )
 def test_epoch_axis_ticks_are_whole_epochs(epochs: int, ticks: list[int]) -> None:
     assert epoch_ticks(epochs) == ticks
@@ -212,7 +213,9 @@ def test_picker_reads_like_a_marketplace() -> None:
         assert picker.visible_rows[0] == first, key
     assert "▼" in picker.sort_buttons["availability"].description
     labels = sorted(b.description for b in picker.add_buttons.values())
-    assert labels == ["+ on-demand $0.000", "+ on-demand $0.526", "+ spot $0.160", "+ spot $3.100"]
+    assert labels == ["+ on-demand", "+ on-demand", "+ spot", "+ spot"]
+    cells = [c.value for c in picker.grid.children if isinstance(c, w.HTML)]
+    assert "0.160" in cells and "0.526" in cells and "3.100" in cells, "spot and on-demand prices side by side"
     with pytest.raises(ValueError, match="sort by one of price, GPU"):
         picker.sort_by("colour")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from .style import STYLE, css_color
+from .style import STYLE, text_class
 
 HINT = (
     "Add machines in the order to try them, then press Start training (or pass --machine, or `%cloud_machines --use`)."
@@ -51,6 +51,10 @@ COLUMNS = ["machine", "provider", "GPU", "vCPU", "memory", "spot $/h", "on-deman
 SORTABLE = {"GPU": "GPU", "vCPU": "vCPU", "memory": "memory", "spot $/h": "price", "availability": "availability"}
 
 
+def _compact() -> w.Layout:
+    return w.Layout(width="auto", padding="0 6px", margin="0 2px")
+
+
 def marketplace_rows(offers: list[dict[str, Any]]) -> list[Row]:
     """Offers grouped by machine: `g4dn.xlarge` (spot) and `g4dn.xlarge.od` (on-demand) make one row."""
     ids = {o["machine_id"] for o in offers}
@@ -82,7 +86,14 @@ class MachinePicker(w.VBox):
         self.started = threading.Event()
         self.chosen: tuple[list[str], float] | None = None
         self.hint = w.HTML(f"{STYLE}<div class='aibro-nb-hint'>{html.escape(HINT)}</div>")
-        self.grid = w.GridBox(layout=w.Layout(grid_template_columns=f"repeat({len(COLUMNS)}, auto)"))
+        self.grid = w.GridBox(
+            layout=w.Layout(
+                grid_template_columns=f"repeat({len(COLUMNS)}, max-content)",
+                width="max-content",
+                max_width="100%",
+                overflow="auto",  # a narrow notebook scrolls the table rather than cutting it off
+            )
+        )
         self.grid.add_class("aibro-nb-grid")
         self.order = w.Select(options=[], rows=4, description="try in order", layout=w.Layout(width="420px"))
         self.order.style.description_width = "90px"
@@ -133,9 +144,7 @@ class MachinePicker(w.VBox):
         known = {o["machine_id"] for o in self.offers}
         mid = f"{machine_id}.od" if on_demand and f"{machine_id}.od" in known else machine_id
         if mid not in known:
-            self.message.value = (
-                f"<span style='color:{css_color('error')}'>no machine {html.escape(mid)} on offer</span>"
-            )
+            self.message.value = f"<span class='{text_class('error')}'>no machine {html.escape(mid)} on offer</span>"
             return
         if mid not in self.order.options:
             self.order.options = [*self.order.options, mid]
@@ -148,7 +157,7 @@ class MachinePicker(w.VBox):
     def start(self) -> None:
         machines = list(self.order.options)
         if not machines:
-            self.message.value = f"<span style='color:{css_color('error')}'>add at least one machine</span>"
+            self.message.value = f"<span class='{text_class('error')}'>add at least one machine</span>"
             return
         self.chosen = (machines, float(self.cool_down.value))
         self.start_button.disabled = True
@@ -166,7 +175,7 @@ class MachinePicker(w.VBox):
             key = SORTABLE.get(col)
             if key:
                 arrow = (" ▼" if self.descending else " ▲") if key == self.sort_key else ""
-                b = self.sort_buttons.get(key) or w.Button(tooltip=f"sort by {key}")
+                b = self.sort_buttons.get(key) or w.Button(tooltip=f"sort by {key}", layout=_compact())
                 b.description = f"{col}{arrow}"
                 if key not in self.sort_buttons:
                     b.on_click(lambda _b, k=key: self.sort_by(k))
@@ -196,7 +205,7 @@ class MachinePicker(w.VBox):
             buttons = []
             for variant, label in ((r.spot, "spot"), (r.on_demand, "on-demand")):
                 if variant:
-                    buttons.append(self._add_button(variant[0], f"+ {label} ${variant[1]:.3f}"))
+                    buttons.append(self._add_button(variant[0], f"+ {label}"))
             box = w.HBox(buttons)
             box.add_class("aibro-nb-cell")
             cells.append(box)
@@ -205,7 +214,7 @@ class MachinePicker(w.VBox):
     def _add_button(self, machine_id: str, label: str) -> w.Button:
         b = self.add_buttons.get(machine_id)
         if b is None:
-            b = w.Button(description=label, tooltip=f"add {machine_id} to the list", layout=w.Layout(width="auto"))
+            b = w.Button(description=label, tooltip=f"add {machine_id} to the list", layout=_compact())
             b.on_click(lambda _b: self._append(machine_id))
             self.add_buttons[machine_id] = b
         return b

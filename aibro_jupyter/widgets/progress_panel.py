@@ -19,7 +19,7 @@ import ipywidgets as w
 from aibro_core import vocabulary as v
 
 from ..progress import JobView, format_logs, local_notice
-from .style import STYLE, css_color
+from .style import STYLE, text_class
 
 STEPS = v.SUBSTATUS_ORDER
 TRAIN_COLOR, VAL_COLOR = "#1f77b4", "#ff7f0e"  # readable on JupyterLab's light and dark backgrounds alike
@@ -178,8 +178,8 @@ class ProgressPanel(w.VBox):
         self.status, self.substatus = view.status, view.substatus
         self._render_stepper()
         if ev is not None and local_notice(ev):
-            color = css_color("warn" if ev["data"].get("level") == "warning" else "ok")
-            self.notice.value = f'<small style="color:{color}">{html.escape(local_notice(ev) or "")}</small>'
+            cls = text_class("warn" if ev["data"].get("level") == "warning" else "ok")
+            self.notice.value = f'<small class="{cls}">{html.escape(local_notice(ev) or "")}</small>'
         if view.epochs:
             self.epoch_bar.max = view.epochs
         self.epoch_bar.value = len(view.history)
@@ -288,11 +288,12 @@ class _Tee:
 
 
 def epoch_ticks(epochs: int, most: int = 10) -> list[int]:
-    """Whole epoch numbers for the x-axis: every epoch up to `most`, else a round step (2, 5, 10, 20, 50, …)."""
+    """Whole epoch numbers for the x-axis: every epoch up to `most`, else the multiples of a round step (2, 5, 10,
+    20, 50, …)."""
     if epochs <= most:
         return list(range(1, epochs + 1))
     step = next(s for m in (1, 10, 100, 1000, 10000) for s in (1 * m, 2 * m, 5 * m) if epochs / s <= most)
-    return [1, *range(step, epochs + 1, step)]
+    return list(range(step, epochs + 1, step))
 
 
 def _num(val: Any) -> float:

@@ -5,18 +5,12 @@ sidebar has its own aibro-* names)."""
 
 from __future__ import annotations
 
-_COLORS = {
-    "ok": "var(--jp-success-color1, #388e3c)",
-    "warn": "var(--jp-warn-color1, #f57c00)",
-    "error": "var(--jp-error-color1, #d32f2f)",
-    "running": "var(--jp-brand-color1, #1976d2)",
-    "muted": "var(--jp-ui-font-color3, #999)",
-}
 
-
-def css_color(kind: str) -> str:
-    """A theme color for a kind of message: ok, warn, error, running, muted."""
-    return _COLORS[kind]
+def text_class(kind: str) -> str:
+    """The class of a message's text by kind (ok, warn, error): a theme colour that reads on light and dark."""
+    if kind not in ("ok", "warn", "error"):
+        raise ValueError(f"kind must be ok, warn or error, not {kind!r}")
+    return f"aibro-nb-text-{kind}"
 
 
 STYLE = """<style>
@@ -30,9 +24,14 @@ STYLE = """<style>
 .aibro-nb-ok { border-color: var(--jp-success-color1); }
 .aibro-nb-warn { border-color: var(--jp-warn-color1); }
 .aibro-nb-error { border-color: var(--jp-error-color1); color: var(--jp-error-color1); }
-.aibro-nb-step-done { color: var(--jp-success-color1); }
+.aibro-nb-step-done, .aibro-nb-text-ok { color: var(--jp-success-color1); }
+.aibro-nb-text-warn { color: var(--jp-warn-color1); }
+.aibro-nb-text-error { color: var(--jp-error-color1); }
+[data-jp-theme-light="true"] .aibro-nb-step-done, [data-jp-theme-light="true"] .aibro-nb-text-ok {
+  color: var(--jp-success-color0); }
+[data-jp-theme-light="true"] .aibro-nb-text-warn { color: var(--jp-warn-color0); }
 .aibro-nb-step-now { color: var(--jp-brand-color1); font-weight: bold; }
-.aibro-nb-step-todo { color: var(--jp-ui-font-color3); }
+.aibro-nb-step-todo { color: var(--jp-ui-font-color2); }
 .aibro-nb-step-canceled { color: var(--jp-error-color1); font-weight: bold; }
 .aibro-nb-caption { color: var(--jp-ui-font-color2); font-size: var(--jp-ui-font-size0); margin: 2px 0; }
 .aibro-nb-scroll { max-height: 230px; overflow-y: auto; border: 1px solid var(--jp-border-color2); }
@@ -50,7 +49,7 @@ STYLE = """<style>
 .aibro-nb-result pre { background: var(--jp-cell-editor-background); color: var(--jp-content-font-color1);
   border: 1px solid var(--jp-border-color2); padding: 4px 8px; margin: 2px 0; white-space: pre-wrap; }
 .aibro-nb-grid { display: grid; gap: 0; border: 1px solid var(--jp-border-color2); width: max-content; }
-.aibro-nb-grid .aibro-nb-cell { padding: 3px 10px; border-bottom: 1px solid var(--jp-border-color3);
+.aibro-nb-grid .aibro-nb-cell { padding: 3px 6px; border-bottom: 1px solid var(--jp-border-color3);
   font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); white-space: nowrap;
   color: var(--jp-ui-font-color1); line-height: 26px; }
 .aibro-nb-grid .aibro-nb-head { background: var(--jp-layout-color2); }
