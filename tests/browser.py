@@ -130,18 +130,20 @@ def jupyterlab_settings(root: Path, theme: str) -> dict[str, str]:
     return {"JUPYTERLAB_SETTINGS_DIR": str(root)}
 
 
-def gallery_shot(target: Any, name: str, until: Any = None) -> Path:
+def gallery_shot(target: Any, name: str, until: Any = None, toasts: bool = False) -> Path:
     """Screenshot `target` (a page or a locator) into docs/screenshots/NAME.png for docs/gallery.md; with
-    `until` (a locator inside it), only down to that element's bottom, so a tall sidebar's blank end is left out."""
+    `until` (a locator inside it), only down to that element's bottom, so a tall sidebar's blank end is left out.
+    Notifications are hidden from the picture unless `toasts` (they would cover what it shows)."""
     GALLERY.mkdir(parents=True, exist_ok=True)
     path = GALLERY / f"{name}.png"
+    style = "" if toasts else ".Toastify__toast-container { visibility: hidden !important; }"
     if until is None:
-        target.screenshot(path=str(path))  # not animations="disabled": that ends a toast's auto-close timer
+        target.screenshot(path=str(path), style=style)  # not animations="disabled": it ends a toast's timer
     else:
         top, end = target.bounding_box(), until.bounding_box()
         height = min(top["height"], end["y"] + end["height"] - top["y"] + 8)
         clip = {"x": top["x"], "y": top["y"], "width": top["width"], "height": height}
-        target.page.screenshot(path=str(path), clip=clip)
+        target.page.screenshot(path=str(path), clip=clip, style=style)
     assert path.stat().st_size < GALLERY_MAX_BYTES, f"{path} is {path.stat().st_size} bytes: shoot a smaller part"
     return path
 

@@ -282,3 +282,5 @@ def test_picker_and_panel_read_in_both_themes(
         name = theme.split()[-1].lower()
         page.locator(".aibro-nb-picker").screenshot(path=str(ARTIFACTS / f"picker-{name}.png"))
         page.locator(".aibro-nb-panel").screenshot(path=str(ARTIFACTS / f"panel-{name}.png"))
+        gallery_shot(page.locator(".aibro-nb-picker"), f"picker-{name}")
+        gallery_shot(page.locator(".aibro-nb-panel"), f"panel-{name}")

@@ -177,7 +177,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         toast = page.locator(".Toastify__toast", has_text="sidebar short job").first
         toast.hover()  # a hovered toast stays (its auto-close pauses) while it is photographed
         page.wait_for_timeout(1000)
-        gallery_shot(toast, "notification")
+        gallery_shot(toast, "notification", toasts=True)
         page.mouse.move(0, 0)
         assert _card(page, short).get_attribute("data-status") == "COMPLETED" and _epochs(page, short) == 2
         page.screenshot(path=str(ARTIFACTS / "sidebar-completed.png"))
