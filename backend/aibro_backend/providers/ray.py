@@ -71,6 +71,8 @@ from typing import Any
 from .ray_bridge import INSTALL_HINT, LIVE, NAMESPACE, gcs_refusal
 from .ray_machines import build_machines, fits, need_text
 
+LOST_WITH_CLUSTER_S = 10.0  # an instance lost this shortly before its whole cluster was lost with the cluster
+
 __all__ = ["RayClusterError", "RayProvider", "RayUnavailable", "build_machines", "fits", "gcs_refusal", "need_text"]
 
 
@@ -269,11 +271,14 @@ class RayProvider:
             self._cluster_error = self._fatal
 
     def _cluster_lost(self, message: str) -> None:
+        """Every live instance is lost with the cluster; so is one lost moments before (its node went down first,
+        as `ray stop` reaches the nodes one by one): the cluster, not the node, is why."""
         self._cluster_error = message
         self._connected = False
+        now = time.time()
         for rec in self._instances.values():
-            if rec["state"] in LIVE:
-                rec["state"], rec["message"], rec["updated"] = "lost", message, time.time()
+            if rec["state"] in LIVE or (rec["state"] == "lost" and now - rec["updated"] < LOST_WITH_CLUSTER_S):
+                rec["state"], rec["message"], rec["updated"] = "lost", message, now
 
     def _record(self, instance_id: str, machine_id: str | None, state: str) -> dict[str, Any]:
         return {
