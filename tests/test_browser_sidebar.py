@@ -26,6 +26,7 @@ from browser import (
     jupyterlab,
     open_sidebar,
     outside_their_box,
+    text_contrast,
     wait_until,
 )
 
@@ -189,6 +190,8 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         assert _card(page, failing).locator(".aibro-job-error").inner_text(), "the card says why it failed"
         _no_cancel_on_final_cards(page)
         _inside(page, "jobs, all ended, one failed")
+        poor = [t for t in text_contrast(page, "#aibro-cloud-training") if t["ratio"] < 4.5]
+        assert not poor, f"text that does not read against its background (WCAG AA): {poor}"
 
         page.context.set_offline(True)  # the browser loses the server while a job starts and ends
         page.wait_for_selector(".aibro-connection[data-state=reconnecting]", timeout=60_000)

@@ -113,6 +113,10 @@ def test_sidebar_reads_in_dark_and_light_theme_and_sorts_a_two_provider_marketpl
         _inside(page, "dark, jobs")
         _readable(page, "dark, jobs")
         gallery_shot(page.locator(SIDEBAR), "sidebar-jobs-dark", until=card)
+        page.locator(".aibro-tab", has_text="Instances").click()
+        page.locator(".aibro-instance[data-status=COOLING]").first.wait_for(timeout=60_000)
+        _inside(page, "dark, instances")
+        _readable(page, "dark, instances")
 
         page.locator(".aibro-tab", has_text="Machines").click()
         offers = {m["machine_id"]: m for m in client.machines()}
@@ -150,3 +154,5 @@ def test_sidebar_reads_in_dark_and_light_theme_and_sorts_a_two_provider_marketpl
         gallery_shot(page.locator(SIDEBAR), "sidebar-machines", until=page.locator(".aibro-machine-scroll"))
         page.locator(".aibro-tab", has_text="Jobs").click()
         _readable(page, "light, jobs")
+        page.locator(".aibro-tab", has_text="Instances").click()
+        _readable(page, "light, instances")
