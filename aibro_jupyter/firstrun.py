@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 
 from . import config
 
 
 def embedded_note() -> str | None:
-    """The daemon the run started (or reused) keeps running, with a warm worker for the job's cool-down: say so,
-    with its pid, URL, home and log, and the command that stops it. None when a configured backend is in use."""
+    """The daemon the run started (or reused) keeps running, with warm workers (the job's for its cool-down, and the
+    spare the embedded backend keeps): say so, with its pid, URL, home and log, and the command that stops them.
+    None when a configured backend is in use."""
     if config.configured_target() or config.embedded_target() is None:
         return None
     try:
         info = json.loads((config.home() / "backend.json").read_text())
     except (OSError, ValueError):
         return None
+    spare = ", and a spare one ready for the next job" if os.environ.get("AIBRO_SPARE_WORKER") != "0" else ""
     return (
         f"The aibro backend keeps running in the background (pid {info.get('pid')}, {info.get('url', '')}, "
         f"home {config.home()}, log {config.home() / 'backend.log'});\n"
-        "its worker process stays warm (about 750 MB of memory) until the job's cool-down ends.\n"
-        "Stop both with: aibro backend stop"
+        f"its workers stay warm (about 750 MB of memory each): the job's until its cool-down ends{spare}.\n"
+        "Stop the backend and its workers with: aibro backend stop"
     )

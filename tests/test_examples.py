@@ -90,7 +90,7 @@ def test_quickstart_streams_its_epochs_and_says_the_backend_keeps_running(
     tail = "\n".join(run.stdout[-4:])
     assert "keeps running in the background" in tail and target.url in tail, tail
     assert str(aibro_home / "backend.log") in tail, "where its log is"
-    assert run.stdout[-1] == "Stop both with: aibro backend stop", tail
+    assert run.stdout[-1].endswith("Stop the backend and its workers with: aibro backend stop"), tail
 
 
 def test_aibro_fit_prints_no_native_lines_and_no_optimizer_warning(
