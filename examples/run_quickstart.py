@@ -33,7 +33,10 @@ class StreamingClient(NotebookClient):
         out = super().output(outs, msg, display_id, cell_index)
         kind = msg["msg_type"]
         content = msg["content"]
-        if kind == "stream":
+        if kind == "stream" and content.get("name") == "stderr":  # a cell's warnings: the terminal's stderr
+            sys.stderr.write("".join(line for line in content.get("text", "").splitlines(True) if not _chatter(line)))
+            sys.stderr.flush()
+        elif kind == "stream":
             self._write(content.get("text", ""))
         elif kind in ("execute_result", "display_data"):
             data = content.get("data", {})

@@ -214,6 +214,7 @@ def test_ctrl_c_detaches_and_never_cancels(kernel, client) -> None:  # noqa: ANN
     assert not res.error, f"Ctrl-C is not an error here: {res.error}"
     job = next(j for j in reversed(client.jobs()) if j["description"] == "interrupted")
     assert f"Attach again with: %cloud_attach {job['job_id']}" in res.stdout
+    assert any("DETACHED" in str(st.get("value", "")) for _cid, st in res.updates), "the panel says it is detached"
     time.sleep(2)
     assert client.job(job["job_id"])["status"] == "TRAINING", "the job keeps training"
     client.cancel(job["job_id"])
