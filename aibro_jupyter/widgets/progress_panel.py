@@ -40,6 +40,7 @@ class ProgressPanel(w.VBox):
         self.detached = threading.Event()
         self._on_cancel: Callable[[], None] | None = None
         self._ended_at: float | None = None
+        self._last_view: JobView | None = None  # the final picture, for the result line
         self.header = w.HTML(STYLE + self._header_html(description, machines or []))
         self.state = w.HTML()
         self.state.add_class("aibro-nb-state")
@@ -208,7 +209,7 @@ class ProgressPanel(w.VBox):
 
     def _final_html(self, view: JobView | None = None) -> str:
         """The job's result line: its final status, epochs and last epoch's metrics."""
-        view = view or getattr(self, "_last_view", None)
+        view = view or self._last_view
         if view is None:
             return ""
         logs = view.history[max(view.history)]["logs"] if view.history else {}
