@@ -126,6 +126,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         assert drawn >= grown, "one curve point per epoch seen"
         active = sum(j["status"] not in ("COMPLETED", "CANCELED") for j in client.jobs())
         assert page.locator(".aibro-statusbar").inner_text().startswith(f"☁ {active} training") and active >= 1
+        assert page.locator(".aibro-tab[data-tab=jobs] .aibro-badge").inner_text() == str(active), "Jobs tab count"
         page.screenshot(path=str(ARTIFACTS / "sidebar-live.png"))
         page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
         card.locator(".aibro-copy").click()

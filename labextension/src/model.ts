@@ -14,6 +14,8 @@ export type Connection = 'connecting' | 'live' | 'reconnecting';
 
 const WAIT_S = 25;
 const INSTANCE_REFRESH_MS = 5000;
+/** Offers change slowly (spot prices, a Ray cluster's free nodes): the marketplace is fetched again this often. */
+const MACHINE_REFRESH_MS = 30000;
 
 export class JobsModel {
   jobs = new Map<string, IJob>();
@@ -33,6 +35,7 @@ export class JobsModel {
   private changedSignal = new Signal<this, void>(this);
   private finishedSignal = new Signal<this, IJob>(this);
   private instanceTimer: number | undefined;
+  private machinesFetched = 0;
 
   get changed(): ISignal<this, void> {
     return this.changedSignal;
@@ -54,6 +57,9 @@ export class JobsModel {
     this.instanceTimer = window.setInterval(() => {
       if (this.connection === 'live') {
         void this.refreshInstances();
+        if (Date.now() - this.machinesFetched > MACHINE_REFRESH_MS) {
+          void this.refreshMachines();
+        }
       }
     }, INSTANCE_REFRESH_MS);
   }
@@ -140,12 +146,22 @@ export class JobsModel {
         this.finishedSignal.emit(job); // it ended while the stream was down or before we knew the job
       }
     });
-    if (!this.machines.length) {
-      this.machines = (await api.machines()).machines;
-    }
+    await this.refreshMachines(false);
     await this.refreshInstances(false);
     this.setConnection('live');
     this.changedSignal.emit();
+  }
+
+  private async refreshMachines(emit = true): Promise<void> {
+    this.machinesFetched = Date.now();
+    try {
+      this.machines = (await api.machines()).machines;
+    } catch {
+      return; // the event loop notices a lost backend and says so
+    }
+    if (emit) {
+      this.changedSignal.emit();
+    }
   }
 
   private async refreshInstances(emit = true): Promise<void> {

@@ -450,7 +450,9 @@ export class CloudSidebar extends Widget {
       tr.lastElementChild!.setAttribute('data-availability', m.availability);
       table.appendChild(tr);
     });
+    const left = this.machineScroll.scrollLeft; // a refresh leaves the table scrolled where the user put it
     this.machineScroll.replaceChildren(table);
+    this.machineScroll.scrollLeft = left;
   }
 
   private tick(): void {
