@@ -67,7 +67,7 @@ def _column(page: Any, index: int) -> list[str]:
 
 def _price(text: str) -> float:
     first = text.split("\n")[0]
-    return 0.0 if first == "free" else float(first.lstrip("$"))
+    return 0.0 if first == "free" else float(first.lstrip("<$"))
 
 
 def _sorted_by(page: Any, label: str, index: int, key: Any) -> None:

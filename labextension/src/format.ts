@@ -28,14 +28,14 @@ export function money(value: number): string {
 }
 
 /**
- * An hourly price the way clouds list them ("$0.526", "$32.77"; a cent or less keeps two significant digits),
+ * An hourly price the way clouds list them ("$0.526", "$32.77", "<$0.001" for less than a tenth of a cent),
  * "free" for a machine that costs nothing (local, a Ray cluster of one's own).
  */
 export function price(value: number | null | undefined): string {
   if (!value) {
     return 'free';
   }
-  return `$${value < 0.01 ? value.toPrecision(2) : value.toFixed(value < 10 ? 3 : 2)}`;
+  return value < 0.001 ? '<$0.001' : `$${value.toFixed(value < 10 ? 3 : 2)}`;
 }
 
 /** A backend timestamp (seconds) as the browser's local wall-clock time, "17:04:09". */
