@@ -212,7 +212,7 @@ def test_killing_the_node_resumes_on_the_other_one_with_every_epoch_once(
 ) -> None:
     client = backend.client()
     x, y = slow_data(3000)
-    epochs = 6
+    epochs = 16  # enough left after the kill that the job cannot finish before its node's loss is noticed
     job_id = Training(client).submit(
         make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=epochs, description="node killed"
     )["job_id"]
