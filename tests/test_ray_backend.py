@@ -185,9 +185,10 @@ def test_a_job_waiting_for_a_gpu_says_so_then_passes_over_after_wait_request_s(
     x, y = slow_data(3000)
     training = Training(client)
     busy = [
-        training.submit(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=8, description=f"busy {k}")
+        training.submit(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=80, description=f"busy {k}")
         for k in range(2)
     ]
+    # Long (canceled below): a busy job that ended early would free node b and let Ray place the GPU job.
     until("both nodes busy", lambda: all(client.job(j["job_id"])["status"] == v.TRAINING for j in busy))
     gpu = training.submit(
         make_model(), x[:200], y[:200], machine_ids=["ray-gpu1", "local-cpu"], epochs=1, wait_request_s=20
