@@ -1,15 +1,17 @@
 """The backend with the Ray provider on (issue 12), against a real Ray cluster on this host (tests/ray_cluster.py:
 a head and two worker nodes of 1 CPU each; node b also says it has 1 GPU, which Ray takes as given), through a
 real backend process (`--provider ray --ray-address ADDRESS`): a refused address, online_fit on ray-cpu1 to
-COMPLETED, three jobs over two nodes (placement in the instances view; the third waits with the cluster's words),
-a job waiting for a GPU passed over to its fallback after wait_request_s, a killed node resumed from the last
-checkpoint on the other node with every epoch once, and `ray stop` of the whole cluster failing the job with the
-cluster named. The cluster and the backend are started once for the module (each `ray start` is slow here); the
-cluster-stopping test runs last."""
+COMPLETED, a `%%cloud_fit` cell in a real kernel training on ray-cpu1 unchanged (issue 12 item 6), three jobs
+over two nodes (placement in the instances view; the third waits with the cluster's words), a job waiting for a
+GPU passed over to its fallback after wait_request_s, a killed node resumed from the last checkpoint on the other
+node with every epoch once, and `ray stop` of the whole cluster failing the job with the cluster named. The
+cluster and the backend are started once for the module (each `ray start` is slow here); the cluster-stopping
+test runs last."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 from backend_proc import OwnBackend, own_backend
+from kernel_helpers import run_cell, start_kernel
 from ray_cluster import POOL, RayCluster, free_port, ray_available, start_cluster
 
 from aibro_core import vocabulary as v
@@ -138,6 +141,74 @@ def test_online_fit_on_ray_cpu1_completes_on_a_node(
     inst = instance(client, job["instance_id"])
     assert inst["provider"] == "ray" and [h[0] for h in inst["history"]][:2] == [v.LAUNCHING, v.EXECUTING]
     until("the instance closed (no cool-down)", lambda: instance(client, job["instance_id"])["status"] == v.CLOSED)
+    until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
+
+
+KERNEL_SETUP = """
+%load_ext aibro_jupyter
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import keras
+from sklearn.datasets import load_digits
+d = load_digits()
+x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
+x_train, y_train, x_val, y_val = x[:1400], y[:1400], x[1400:], y[1400:]
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+print("UNTRAINED", round(model.evaluate(x_val, y_val, verbose=0)[1], 4))
+"""
+KERNEL_FIT = """%%cloud_fit --machine ray-cpu1 --cool-down 60 --description "kernel on ray"
+history = model.fit(x_train, y_train, epochs=4, batch_size=32, validation_data=(x_val, y_val))
+acc = model.evaluate(x_val, y_val, verbose=0)[1]
+print("FINAL", round(acc, 4), round(history.history["val_accuracy"][-1], 4))
+"""
+
+
+def test_cloud_fit_in_a_kernel_trains_on_a_ray_machine_unchanged(
+    backend: OwnBackend, cluster: RayCluster, tmp_path: Path
+) -> None:
+    """Issue 12 item 6: the magics as a notebook user runs them, with nothing Ray-specific but the machine id."""
+    client = backend.client()
+    env = {"AIBRO_HOME": str(tmp_path / "kernel-home"), "AIBRO_BACKEND_URL": backend.url, "AIBRO_TOKEN": backend.token}
+    km, kc = start_kernel(env, cwd=str(tmp_path))
+    try:
+        setup = run_cell(kc, KERNEL_SETUP, timeout=300)
+        assert not setup.error, setup.error
+        untrained = float(re.search(r"UNTRAINED (\S+)", setup.stdout).group(1))  # type: ignore[union-attr]
+        listed = run_cell(kc, "%cloud_machines", timeout=120)
+        assert not listed.error, listed.error
+        rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[2:] if line.strip()}
+        assert rows["ray-cpu1"][1] == "ray" and rows["ray-gpu1"][1] == "ray", listed.stdout
+        assert rows["local-cpu"][1] == "local", listed.stdout
+        res = run_cell(kc, KERNEL_FIT, timeout=600)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert not res.error, res.error + res.stdout[-3000:]
+    for k in range(1, 5):
+        assert res.stdout.count(f"Epoch {k}/4 ") == 1, res.stdout
+    final = re.search(r"FINAL (\S+) (\S+)", res.stdout)
+    assert final, res.stdout
+    assert res.stdout.index("FINAL") > res.stdout.index("Epoch 4/4 "), "the code after the fit ran after it"
+    assert final.group(1) == final.group(2), f"the trained weights came back into `model`: {res.stdout}"
+    assert float(final.group(1)) > max(0.5, untrained + 0.2), (untrained, res.stdout)
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "kernel on ray")
+    assert (job["status"], job["machine_id"], job["meta"]) == (v.COMPLETED, "ray-cpu1", {"variable": "model"}), job
+    inst = instance(client, job["instance_id"])
+    assert inst["provider"] == "ray" and inst["machine_id"] == "ray-cpu1", inst
+    placed = inst["placement"]
+    assert placed["node_id"] and placed["node_ip"] and placed["ray_address"] == cluster.address, placed
+    # The cool-down keeps the reservation: the instance cools on its node, holding one of the two CPUs.
+    until("the instance cooling", lambda: instance(client, job["instance_id"])["status"] == v.COOLING, 60)
+    assert node_of(cluster, job["instance_id"]) in {"a", "b"}
+    until(
+        "one CPU held while cooling",
+        lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 1,
+    )
+    client.terminate(job["instance_id"])
+    until("the instance closed", lambda: instance(client, job["instance_id"])["status"] == v.CLOSED)
     until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
 
 
