@@ -60,7 +60,7 @@ def assert_isolated(pid: int, home: Path, instance_id: str) -> dict[str, str]:
         assert name not in env, f"the worker's environment holds {name}={env[name]!r}"
     assert sorted(k for k in env if not allowed(k)) == [], "only allow-listed variables reach a worker"
     workdir = (home / "state" / "workers" / instance_id).resolve()
-    assert env["AIBRO_WORKER_DIR"] == str(home / "state" / "workers" / instance_id)
+    assert Path(env["AIBRO_WORKER_DIR"]).resolve() == workdir  # a spare's own directory, linked under the instance
     assert env["AIBRO_INSTANCE_ID"] == instance_id
     assert Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == workdir, "cwd is the worker's own private directory"
     assert env.get("PWD", str(workdir)) == str(workdir)

@@ -33,20 +33,26 @@ class EventBus:
             keys = [job_key(event["job_id"]), user_key(event["user_id"])]
         for key in keys:
             for fut in self._waiters.pop(key, ()):
-                if not fut.done():
-                    fut.set_result(None)
+                _release(fut)
 
     async def wait(self, timeout: float, key: Key) -> None:
-        """Return when an event under `key` is published, or after `timeout` seconds."""
-        fut = asyncio.get_running_loop().create_future()
+        """Return when an event under `key` is published, or after `timeout` seconds. A timer resolves the same
+        future a publish would (no asyncio.wait_for: nothing is cancelled when a long-poll simply runs out)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._waiters[key].add(fut)
+        timer = loop.call_later(max(0.0, timeout), _release, fut)
         try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            pass
+            await fut
         finally:
+            timer.cancel()
             waiting = self._waiters.get(key)
             if waiting is not None:
                 waiting.discard(fut)
                 if not waiting:
                     del self._waiters[key]
+
+
+def _release(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
