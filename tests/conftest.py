@@ -102,7 +102,9 @@ INVALID_BODY = r"tornado\.general WARNING .*Invalid body"  # tornado's own, for 
 EXPECTED_BY_MODULE: dict[str, list[str]] = {
     "test_api_inputs.py": [INVALID_BODY],
     "test_api_schema.py": [INVALID_BODY],
-    "test_security.py": [INVALID_BODY],
+    "test_security.py": [INVALID_BODY, r"tornado\.access WARNING 403 GET /api/v1/worker/"],
+    "test_enroll.py": [r"tornado\.access WARNING 401 POST /api/v1/worker/enroll"],
+    "test_sandbox.py": [r"tornado\.access WARNING 403 POST /api/v1/jobs "],
     "test_scheduler_requests.py": [r"aibro\.scheduler (ERROR|WARNING) "],
     "test_aws_backend.py": [r"aibro\.aws WARNING ", r"aibro\.scheduler WARNING "],
     "test_aws_provider.py": [r"aibro\.aws WARNING "],
