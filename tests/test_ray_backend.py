@@ -300,7 +300,9 @@ def test_killing_the_node_resumes_on_the_other_one_with_every_epoch_once(
     resumed = [
         e["data"]["message"] for e in events if e["type"] == v.EV_LOG and "resuming from" in e["data"]["message"]
     ]
-    assert resumed and "the Ray node" in resumed[0], resumed
+    # Which the backend notices first on a loaded box, the node's loss or its worker's SIGKILL, is a race: both say
+    # why the worker went, and either way the job resumes from its checkpoint on the other node.
+    assert resumed and ("the Ray node" in resumed[0] or "exited with code -9" in resumed[0]), resumed
 
 
 def test_ray_stop_fails_the_job_naming_the_cluster(backend: OwnBackend, cluster: RayCluster) -> None:
