@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import requests
 from backend_proc import own_backend
 
 
@@ -20,3 +24,42 @@ def test_a_missing_blob_head_is_not_a_warning_but_a_bad_token_is(tmp_path: Path)
     text = log.read_text()
     assert "HEAD /api/v1/blobs/" not in text, "a normal 404 HEAD is logged at DEBUG, below the log's level"
     assert "401 GET /api/v1/health" in text and logging.getLevelName(logging.WARNING) in text, text[-2000:]
+
+
+def test_long_polls_waiting_when_the_backend_stops_get_an_empty_answer_not_a_500(tmp_path: Path) -> None:
+    """A clean stop answers every waiting long-poll (no events) before the loop ends; a handler still waiting then
+    would be cancelled, and tornado answers a cancelled handler with a 500 that the log shows as an ERROR."""
+    home = tmp_path / "stopping"
+    answers: list[int] = []
+    with own_backend(home) as backend:
+        headers = {"Authorization": f"Bearer {backend.token}"}
+        cursor = requests.get(f"{backend.url}/api/v1/events", headers=headers, timeout=30).json()["cursor"]
+
+        def poll() -> None:
+            url = f"{backend.url}/api/v1/events"
+            answer = requests.get(url, params={"after": cursor, "wait": 60}, headers=headers, timeout=90)
+            answers.append(answer.status_code)
+
+        polls = [threading.Thread(target=poll) for _ in range(3)]
+        for t in polls:
+            t.start()
+        deadline = time.monotonic() + 30
+        while _established(backend.url) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        backend.proc.send_signal(signal.SIGTERM)
+        for t in polls:
+            t.join(timeout=60)
+        assert backend.proc.wait(timeout=60) == 0
+    assert answers == [200, 200, 200], answers
+    assert " 500 " not in backend.log.read_text()
+
+
+def _established(url: str) -> int:
+    """Connections open to the backend's port (from /proc/net/tcp): the long-polls are in."""
+    port = int(url.rsplit(":", 1)[1])
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        parts = line.split()
+        if int(parts[1].split(":")[1], 16) == port and parts[3] == "01":
+            count += 1
+    return count

@@ -530,6 +530,8 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    backend.bus.close()  # waiting long-polls answer (empty) instead of being cancelled with the loop
+    await asyncio.sleep(0.2)
     ticker.stop()
     sweeper.stop()
     reconciler.stop()

@@ -24,6 +24,13 @@ def user_key(user_id: int) -> Key:
 class EventBus:
     def __init__(self) -> None:
         self._waiters: defaultdict[Key, set[asyncio.Future]] = defaultdict(set)
+        self.closed = False
+
+    def close(self) -> None:
+        """The backend is stopping: every long-poll answers now (a task still waiting when the loop ends is
+        cancelled, and tornado answers a cancelled handler with a 500)."""
+        self.closed = True
+        self.publish()
 
     def publish(self, event: dict[str, Any] | None = None) -> None:
         """Wake the waiters of this event's job and user; with no event, every waiter."""
@@ -38,6 +45,8 @@ class EventBus:
     async def wait(self, timeout: float, key: Key) -> None:
         """Return when an event under `key` is published, or after `timeout` seconds. A timer resolves the same
         future a publish would (no asyncio.wait_for: nothing is cancelled when a long-poll simply runs out)."""
+        if self.closed:
+            return
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiters[key].add(fut)

@@ -171,8 +171,9 @@ class JobEventsHandler(UserHandler):
         deadline = time.monotonic() + wait
         job = store.job(job_id)  # status first: a final status is committed with its event, so none is missed
         events = store.events(job_id, after)
-        while not events and job["status"] not in v.JOB_FINAL and time.monotonic() < deadline:
-            await self.backend.bus.wait(deadline - time.monotonic(), job_key(job_id))
+        bus = self.backend.bus
+        while not events and job["status"] not in v.JOB_FINAL and time.monotonic() < deadline and not bus.closed:
+            await bus.wait(deadline - time.monotonic(), job_key(job_id))
             job = store.job(job_id)
             events = store.events(job_id, after)
         status, substatus = _job_state(job, store)
@@ -185,8 +186,9 @@ class UserEventsHandler(UserHandler):
         store = self.backend.store
         deadline = time.monotonic() + wait
         events = store.user_events(self.uid, after)
-        while not events and time.monotonic() < deadline:
-            await self.backend.bus.wait(deadline - time.monotonic(), user_key(self.uid))
+        bus = self.backend.bus
+        while not events and time.monotonic() < deadline and not bus.closed:
+            await bus.wait(deadline - time.monotonic(), user_key(self.uid))
             events = store.user_events(self.uid, after)
         cursor = events[-1]["gid"] if events else after
         self.send({"events": events, "cursor": cursor})
