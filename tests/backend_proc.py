@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -33,6 +34,18 @@ class OwnBackend:
 
     def client(self, token: str | None = None) -> BackendClient:
         return BackendClient(self.url, token or self.token)
+
+    def add_user(self, name: str) -> BackendClient:
+        """A second user, made as an admin would (`aibro backend add-user NAME`), and a client with their token."""
+        made = subprocess.run(
+            [sys.executable, "-m", "aibro_backend.accounts", "add-user", name, "--home", str(self.home)],
+            env=user_env(self.home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert made.returncode == 0, made.stderr
+        return self.client(re.search(r"--token=(\S+)", made.stdout).group(1))
 
     def rss_kib(self) -> int:
         """The backend's resident memory now, from /proc (VmRSS, KiB)."""

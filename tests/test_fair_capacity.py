@@ -3,19 +3,15 @@ user's queued job, and a queued job says what it waits for."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 from backend_proc import own_backend
 
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
-from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import slow_data, user_env, wait_for
+from helpers import slow_data, wait_for
 
 
 def _final(events: list[dict]) -> bool:
@@ -26,15 +22,7 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
     home = tmp_path / "shared"
     with own_backend(home, AIBRO_LOCAL_CAPACITY="1") as backend:
         alice = backend.client()
-        made = subprocess.run(
-            [sys.executable, "-m", "aibro_backend.accounts", "add-user", "bob", "--home", str(home)],
-            env=user_env(home),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert made.returncode == 0, made.stderr
-        bob = BackendClient(alice.url, re.search(r"--token=(\S+)", made.stdout).group(1))
+        bob = backend.add_user("bob")
         x, y = slow_data(3000)
         first = Training(alice).submit(
             make_model(), x, y, machine_ids="local-cpu", epochs=3, batch_size=16, cool_down_period_s=600

@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,10 +27,9 @@ from aibro_core import vocabulary as v  # noqa: E402
 from aibro_core.errors import ApiError  # noqa: E402
 from aibro_jupyter import Training  # noqa: E402
 from aibro_jupyter.blobsource import ArraySource, BytesSource  # noqa: E402
-from aibro_jupyter.client import BackendClient  # noqa: E402
 
 from conftest import make_model  # noqa: E402
-from helpers import backend_db, slow_data, user_env, wait_for  # noqa: E402
+from helpers import backend_db, slow_data, wait_for  # noqa: E402
 
 PART = 5 * 1024 * 1024  # S3's smallest part: the test's arrays are a little over it
 PREFIX = "jobs/"
@@ -50,15 +47,7 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         args = ("--provider", "aws", "--aws-config", str(config))
         with own_backend(home, *args, AIBRO_S3_PART_BYTES=str(PART), **env) as b:
             with PlayedInstances(backend_id, b.url, root / "machines", env) as played:
-                made = subprocess.run(
-                    [sys.executable, "-m", "aibro_backend.accounts", "add-user", "mallory", "--home", str(home)],
-                    env=user_env(home),
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
-                assert made.returncode == 0, made.stderr
-                other = BackendClient(b.url, re.search(r"--token=(\S+)", made.stdout).group(1))
+                other = b.add_user("mallory")
                 s3 = account["session"].client("s3")
                 yield {"backend": b, "played": played, "s3": s3, "bucket": account["bucket"], "other": other}
 

@@ -5,10 +5,7 @@ next one; it is never handed to another user, goes away with the backend, and is
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,10 +13,9 @@ from backend_proc import own_backend
 
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
-from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import instance_pid, user_env, wait_for, worker_process
+from helpers import instance_pid, wait_for, worker_process
 
 
 def _final(events: list[dict]) -> bool:
@@ -79,15 +75,7 @@ def test_the_first_job_runs_on_the_spare_and_a_new_spare_follows(tmp_path: Path,
 def test_a_spare_is_never_handed_to_another_user(tmp_path: Path, digits) -> None:  # noqa: ANN001
     home = tmp_path / "shared"
     with own_backend(home, AIBRO_SPARE_WORKER="1") as backend:
-        made = subprocess.run(
-            [sys.executable, "-m", "aibro_backend.accounts", "add-user", "bob", "--home", str(home)],
-            env=user_env(home),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert made.returncode == 0, made.stderr
-        bob = BackendClient(backend.url, re.search(r"--token=(\S+)", made.stdout).group(1))
+        bob = backend.add_user("bob")
         spare = wait_spare(home)  # started for the backend's own user, "local"
         x, y = digits[0][:128], digits[1][:128]
         job = Training(bob).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=0)
