@@ -11,6 +11,29 @@ from typing import Any
 from jupyter_client.manager import KernelManager
 
 
+def digits_setup(tile: int = 1, then: str = "") -> str:
+    """A kernel's set-up cell: the digits split 1400 / rest (x_train tiled `tile` times for longer epochs), `build()`
+    for a small compiled model, then `then`, then `%load_ext aibro_jupyter`."""
+    return f"""
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import numpy as np, keras
+from sklearn.datasets import load_digits
+d = load_digits()
+x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
+x_train, y_train = np.tile(x[:1400], ({tile}, 1)), np.tile(y[:1400], {tile})
+x_val, y_val = x[1400:], y[1400:]
+keras.utils.set_random_seed(0)
+def build():
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+    m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+{then}
+%load_ext aibro_jupyter
+"""
+
+
 @dataclass
 class CellResult:
     msg_id: str = ""

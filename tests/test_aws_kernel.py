@@ -18,29 +18,14 @@ pytest.importorskip("flask", reason="moto's server mode needs moto[server]")
 
 from aws_moto import PlayedInstances, make_account, moto_server, write_config  # noqa: E402
 from backend_proc import own_backend  # noqa: E402
-from kernel_helpers import CellResult, run_cell, start_kernel  # noqa: E402
+from kernel_helpers import CellResult, digits_setup, run_cell, start_kernel  # noqa: E402
 
 from aibro_backend.costs import billed_seconds, instance_cost  # noqa: E402
 from aibro_backend.providers.aws_catalog import offers  # noqa: E402
 from aibro_backend.providers.aws_config import load_aws_config  # noqa: E402
 from aibro_core import vocabulary as v  # noqa: E402
 
-SETUP = """
-import os
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import numpy as np, keras
-from sklearn.datasets import load_digits
-d = load_digits()
-x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
-x_train, y_train, x_val, y_val = x[:1400], y[:1400], x[1400:], y[1400:]
-keras.utils.set_random_seed(0)
-def build():
-    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-    m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return m
-%load_ext aibro_jupyter
-"""
+SETUP = digits_setup()
 MACHINES = "g4dn.xlarge.od,g4dn.xlarge"
 OD_PRICE = next(o for o in offers("us-east-1") if o["machine_id"] == "g4dn.xlarge.od")["price_per_hour"]
 

@@ -9,28 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from kernel_helpers import CellResult, click, drain, run_cell, start_kernel
+from kernel_helpers import CellResult, click, digits_setup, drain, run_cell, start_kernel
 
 from helpers import wait_for
 
-SETUP = """
-import os
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import numpy as np, keras
-from sklearn.datasets import load_digits
-d = load_digits()
-x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
-x_train, y_train, x_val, y_val = x[:1400], y[:1400], x[1400:], y[1400:]
-keras.utils.set_random_seed(0)
-def build():
-    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-    m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return m
-model = build()
-model_id = id(model)
-%load_ext aibro_jupyter
-"""
+SETUP = digits_setup(then="model = build()\nmodel_id = id(model)")
 
 
 @pytest.fixture(scope="module")

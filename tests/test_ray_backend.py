@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from backend_proc import OwnBackend, own_backend
-from kernel_helpers import run_cell, start_kernel
+from kernel_helpers import digits_setup, run_cell, start_kernel
 from ray_cluster import POOL, RayCluster, free_port, ray_available, start_cluster
 
 from aibro_core import vocabulary as v
@@ -144,21 +144,8 @@ def test_online_fit_on_ray_cpu1_completes_on_a_node(
     until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
 
 
-KERNEL_SETUP = """
-%load_ext aibro_jupyter
-import os
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import keras
-from sklearn.datasets import load_digits
-d = load_digits()
-x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
-x_train, y_train, x_val, y_val = x[:1400], y[:1400], x[1400:], y[1400:]
-keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-print("UNTRAINED", round(model.evaluate(x_val, y_val, verbose=0)[1], 4))
-"""
+UNTRAINED = 'model = build()\nprint("UNTRAINED", round(model.evaluate(x_val, y_val, verbose=0)[1], 4))'
+KERNEL_SETUP = digits_setup(then=UNTRAINED)
 KERNEL_FIT = """%%cloud_fit --machine ray-cpu1 --cool-down 60 --description "kernel on ray"
 history = model.fit(x_train, y_train, epochs=4, batch_size=32, validation_data=(x_val, y_val))
 acc = model.evaluate(x_val, y_val, verbose=0)[1]

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kernel_helpers
 import numpy as np
 import pytest
 import requests
@@ -183,23 +184,7 @@ history = model.fit(x_train, y_train, epochs=4, batch_size=16, validation_data=(
 acc = model.evaluate(x_val, y_val, verbose=0)[1]
 print("FINAL", round(acc, 4), round(history.history["val_accuracy"][-1], 4), len(history.history["loss"]))
 """
-KERNEL_SETUP = """
-import os
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import numpy as np, keras
-from sklearn.datasets import load_digits
-d = load_digits()
-x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
-x_train, y_train = np.tile(x[:1400], (8, 1)), np.tile(y[:1400], 8)  # epochs long enough to be cut part-way
-x_val, y_val = x[1400:], y[1400:]
-keras.utils.set_random_seed(0)
-def build():
-    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-    m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return m
-%load_ext aibro_jupyter
-"""
+KERNEL_SETUP = kernel_helpers.digits_setup(tile=8)  # epochs long enough to be cut part-way
 
 
 def test_a_spot_cloud_fit_cell_in_a_kernel_is_interrupted_and_resumes_on_the_next_machine(

@@ -91,7 +91,7 @@ class S3Backing:
         """Where to PUT `size` bytes: one presigned PUT (signed with the sha when known, so S3 checks it), or a
         multipart upload with a URL per part of `part_bytes`. The answer the client and worker follow as is."""
         if size <= self.part_bytes:
-            params: dict[str, Any] = {"Key": key}
+            params: dict[str, Any] = {"Key": key, "ContentLength": size}  # signed: S3 takes no other length
             headers: dict[str, str] = {}
             if sha:
                 params["ChecksumSHA256"] = headers["x-amz-checksum-sha256"] = b64_sha(sha)
@@ -104,8 +104,8 @@ class S3Backing:
         parts = []
         for n in range(count):
             offset = n * self.part_bytes
-            url = self._sign("upload_part", Key=key, UploadId=upload_id, PartNumber=n + 1)
             length = min(self.part_bytes, size - offset)
+            url = self._sign("upload_part", Key=key, UploadId=upload_id, PartNumber=n + 1, ContentLength=length)
             parts.append({"number": n + 1, "offset": offset, "size": length, "url": url, "headers": {}})
         return {"via": "s3", "upload_id": upload_id, "parts": parts}
 

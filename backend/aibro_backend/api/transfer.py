@@ -296,6 +296,8 @@ class BlobUploadHandler(UserHandler):
             return
         parts = [p.model_dump() for p in body.parts]
         size = await _run(s3, s3.finish_blob, self.uid, check, body.upload_id, parts)
+        if size != body.size:  # the declared size is what the limits judged: nothing else is indexed as this user's
+            raise ApiError(409, f"blob {check} holds {size} bytes, not the {body.size} declared: upload it again")
         self.backend.store.add_blob(check, self.uid, size)
         self.backend.store.bump(self.uid, "blob_bytes_s3", size)
         self.send({"complete": True, "received": size})
