@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 from . import config
@@ -14,14 +13,12 @@ def embedded_note() -> str | None:
     None when a configured backend is in use."""
     if config.configured_target() or config.embedded_target() is None:
         return None
-    try:
-        info = json.loads((config.home() / "backend.json").read_text())
-    except (OSError, ValueError):
-        return None
-    spare = ", and a spare one ready for the next job" if os.environ.get("AIBRO_SPARE_WORKER") != "0" else ""
+    info = config._read_json(config.home() / "backend.json") or {}
+    on = (os.environ.get("AIBRO_SPARE_WORKER") or "1").strip().lower() in ("1", "true", "yes", "on")  # policy.py's rule
+    spare = ", and a spare one ready for the next job" if on else ""
     return (
         f"The aibro backend keeps running in the background (pid {info.get('pid')}, {info.get('url', '')}, "
         f"home {config.home()}, log {config.home() / 'backend.log'});\n"
-        f"its workers stay warm (about 750 MB of memory each): the job's until its cool-down ends{spare}.\n"
+        f"its workers stay warm (about 0.5–0.8 GB of memory each): the job's until its cool-down ends{spare}.\n"
         "Stop the backend and its workers with: aibro backend stop"
     )

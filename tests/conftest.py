@@ -10,9 +10,9 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Embedded backends started by tests keep no spare worker (one more TensorFlow process per backend on a 2-core box,
-# and a spare's token is not in its /proc environ, where tests find a worker's token). Tests of the spare itself and
-# of the README's first run (tests/test_spare_worker.py, tests/test_examples.py) turn it on, the product's default.
-os.environ.setdefault("AIBRO_SPARE_WORKER", "0")
+# and a spare's token is not in its /proc environ, where tests find a worker's token), whatever the outer shell says.
+# tests/test_spare_worker.py turns it on for backends of its own.
+os.environ["AIBRO_SPARE_WORKER"] = "0"
 
 import numpy as np
 import pytest

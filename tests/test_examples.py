@@ -34,7 +34,7 @@ def _run_streaming(script: str, home: Path, client: BackendClient, before: set[s
     """Run an example, reading its stdout line by line while it runs; note the state of things at 'Epoch 1/8'."""
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "examples" / script)],
-        env=user_env(home, AIBRO_SPARE_WORKER="1"),  # the embedded backend's default, as a user runs it
+        env=user_env(home),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -206,14 +206,8 @@ class LocalProvider:
 
     def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int:
         spare = self._take_spare(machine_id, int(user_id or 0))
-        if spare is not None:
-            (self.state_dir / "workers" / instance_id).symlink_to(spare.workdir.name)  # its logs where they belong
-            scheduled = {
-                k: val for k, val in env.items() if k in FROM_SCHEDULER or k.startswith(FROM_SCHEDULER_PREFIXES)
-            }
-            spare.hand_over({**scheduled, "AIBRO_WORKER_DIR": str(spare.workdir)})
-            proc = spare.proc
-        else:
+        proc = self._hand_over(spare, instance_id, env) if spare is not None else None
+        if proc is None:
             proc = self._spawn(
                 "aibro_backend.worker", machine_id, env, self._dirs(instance_id, user_id), subprocess.DEVNULL
             )
@@ -223,6 +217,17 @@ class LocalProvider:
         return proc.pid
 
     # -- the spare worker ------------------------------------------------------------------------------------
+    def _hand_over(self, spare: Spare, instance_id: str, env: dict[str, str]) -> subprocess.Popen | None:
+        """The spare becomes this instance's worker; None if it died meanwhile (a fresh worker starts instead)."""
+        scheduled = {k: val for k, val in env.items() if k in FROM_SCHEDULER or k.startswith(FROM_SCHEDULER_PREFIXES)}
+        try:
+            spare.hand_over({**scheduled, "AIBRO_WORKER_DIR": str(spare.workdir)})
+        except OSError:  # its pipe is broken: it exited between the check and the write
+            self._procs[spare.proc.pid] = spare.proc  # reaped with the others
+            return None
+        (self.state_dir / "workers" / instance_id).symlink_to(spare.workdir.name)  # its logs where they belong
+        return spare.proc
+
     def prime(self, user_id: int) -> None:
         """Have a spare worker ready for `user_id`'s next local-cpu job (nothing when spares are off)."""
         if not self.spare_on:
@@ -232,6 +237,7 @@ class LocalProvider:
                 return
             if self._spare.alive():
                 self._spare.stop()  # it was another user's: a sandboxed spare runs as its user's uid
+                self._procs[self._spare.proc.pid] = self._spare.proc  # reaped with the others, never waited for
             elif not self._spare_crashes.note_exit(self._spare):
                 self.spare_on, self._spare = False, None
                 return
@@ -251,6 +257,7 @@ class LocalProvider:
         spare, self._spare = self._spare, None
         if spare is not None:
             spare.stop()
+            spare.proc.wait(timeout=10)  # the backend is stopping: nothing else waits on the loop now
 
     def reap(self) -> None:
         """Collect every worker process that has exited, so none lingers as a zombie."""
