@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import inspect
 import threading
+import time
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -174,11 +175,15 @@ class CloudMagics(Magics):
         result: dict[str, Any] = {}
         stop = threading.Event()
 
+        asked = [0.0]  # when the cost was last fetched
+
         def watch() -> None:
             def watcher(view: JobView, ev: dict[str, Any]) -> None:
                 if stop.is_set():
                     raise _Stop
-                if ev["type"] in ("status", "epoch"):
+                now = time.monotonic()
+                if ev["type"] == "status" or (ev["type"] == "epoch" and now - asked[0] >= COST_EVERY_S):
+                    asked[0] = now  # at most one job fetch per 10 s of epochs: a replay of 200 epochs asks once
                     view.cost = self._cost(job_id, view.cost)
                 panel.update(view, ev)
                 if local_notice(ev) or (not quiet and (ev["type"] in ("epoch", "error") or worker_note(ev))):
@@ -323,7 +328,14 @@ class CloudMagics(Magics):
         except AibroError as exc:
             raise UsageError(str(exc)) from None
         print(format_timelines(jobs))
-        return Training.plot_timeline(args.job_id, args.chart) if args.job_id else None
+        if not args.job_id:
+            return None
+        from .widgets.timeline import timeline_chart
+
+        return timeline_chart(jobs[0]["timeline"], args.chart)
+
+
+COST_EVERY_S = 10.0
 
 
 def _parse(magic: Any, line: str) -> Any:
