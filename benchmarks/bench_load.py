@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core import vocabulary as v
+
 HERE = Path(__file__).resolve()
 
 
@@ -179,7 +181,7 @@ async def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid
                         latencies.append(now - e["ts"])
                 if page["events"]:
                     after = page["events"][-1]["seq"]
-                if page["status"] in ("COMPLETED", "FAILED", "CANCELED"):
+                if page["status"] in v.JOB_FINAL:
                     return
 
         async def user_watcher(token: str) -> None:

@@ -14,11 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
+import flask  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
 import pytest
-
-pytest.importorskip("boto3")
-pytest.importorskip("flask", reason="moto's server mode needs moto[server]")
-
 from aws_moto import make_account, moto_server, write_config  # noqa: E402
 from backend_proc import own_backend  # noqa: E402
 
@@ -191,7 +189,6 @@ def test_online_fit_on_g4dn_xlarge_od_trains_on_a_played_instance(
 
 
 def boto3_client() -> Any:
-    import boto3
     from aws_moto import REGION
 
     return boto3.Session(region_name=REGION).client("ec2")

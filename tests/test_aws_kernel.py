@@ -11,11 +11,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import boto3  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
+import flask  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
 import pytest
-
-pytest.importorskip("boto3")
-pytest.importorskip("flask", reason="moto's server mode needs moto[server]")
-
 from aws_moto import PlayedInstances, make_account, moto_server, write_config  # noqa: E402
 from backend_proc import own_backend  # noqa: E402
 from kernel_helpers import CellResult, digits_setup, run_cell, start_kernel  # noqa: E402

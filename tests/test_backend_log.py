@@ -46,6 +46,7 @@ def test_long_polls_waiting_when_the_backend_stops_get_an_empty_answer_not_a_500
         deadline = time.monotonic() + 30
         while _established(backend.url) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert _established(backend.url) >= 3, "the long-polls never reached the backend"
         backend.proc.send_signal(signal.SIGTERM)
         for t in polls:
             t.join(timeout=60)

@@ -10,8 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import flask  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
 import numpy as np
 import pytest
+from aws_moto import make_account, moto_server, write_config  # noqa: E402
+from backend_proc import OwnBackend, own_backend  # noqa: E402
 from browser import (
     chromium_page,
     gallery_shot,
@@ -22,11 +25,6 @@ from browser import (
     text_contrast,
     wait_until,
 )
-
-pytest.importorskip("flask", reason="moto's server mode needs moto[server]")
-
-from aws_moto import make_account, moto_server, write_config  # noqa: E402
-from backend_proc import OwnBackend, own_backend  # noqa: E402
 from test_browser_sidebar import _start_job  # noqa: E402
 
 from conftest import ARTIFACTS, make_model  # noqa: E402

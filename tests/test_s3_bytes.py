@@ -13,12 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
+import flask  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
 import pytest
 import requests
-
-pytest.importorskip("boto3")
-pytest.importorskip("flask", reason="moto's server mode needs moto[server]")
-
 from aws_moto import PlayedInstances, make_account, moto_server, write_config  # noqa: E402
 from backend_proc import own_backend  # noqa: E402
 

@@ -58,8 +58,8 @@ def test_the_watch_polls_on_its_own_thread_and_only_on_spot_machines() -> None:
 
 
 # -- end to end through moto --------------------------------------------------------------------------------------
-pytest.importorskip("boto3")
-pytest.importorskip("flask", reason="moto's server mode needs moto[server]")
+import boto3  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
+import flask  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,6 @@ def _final(events: list[dict[str, Any]]) -> bool:
 def test_a_reclaimed_spot_machine_resumes_on_a_new_one_with_every_epoch_once(
     spot_backend: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import boto3
     from aws_moto import REGION
 
     from aibro_jupyter import Training
@@ -196,7 +195,6 @@ def test_a_spot_cloud_fit_cell_in_a_kernel_is_interrupted_and_resumes_on_the_nex
     into `model`."""
     import re
 
-    import boto3
     from aws_moto import REGION
     from kernel_helpers import drain, run_cell, start_kernel
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cryptography  # noqa: E402, F401  (the test extra has it: missing fails, never skips)
 import pytest
 from backend_proc import own_backend
 
@@ -28,7 +29,6 @@ from aibro_jupyter.client import BackendClient
 from conftest import make_model
 from helpers import slow_data, user_env, wait_for
 
-pytest.importorskip("cryptography")
 # a client refused on purpose: the backend's TLS layer notes the handshake its client broke off
 pytestmark = pytest.mark.backend_log(r"SSL Error on \d+ .*TLSV1_ALERT_UNKNOWN_CA")
 
