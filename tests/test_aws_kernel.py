@@ -136,8 +136,9 @@ def test_three_cells_launch_reuse_warm_then_restart_the_stopped_machine_and_bill
         assert jobs[job["job_id"]]["cost"] == pytest.approx(want, abs=slack), (job["description"], want)
     assert billed.cooling_cost > 0 and inst["cost"] == pytest.approx(billed.cost, abs=1e-6)
     assert inst["cost"] == pytest.approx(sum(jobs[j]["cost"] for j in ids if j) + billed.cooling_cost, abs=1e-5)
-    answered = client.terminate(first["instance_id"])["instance"]  # a stopped one is only shown, with its cost
-    assert answered["cost"] == pytest.approx(inst["cost"], abs=1e-6) and answered["substatus"] == v.STOPPED
+    answered = client.terminate(first["instance_id"])["instance"]  # a stopped machine goes for good, its cost kept
+    assert answered["cost"] == pytest.approx(inst["cost"], abs=1e-6)
+    assert (answered["status"], answered["substatus"]) == (v.CLOSED, v.TERMINATED)
 
     res = run_cell(played["kernel"], "%cloud_timeline", timeout=120)
     assert not res.error, res.error

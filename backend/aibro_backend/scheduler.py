@@ -105,6 +105,18 @@ class Scheduler:
                 return
         self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
 
+    def terminate_instance(self, inst: dict[str, Any]) -> None:
+        """A user's terminate: the machine goes for good, never stopped for later. A live one closes as any
+        terminated instance does (its agent exits; the tick terminates it if it does not); a stopped one runs no
+        agent, so its provider terminates it now."""
+        if inst["status"] == v.CLOSED and inst["substatus"] == v.STOPPED:
+            provider = self.providers.get(inst["provider"])
+            if provider is not None:
+                provider.terminate(inst)
+            self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+        elif inst["status"] in v.INSTANCE_LIVE:
+            self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
+
     def _stoppable(self, inst: dict[str, Any]) -> bool:
         provider = self.providers.get(inst["provider"])
         if not callable(getattr(provider, "stop", None)) or not callable(getattr(provider, "start", None)):

@@ -249,8 +249,7 @@ class TerminateHandler(UserHandler):
             raise ApiError(404, f"no instance '{instance_id[:80]}' for this user (GET /instances lists them)")
         if inst["status"] == v.EXECUTING:
             raise ApiError(409, f"{instance_id} is running job {inst['job_id']}: cancel the job first")
-        if inst["status"] in v.INSTANCE_LIVE:
-            self.backend.scheduler.close_instance(inst)
+        self.backend.scheduler.terminate_instance(inst)
         inst = self.backend.store.instance(instance_id, self.uid)
         inst.pop("pid", None)
         _price(inst, time.time())
