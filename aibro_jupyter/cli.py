@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("job_id")
     c.set_defaults(fn=cmd_cancel)
     i = sub.add_parser("instances", help="list your instances")
-    i.add_argument("--terminate", metavar="INSTANCE", help="close a cooling instance now")
+    i.add_argument("--terminate", metavar="INSTANCE", help="terminate a cooling or stopped instance now")
     i.set_defaults(fn=cmd_instances)
     f = sub.add_parser("fit", help="train a saved .keras model on .npy arrays")
     f.add_argument("model", help="a .keras file saved with model.save (compiled)")
