@@ -360,7 +360,7 @@ class Scheduler:
         self.emit(
             job["id"],
             v.EV_LOG,
-            {"message": f"{notice or 'spot interruption'} ({machine}, {inst['id']})", "spot_interrupted": machine},
+            {"message": f"{notice or 'spot interruption'} ({machine}, {inst['id']})", v.SPOT_INTERRUPTED: machine},
         )
         if interruptions > MAX_SPOT_INTERRUPTIONS:
             self.fail(
@@ -385,7 +385,7 @@ class Scheduler:
 
     def _spot_interruptions(self, job: dict[str, Any]) -> int:
         """How many times this job's machine was reclaimed, read from its event log (a restart keeps it)."""
-        return sum(1 for e in self.store.typed_events(job["id"], (v.EV_LOG,)) if "spot_interrupted" in e["data"])
+        return sum(1 for e in self.store.typed_events(job["id"], (v.EV_LOG,)) if v.SPOT_INTERRUPTED in e["data"])
 
     def _check_cancels(self) -> None:
         now = time.time()

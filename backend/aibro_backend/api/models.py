@@ -668,7 +668,7 @@ class WorkerEnroll(Request):
 
 class WorkerFinish(Request):
     attempt: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
-    outcome: Literal["completed", "canceled", "failed", "spot_interrupted"] = Field(
+    outcome: Literal[v.OUTCOMES] = Field(  # type: ignore[valid-type]
         description="how the attempt ended; spot_interrupted: the cloud is reclaiming the machine, resume elsewhere"
     )
     error: Annotated[str, Field(max_length=1_000_000)] | None = Field(

@@ -135,7 +135,13 @@ ROUTES: list[Route] = [
     Route("get", "/jobs/{job_id}/artifacts", "the job's artifacts", m.Artifacts, (404,)),
     Route("get", "/jobs/{job_id}/artifacts/{name}", "download one artifact", "binary", (400, 404)),
     Route("get", "/instances", "the user's instances with their state history", m.Instances),
-    Route("post", "/instances/{instance_id}/terminate", "terminate a cooling or stopped instance now", m.InstanceAnswer, (404, 409)),
+    Route(
+        "post",
+        "/instances/{instance_id}/terminate",
+        "terminate a cooling or stopped instance now",
+        m.InstanceAnswer,
+        (404, 409),
+    ),
     Route("get", "/openapi.json", "this document", m.OpenApiDocument),
     Route(
         "post",

@@ -133,7 +133,7 @@ class WorkerFinishHandler(WorkerHandler):
             self.send({"ok": True})
             return
         if job["status"] in v.JOB_ACTIVE:
-            if outcome == "completed":
+            if outcome == v.OUTCOME_COMPLETED:
                 history = build_history(store.typed_events(job_id, (v.EV_EPOCH,)))
                 size, sha = self.backend.blobs.write_artifact(job_id, "history.json", json.dumps(history).encode())
                 store.add_artifact(job_id, "history.json", size, sha)
@@ -141,7 +141,7 @@ class WorkerFinishHandler(WorkerHandler):
                     if not art["name"].startswith(("checkpoints/", "tensorboard/")):
                         scheduler.emit(job_id, v.EV_ARTIFACT, {"name": art["name"], "size": art["size"]})
                 scheduler.set_status(job_id, v.COMPLETED, v.SUB_COMPLETED, "completed")
-            elif outcome == "canceled":
+            elif outcome == v.OUTCOME_CANCELED:
                 scheduler.set_status(job_id, v.CANCELED, v.SUB_CANCELED, "canceled")
             else:
                 scheduler.fail(job_id, (body.error or "the worker failed without saying why")[:4000])
