@@ -8,13 +8,17 @@ import secrets
 from pathlib import Path
 
 
-def write_private(path: Path, data: dict) -> None:
-    """Secrets under ~/.aibro are 0600 from the first byte."""
+def write_private(path: Path, data: dict | str) -> None:
+    """Secrets (a dict as JSON, or text) are 0600 from the first byte, replaced atomically."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # whatever the umask
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
+        if isinstance(data, str):
+            f.write(data)
+        else:
+            json.dump(data, f)
     os.replace(tmp, path)
 
 

@@ -20,6 +20,7 @@ import requests
 
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError, AuthError, BackendUnreachable
+from aibro_core.files import write_private
 from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
@@ -386,19 +387,6 @@ def _samples(x: Any) -> int | None:
     if isinstance(first, dict):
         first = next(iter(first.values()), None)
     return int(first.shape[0]) if hasattr(first, "shape") else None
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by this user only (0600 from the start, replaced atomically)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def worker_token(url: str, env: dict[str, str] | os._Environ, workdir: Path) -> str:
