@@ -100,6 +100,7 @@ class RayProvider:
     """
 
     name = "ray"
+    enrolls = True  # an actor's arguments are kept by the cluster's GCS, readable there: only a one-time token goes
 
     def __init__(
         self,
