@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from backend_proc import own_backend
-from browser import chromium_page, dismiss_news_prompt, jupyterlab, wait_until
+from browser import chromium_page, jupyterlab, open_sidebar, wait_until
 from ray_cluster import POOL, RayCluster, start_cluster
 
 from conftest import ARTIFACTS, make_model
@@ -26,17 +26,6 @@ pytestmark = pytest.mark.timeout(900)
 def cluster() -> Iterator[RayCluster]:
     with start_cluster({"a": {}}) as c:
         yield c
-
-
-def _open_sidebar(page: Any, url: str, token: str) -> None:
-    page.goto(f"{url}/lab?token={token}")
-    page.wait_for_selector(".jp-LabShell", timeout=120_000)
-    tab = page.locator('.jp-SideBar [data-id="aibro-cloud-training"]')
-    tab.wait_for(timeout=60_000)
-    if not page.locator("#aibro-cloud-training").is_visible():
-        tab.click()
-    page.wait_for_selector("#aibro-cloud-training .aibro-connection[data-state=live]", timeout=60_000)
-    dismiss_news_prompt(page)
 
 
 def _tab(page: Any, name: str) -> None:
@@ -59,7 +48,7 @@ def test_the_sidebar_shows_ray_machines_and_a_job_training_on_one(cluster: RayCl
         chromium_page() as page,
     ):
         shot = ARTIFACTS / "sidebar-ray-timeout.png"
-        _open_sidebar(page, url, token)
+        open_sidebar(page, url, token)
         _tab(page, "Machines")
         row = page.locator('.aibro-machine-table tr[data-machine-id="ray-cpu1"]')
         wait_until(page, lambda: row.count() == 1, "ray-cpu1 in the Machines tab", 60, shot)
