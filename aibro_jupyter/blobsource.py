@@ -1,5 +1,6 @@
 """Bytes to upload, read from where they already are (an array's own buffer, a file, a bytes object): hashing and
-uploading walk the same view, so no array is ever copied to a temp file first."""
+uploading walk the same view, so no array is ever copied to a temp file first. An array also says what is known
+of its name (hashcache.py): known exactly, probably sent before, or probably new (one pass: hash while sending)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .hashcache import CACHE
+
 CHUNK = 8 * 1024 * 1024
+ONE_PASS_MIN = 64 * 1024 * 1024  # smaller arrays are hashed first: cheap, and the backend can say "have it"
 
 
 class ByteSource:
@@ -28,6 +32,21 @@ class ByteSource:
         for chunk in self.chunks():
             h.update(chunk)
         return h.hexdigest()
+
+    def known_sha(self) -> str | None:
+        """The SHA-256 when it is known without reading the bytes (see hashcache.py); None: hash them."""
+        return None
+
+    def maybe_new(self) -> bool:
+        """True when these bytes were probably never sent: they may upload in one pass, named at the end, at the
+        cost of not asking the backend first. Only large arrays say so; files and small things are hashed first."""
+        return False
+
+    def remember(self, sha: str) -> None:
+        """These bytes are named `sha` (after hashing or uploading them)."""
+
+    def forget(self) -> None:
+        """The name `known_sha` gave was wrong (the bytes changed): do not give it again."""
 
     def read(self, start: int, length: int) -> bytes:
         """`length` bytes from `start` (fewer at the end): one part of a multipart upload."""
@@ -88,6 +107,18 @@ class ArraySource(ByteSource):
             np.lib.format.write_array_header_2_0(buf, header)
         self.header = buf.getvalue()
         self.size = len(self.header) + self.arr.nbytes
+
+    def known_sha(self) -> str | None:
+        return CACHE.known(self.arr)
+
+    def maybe_new(self) -> bool:
+        return self.size >= ONE_PASS_MIN and not CACHE.seen(self.arr)
+
+    def remember(self, sha: str) -> None:
+        CACHE.remember(self.arr, sha)
+
+    def forget(self) -> None:
+        CACHE.forget(self.arr)
 
     def _flat(self) -> memoryview:
         if self.arr.nbytes == 0:

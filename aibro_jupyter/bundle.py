@@ -35,8 +35,12 @@ TRAVELLING_CALLBACKS = {
 
 @dataclass
 class Bundle:
-    """What to upload (sha → a source read in place) and the job-spec pieces that point at it. Arrays are never
-    copied to disk; only the saved model and tf.data datasets are written, into `workdir`, removed after submit."""
+    """What to upload (a key → a source read in place) and the job-spec pieces that point at it. Arrays are never
+    copied to disk; only the saved model and tf.data datasets are written, into `workdir`, removed after submit.
+
+    A key is the source's SHA-256 when it was hashed here, or a placeholder (`pending-N`) for an array whose name
+    comes from the upload itself (a known name from hashcache.py, or a one-pass upload of new data); `upload`
+    puts the real names into `data` and `model_sha`."""
 
     workdir: Path
     sources: dict[str, ByteSource] = field(default_factory=dict)
@@ -49,12 +53,44 @@ class Bundle:
         return sum(src.size for src in self.sources.values())
 
     def add(self, source: ByteSource) -> str:
+        if source.known_sha() is not None or source.maybe_new():
+            same = getattr(source, "arr", None)
+            for key, held in self.sources.items():  # the same array twice (x and validation x) is one upload
+                if key.startswith(PENDING) and same is not None and getattr(held, "arr", None) is same:
+                    return key
+            key = f"{PENDING}{len(self.sources)}"
+            self.sources[key] = source
+            return key
         sha = source.sha256()
+        source.remember(sha)
         self.sources.setdefault(sha, source)
         return sha
 
     def add_file(self, path: Path) -> str:
         return self.add(FileSource(path))
+
+    def upload(self, client: Any) -> int:
+        """Upload what the backend lacks and put every real name in place; returns the bytes sent."""
+        names, sent = {}, 0
+        for key, source in self.sources.items():
+            sha, n = client.upload_source(source, None if key.startswith(PENDING) else key)
+            names[key], sent = sha, sent + n
+        self.data = _renamed(self.data, names)
+        self.model_sha = names.get(self.model_sha, self.model_sha)
+        return sent
+
+
+PENDING = "pending-"
+
+
+def _renamed(value: Any, names: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _renamed(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, names) for v in value]
+    if isinstance(value, str) and value.startswith(PENDING):
+        return names[value]
+    return value
 
 
 # -- model -------------------------------------------------------------------------------------------

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aibro_core.errors import BackendUnreachable
+from aibro_core.errors import ApiError, BackendUnreachable
 from aibro_core.presigned import upload_via_s3
 from aibro_core.transport import Transport
 
-from .blobsource import CHUNK, ByteSource, FileSource
+from .blobsource import CHUNK, ArraySource, ByteSource, FileSource
 
 if TYPE_CHECKING:
     import requests
@@ -118,11 +119,40 @@ class BackendClient:
         source = FileSource(Path(path))
         return self.upload_source(source, sha or source.sha256())
 
-    def upload_source(self, source: ByteSource, sha: str) -> tuple[str, int]:
-        """Upload bytes from where they are (an array's buffer, a file), content-addressed: nothing is sent when
-        the backend has them, and a partial upload resumes where it stopped. When the backend keeps bytes in S3
-        (its HEAD says `X-Upload-Via: s3`), they go there on the presigned URLs it answers. Returns (sha, bytes
-        sent)."""
+    def upload_array(self, arr: Any) -> tuple[str, int]:
+        """Upload an array (numpy or memmap) from its own buffer as a .npy blob; returns (sha, bytes sent)."""
+        return self.upload_source(ArraySource(arr))
+
+    def upload_source(self, source: ByteSource, sha: str | None = None) -> tuple[str, int]:
+        """Upload bytes from where they are (an array's buffer, a file), content-addressed; returns (sha, bytes
+        sent). Nothing is sent when the backend has them; a partial upload resumes where it stopped.
+
+        Without `sha`: a name the source knows exactly is used as is (hashcache.py); bytes that are probably new
+        (a large array never hashed here) go in one pass, unnamed, and the backend names the blob by the digest it
+        computes on the way in (`/blobs/uploads/{id}`); anything else is hashed first, so the backend can answer
+        "already here" before a byte moves. When
+        the backend keeps bytes in S3 (`X-Upload-Via: s3`), they go there on the presigned URLs it answers."""
+        if sha is None:
+            sha = source.known_sha()
+            if sha is not None:
+                try:
+                    return self._upload_named(source, sha)
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+                    source.forget()  # the backend hashed other bytes than the name: hash them here
+                    sha = None
+            if sha is None and source.maybe_new():
+                done = self._upload_one_pass(source)
+                if done is not None:
+                    source.remember(done[0])
+                    return done
+            if sha is None:
+                sha = source.sha256()
+                source.remember(sha)
+        return self._upload_named(source, sha)
+
+    def _upload_named(self, source: ByteSource, sha: str) -> tuple[str, int]:
         total = source.size
         head = self.t.request("HEAD", f"/blobs/{sha}")
         if head.status_code == 200:
@@ -131,16 +161,66 @@ class BackendClient:
             upload_via_s3(self.t, f"/blobs/{sha}/upload", total, source.read, sha)
             return sha, total
         offset = int(head.headers.get("X-Received", "0"))
+        if offset >= total:
+            self._put_chunk(f"/blobs/{sha}", memoryview(b""), offset, total)
+            return sha, 0
         sent = 0
-        chunks = source.chunks(offset, CHUNK) if offset < total else iter([memoryview(b"")])
-        for chunk in chunks:
-            body = bytes(chunk)
-            r = self.t.json("PUT", f"/blobs/{sha}", params={"offset": offset, "total": total}, data=body)
-            offset += len(body)
-            sent += len(body)
-            if r["complete"]:
+        for chunk in source.chunks(offset, CHUNK):
+            got = self._put_chunk(f"/blobs/{sha}", chunk, offset, total)
+            sent += got - offset
+            offset = got
+            if got >= total:
                 break
         return sha, sent
+
+    def _upload_one_pass(self, source: ByteSource) -> tuple[str, int] | None:
+        """Send the bytes once, unnamed, and let the backend name them by the digest it computes as they arrive
+        (the client reads its buffer once and hashes nothing); None when the backend keeps bytes in S3 (the caller
+        hashes first and goes there)."""
+        path = f"/blobs/uploads/{secrets.token_hex(16)}"
+        if self.t.request("HEAD", path).headers.get("X-Upload-Via") == "s3":
+            return None
+        total, offset = source.size, 0
+        for chunk in source.chunks(0, CHUNK):
+            offset = self._put_chunk(path, chunk, offset, total)
+        named = self.t.json("POST", f"{path}/finish", json={"size": total})
+        return named["sha256"], total
+
+    def _put_chunk(self, path: str, chunk: memoryview, offset: int, total: int) -> int:
+        """PUT `chunk` at `offset`, until all of it is stored. After a broken connection or a dead backend (which
+        the embedded one is restarted from), ask how much arrived (HEAD X-Received) and send only the rest, with
+        a fresh body each time. Returns the offset after the chunk."""
+        start, end = offset, offset + len(chunk)
+        failures = 0
+        while True:
+            try:
+                rest = chunk[offset - start :]
+                body = _Body(rest) if len(rest) else b""
+                got = self.t.json("PUT", path, params={"offset": offset, "total": total}, data=body, recover=False)
+                if got.get("complete"):
+                    return max(end, int(got.get("received", end)))
+                offset = int(got["received"])
+                if offset >= end:
+                    return offset
+                continue
+            except (BackendUnreachable, ApiError) as exc:
+                failures += 1
+                if failures > 3 or (isinstance(exc, ApiError) and exc.status != 409):
+                    raise
+                if isinstance(exc, BackendUnreachable):
+                    if self._restart is not None:
+                        if not self.recover():
+                            raise
+                    else:
+                        time.sleep(2.0**failures)
+            head = self.t.request("HEAD", path)
+            if "X-Blob-Size" in head.headers:
+                return end  # a named blob the backend now holds
+            offset = int(head.headers.get("X-Received", "0"))
+            if not start <= offset <= end:
+                raise ApiError(409, f"the backend holds {offset} bytes of this upload, not {start} to {end}: retry")
+            if offset == end:
+                return end
 
     # -- tokens -----------------------------------------------------------------------------------
     def tokens(self) -> list[dict[str, Any]]:
@@ -231,6 +311,21 @@ class BackendClient:
 
     def terminate(self, instance_id: str) -> dict[str, Any]:
         return self.t.json("POST", f"/instances/{instance_id}/terminate")
+
+
+class _Body:
+    """A chunk as a request body without copying it: requests sends a file-like object with a length as is."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view, self.pos = view, 0
+
+    def __len__(self) -> int:
+        return len(self.view) - self.pos
+
+    def read(self, n: int = -1) -> memoryview:
+        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
+        out, self.pos = self.view[self.pos : end], end
+        return out
 
 
 def local_event(job_id: str, seq: int, message: str, level: str = "info") -> dict[str, Any]:

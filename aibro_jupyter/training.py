@@ -170,8 +170,7 @@ class Training:
                     f"this job's model and data are {bundle.total_bytes} bytes, over the {limit}-byte limit per job: "
                     "use a smaller model or less data, or raise the limit (AIBRO_MAX_JOB_BYTES) on the backend"
                 )
-            for sha, source in bundle.sources.items():
-                client.upload_source(source, sha)
+            bundle.upload(client)
             fit = {"epochs": epochs, **fit_kwargs}
             if batch_size is not None:
                 fit["batch_size"] = batch_size

@@ -74,6 +74,8 @@ def routes(backend: Backend) -> list:
         (p + r"/stats", user.StatsHandler, a),
         (p + r"/auth/tokens", tokens.TokensHandler, a),
         (p + r"/auth/tokens/([\w-]+)", tokens.TokenHandler, a),
+        (p + r"/blobs/uploads/([^/]+)", transfer.UnnamedUploadHandler, a),
+        (p + r"/blobs/uploads/([^/]+)/finish", transfer.UnnamedUploadFinish, a),
         (p + r"/blobs/([^/]+)", transfer.BlobHandler, a),
         (p + r"/blobs/([^/]+)/upload", transfer.BlobUploadHandler, a),
         (p + r"/jobs", user.JobsHandler, a),
@@ -511,6 +513,7 @@ async def serve(
         body_timeout=limits.body_timeout_s,
         idle_connection_timeout=limits.idle_timeout_s,
         max_connections=cap,
+        chunk_size=1 << 20,  # upload bodies reach handlers 1 MiB at a time, not tornado's 64 KiB
     )
     server.add_sockets([sock])
     bound = sock.getsockname()[1]

@@ -35,6 +35,7 @@ SHA_PATTERN = r"^[0-9a-f]{64}$"
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 CODE_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*){0,15}\.py$"
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+UPLOAD_ID_PATTERN = r"^[0-9a-f]{32}$"
 ARTIFACT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,7}$"
 INT64_MAX = 2**63 - 1
 WEEK_S = 7 * 24 * 3600
@@ -681,6 +682,14 @@ class UploadedPart(Request):
     etag: Annotated[str, Field(min_length=1, max_length=200)]
 
 
+class NameUpload(Request):
+    """POST /blobs/uploads/{upload_id}/finish: the unnamed upload of `size` bytes is complete. The backend names it
+    by its own digest; a client that hashed the bytes too may send `sha256`, which must then agree."""
+
+    sha256: Sha256 | None = None
+    size: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+
+
 class S3Upload(Request):
     """POST /blobs/{sha256}/upload and /worker/jobs/{job_id}/uploads/{name} when the backend keeps bytes in S3:
     `start` answers presigned URLs (an UploadPlan) for `size` bytes; after PUTting every part there, `finish`
@@ -786,6 +795,10 @@ class OpenApiDocument(Response):
 class BlobProgress(Response):
     complete: bool
     received: int
+
+
+class BlobNamed(BlobProgress):
+    sha256: str = Field(description="the blob's name: the SHA-256 of the bytes as the backend received them")
 
 
 class PlanPart(Response):

@@ -22,12 +22,12 @@ import tornado.web
 from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 
-from ..blobs import BlobError, PartialWriter, UploadBusy, check_artifact_name, check_sha
+from ..blobs import BlobError, PartialWriter, UploadBusy, check_artifact_name, check_sha, check_upload_id
 from ..limits import limits_of
 from ..s3blobs import S3Backing, S3BlobError
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs
-from .models import S3Upload
+from .models import NameUpload, S3Upload
 from .worker import WorkerHandler
 
 log = logging.getLogger("aibro.backend")
@@ -159,21 +159,11 @@ class BlobHandler(StreamedUpload, UserHandler):
         _refuse_in_s3(self, f"/blobs/{check}/upload")
         offset, total = self.int_arg("offset", 0), self.int_arg("total", None)
         length = self.body_length()
-        max_job = self.backend.policy.max_job_bytes
-        if total > max_job:
-            raise ApiError(413, f"a blob of {total} bytes is over the {max_job}-byte limit per job")
+        _check_size(self, total, "a blob")
         if self.backend.store.blob_size(check, self.uid) is not None:
             self.discard = True  # this user holds it already: nothing to store
             return
-        limits = limits_of(self.backend)
-        held = self.backend.blobs.held(str(self.uid))
-        if held + length > limits.max_partial_bytes:
-            raise ApiError(
-                429,
-                f"your unfinished uploads hold {held} bytes; this chunk of {length} would pass the limit of "
-                f"{limits.max_partial_bytes} bytes per user: finish or resume those uploads first, drop one "
-                f"(DELETE /blobs/SHA), or wait until they expire ({limits.partial_ttl_s / 3600:g} h untouched)",
-            )
+        _check_partial_quota(self, length)
         self.open_writer(self.backend.blobs.open_blob_chunk, check, str(self.uid), offset, length, total)
 
     async def put(self, sha: str) -> None:
@@ -201,6 +191,65 @@ class BlobHandler(StreamedUpload, UserHandler):
         except UploadBusy as exc:
             raise ApiError(409, str(exc)) from None
         self.send({"dropped": dropped})
+
+
+@tornado.web.stream_request_body
+class UnnamedUploadHandler(StreamedUpload, UserHandler):
+    """/blobs/uploads/{id}: a blob uploaded in one pass and named at the end. The client picks the id, PUTs chunks
+    (`?offset=&total=`, resumable: HEAD says X-Received), then POSTs `{size}` to `.../finish`, and the blob is
+    named by the digest the backend kept of the bytes as they arrived (the client reads its buffer once and hashes
+    nothing). Nothing is deduplicated before the bytes move: the client takes this way only for data it has not
+    sent before (see aibro_jupyter/hashcache.py)."""
+
+    USAGE = "PUT /blobs/uploads/{id} needs integer ?offset=&total= query arguments"
+
+    def head(self, upload_id: str) -> None:
+        check = _upload_id(upload_id)
+        if self.backend.blobs.s3 is not None:
+            self.set_header(VIA_S3, "s3")
+        self.set_header("X-Received", str(self.backend.blobs.upload_received(check, str(self.uid))))
+        self.finish()
+
+    def start_put(self, upload_id: str) -> None:
+        check = _upload_id(upload_id)
+        _refuse_in_s3(self, "/blobs/{sha256}/upload")
+        offset, total = self.int_arg("offset", 0), self.int_arg("total", None)
+        length = self.body_length()
+        if length == 0:
+            raise ApiError(400, "a chunk of an unnamed upload carries at least one byte (send empty data by name)")
+        _check_size(self, total, "a blob")
+        _check_partial_quota(self, length)
+        self.open_writer(self.backend.blobs.open_upload_chunk, check, str(self.uid), offset, length, total)
+
+    async def put(self, upload_id: str) -> None:
+        writer = self.finished_writer()
+        self.backend.store.bump(self.uid, "blob_bytes_received", writer.written)
+        self.send({"complete": writer.size >= writer.total, "received": writer.size})
+
+    def delete(self, upload_id: str) -> None:
+        try:
+            dropped = self.backend.blobs.drop_partial("", str(self.uid), _upload_id(upload_id))
+        except UploadBusy as exc:
+            raise ApiError(409, str(exc)) from None
+        self.send({"dropped": dropped})
+
+
+class UnnamedUploadFinish(UserHandler):
+    """POST /blobs/uploads/{id}/finish `{size}`: the complete unnamed upload becomes a blob (UnnamedUploadHandler)."""
+
+    async def post(self, upload_id: str) -> None:
+        check = _upload_id(upload_id)
+        body = self.body_model(NameUpload, "the upload's name")
+        _check_size(self, body.size, "a blob")
+        blobs = self.backend.blobs
+        try:
+            sha = await IOLoop.current().run_in_executor(
+                None, blobs.finish_upload, check, str(self.uid), body.size, body.sha256
+            )
+        except BlobError as exc:
+            raise ApiError(409, str(exc)) from None
+        self.backend.store.add_blob(sha, self.uid, body.size)
+        self.send({"complete": True, "received": body.size, "sha256": sha})
 
 
 class ArtifactHandler(UserHandler):
@@ -345,6 +394,18 @@ def _refuse_in_s3(handler: UserHandler | WorkerHandler, instead: str) -> None:
         )
 
 
+def _check_partial_quota(handler: UserHandler, length: int) -> None:
+    limits = limits_of(handler.backend)
+    held = handler.backend.blobs.held(str(handler.uid))
+    if held + length > limits.max_partial_bytes:
+        raise ApiError(
+            429,
+            f"your unfinished uploads hold {held} bytes; this chunk of {length} would pass the limit of "
+            f"{limits.max_partial_bytes} bytes per user: finish or resume those uploads first, drop one "
+            f"(DELETE /blobs/SHA), or wait until they expire ({limits.partial_ttl_s / 3600:g} h untouched)",
+        )
+
+
 def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> None:
     max_job = handler.backend.policy.max_job_bytes
     if size > max_job:
@@ -378,6 +439,13 @@ def _redirect_to_s3(handler: UserHandler | WorkerHandler, job_id: str, name: str
 def _sha(sha: str) -> str:
     try:
         return check_sha(sha)
+    except BlobError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def _upload_id(upload_id: str) -> str:
+    try:
+        return check_upload_id(upload_id)
     except BlobError as exc:
         raise ApiError(400, str(exc)) from None
 

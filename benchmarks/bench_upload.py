@@ -1,0 +1,196 @@
+"""Upload speed: arrays to the embedded backend vs np.save + fsync to the same disk, side by side in one run.
+
+Issue 14 item 2. A fresh embedded backend in a temporary AIBRO_HOME (the disk its blobs land on); the same
+1 GiB float32 array (a numpy array and a memmap of it) is
+  * written with `np.save` + fsync into that home (the disk's yardstick),
+  * hashed alone (SHA-256 over the array's buffer: the ceiling of any upload that must name its bytes),
+  * uploaded through `BackendClient.upload_array` (what `Training.submit` does for every array), first time,
+  * uploaded again (the resubmit: deciding "already there"), for the writable array and for the memmap.
+Client memory overhead is the peak RSS during the upload minus the RSS before (the array is resident already).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from aibro_jupyter import config
+from aibro_jupyter.blobsource import CHUNK, ArraySource
+from aibro_jupyter.client import BackendClient
+
+UPLOAD_TARGET = 0.8  # × np.save+fsync throughput
+RESUBMIT_TARGET = 0.05  # × the first upload's time
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def rss_kib() -> int:
+    return _status_kib("VmRSS")
+
+
+def hwm_kib() -> int:
+    return _status_kib("VmHWM")
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak() -> None:
+    """Linux resets VmHWM to the current RSS on writing 5 to clear_refs."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def save_fsync(arr: np.ndarray, path: Path) -> float:
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - t
+
+
+def hash_alone(arr: np.ndarray) -> float:
+    t = time.perf_counter()
+    ArraySource(arr).sha256()
+    return time.perf_counter() - t
+
+
+def upload(client: BackendClient, arr: np.ndarray) -> tuple[float, int, float]:
+    """(seconds, bytes sent, peak extra RSS MiB) of one upload of `arr`."""
+    before = rss_kib()
+    reset_peak()
+    t = time.perf_counter()
+    _sha, sent = client.upload_array(arr)
+    took = time.perf_counter() - t
+    return took, sent, max(0, hwm_kib() - before) / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="array size in GiB (default 1)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each number is the best round (default 3)")
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark's AIBRO_HOME")
+    args = parser.parse_args(argv)
+
+    home = Path(tempfile.mkdtemp(prefix="aibro-bench-upload-"))
+    for var in ("AIBRO_BACKEND_URL", "AIBRO_TOKEN"):
+        os.environ.pop(var, None)
+    os.environ.update(AIBRO_HOME=str(home), AIBRO_SPARE_WORKER="0")
+    n = int(args.gib * (1 << 30)) // 4
+    say(
+        f"aibro upload benchmark: {n * 4 / (1 << 30):.2f} GiB float32, {args.rounds} rounds, AIBRO_HOME={home}, "
+        f"{os.cpu_count()} CPUs, chunk {CHUNK >> 20} MiB"
+    )
+    started = time.perf_counter()
+    try:
+        target = config.resolve()
+        client = BackendClient(target.url, target.token)
+        client.health()
+        rows: dict[str, list[float]] = {}
+
+        def add(key: str, value: float) -> None:
+            rows.setdefault(key, []).append(value)
+
+        for rnd in range(args.rounds):
+            arr = np.random.default_rng(2 * rnd).random(n, dtype=np.float32)
+            mm_path = home / f"mm-{rnd}.npy"
+            add("save", save_fsync(np.random.default_rng(2 * rnd + 1).random(n, dtype=np.float32), mm_path))
+            add("hash", hash_alone(arr))
+            took, sent, extra = upload(client, arr)
+            add("first", took)
+            add("first_mib", extra)
+            assert sent >= arr.nbytes, f"first upload sent {sent} bytes"
+            took, sent, _ = upload(client, arr)
+            add("again", took)
+            add("again_sent", sent)
+            del arr
+            mm = np.load(mm_path, mmap_mode="r")
+            took, sent, extra = upload(client, mm)
+            add("mm_first", took)
+            add("mm_first_mib", extra)
+            assert sent >= mm.nbytes, f"first memmap upload sent {sent} bytes"
+            took, sent, _ = upload(client, mm)
+            add("mm_again", took)
+            add("mm_again_sent", sent)
+            del mm
+            mm_path.unlink()
+            say(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in rows.items()))
+    finally:
+        config.stop_embedded()
+        if args.keep:
+            say(f"kept {home}")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+    size = n * 4
+    best = {k: min(v) for k, v in rows.items()}
+    gbs = {k: size / best[k] / 1e9 for k in ("save", "hash", "first", "mm_first")}
+    table = [
+        ("np.save + fsync GB/s (the disk)", f"{gbs['save']:.2f}", "-", None),
+        ("SHA-256 pass alone GB/s (the ceiling)", f"{gbs['hash']:.2f}", "-", None),
+        ("first upload GB/s, numpy array", f"{gbs['first']:.2f}", "-", None),
+        (
+            "  / np.save+fsync",
+            f"{gbs['first'] / gbs['save']:.2f}",
+            f">= {UPLOAD_TARGET}",
+            gbs["first"] / gbs["save"] >= UPLOAD_TARGET,
+        ),
+        ("first upload GB/s, memmap", f"{gbs['mm_first']:.2f}", "-", None),
+        (
+            "  / np.save+fsync",
+            f"{gbs['mm_first'] / gbs['save']:.2f}",
+            f">= {UPLOAD_TARGET}",
+            gbs["mm_first"] / gbs["save"] >= UPLOAD_TARGET,
+        ),
+        (
+            "client peak extra RSS MiB, array / memmap",
+            f"{max(rows['first_mib']):.0f} / {max(rows['mm_first_mib']):.0f}",
+            f"~{CHUNK >> 20} per chunk",
+            None,
+        ),
+        ("resubmit s, numpy array (bytes sent)", f"{best['again']:.3f} ({max(rows['again_sent']):.0f})", "-", None),
+        (
+            "  / first upload",
+            f"{best['again'] / best['first']:.3f}",
+            f"<= {RESUBMIT_TARGET}",
+            best["again"] / best["first"] <= RESUBMIT_TARGET,
+        ),
+        ("resubmit s, memmap (bytes sent)", f"{best['mm_again']:.3f} ({max(rows['mm_again_sent']):.0f})", "-", None),
+        (
+            "  / first upload",
+            f"{best['mm_again'] / best['mm_first']:.3f}",
+            f"<= {RESUBMIT_TARGET}",
+            best["mm_again"] / best["mm_first"] <= RESUBMIT_TARGET,
+        ),
+    ]
+    w = max(len(r[0]) for r in table)
+    say()
+    say(f"{'metric':<{w}} | {'value':>14} | {'target':<16} | ok")
+    say("-" * (w + 40))
+    for metric, value, tgt, ok in table:
+        mark = "-" if ok is None else ("yes" if ok else "NO")
+        say(f"{metric:<{w}} | {value:>14} | {tgt:<16} | {mark}")
+    say(f"\nbest of {args.rounds} rounds; total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
