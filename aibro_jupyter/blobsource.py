@@ -57,6 +57,11 @@ class ByteSource:
                 break
         return bytes(out)
 
+    def view(self, start: int, length: int) -> bytes | memoryview:
+        """`read`, without a copy where the source can give one (an array's buffer): one part of a multipart
+        upload, however many are in flight."""
+        return self.read(start, length)
+
 
 @dataclass
 class BytesSource(ByteSource):
@@ -124,6 +129,12 @@ class ArraySource(ByteSource):
         if self.arr.nbytes == 0:
             return memoryview(b"")
         return memoryview(self.arr.reshape(-1).view(np.uint8))
+
+    def view(self, start: int, length: int) -> bytes | memoryview:
+        head = len(self.header)
+        if start >= head:
+            return self._flat()[start - head : start - head + length]
+        return self.read(start, length)  # the part with the .npy header: copied, once
 
     def chunks(self, start: int = 0, size: int = CHUNK) -> Iterator[memoryview]:
         head = len(self.header)

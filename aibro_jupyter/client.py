@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aibro_core.errors import ApiError, BackendUnreachable
-from aibro_core.presigned import upload_via_s3
+from aibro_core.presigned import ViewBody, upload_via_s3
 from aibro_core.transport import Transport
 
 from .blobsource import CHUNK, ArraySource, ByteSource, FileSource
@@ -158,7 +158,7 @@ class BackendClient:
         if head.status_code == 200:
             return sha, 0
         if head.headers.get("X-Upload-Via") == "s3":
-            upload_via_s3(self.t, f"/blobs/{sha}/upload", total, source.read, sha)
+            upload_via_s3(self.t, f"/blobs/{sha}/upload", total, source.view, sha)
             return sha, total
         offset = int(head.headers.get("X-Received", "0"))
         if offset >= total:
@@ -195,7 +195,7 @@ class BackendClient:
         while True:
             try:
                 rest = chunk[offset - start :]
-                body = _Body(rest) if len(rest) else b""
+                body = ViewBody(rest) if len(rest) else b""
                 got = self.t.json("PUT", path, params={"offset": offset, "total": total}, data=body, recover=False)
                 if got.get("complete"):
                     return max(end, int(got.get("received", end)))
@@ -311,21 +311,6 @@ class BackendClient:
 
     def terminate(self, instance_id: str) -> dict[str, Any]:
         return self.t.json("POST", f"/instances/{instance_id}/terminate")
-
-
-class _Body:
-    """A chunk as a request body without copying it: requests sends a file-like object with a length as is."""
-
-    def __init__(self, view: memoryview) -> None:
-        self.view, self.pos = view, 0
-
-    def __len__(self) -> int:
-        return len(self.view) - self.pos
-
-    def read(self, n: int = -1) -> memoryview:
-        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
-        out, self.pos = self.view[self.pos : end], end
-        return out
 
 
 def local_event(job_id: str, seq: int, message: str, level: str = "info") -> dict[str, Any]:

@@ -1,15 +1,19 @@
 """Uploads that go to S3 instead of the backend: the client's blobs and the worker's artifacts share this code.
 
 The backend answers `start` with a plan (presigned PUT URLs: one, or one per multipart part), the bytes go
-straight to S3, part by part, and `finish` hands the parts' ETags back for the backend to complete, verify and
-index. The presigned requests carry no bearer token: the URL is the permission.
+straight to S3, PARALLEL_PARTS parts at a time (a single connection to S3 rarely fills the link: each PUT waits on
+its own round trips), and `finish` hands the parts' ETags back for the backend to complete, verify and index. A
+part is read where it is (`read` may answer a memoryview of an array's buffer), so memory in flight is at most
+PARALLEL_PARTS parts. The presigned requests carry no bearer token: the URL is the permission.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +24,27 @@ from .transport import Transport
 
 PUT_TRIES = 4
 PUT_TIMEOUT_S = 300
+PARALLEL_PARTS = 4
+
+
+class ViewBody:
+    """Bytes (or a memoryview of them) as a request body without a copy: requests sends a file-like object with a
+    length as is, reading it block by block. One per request: a retry needs a fresh one."""
+
+    def __init__(self, view: bytes | memoryview) -> None:
+        self.view, self.pos = memoryview(view), 0
+
+    def __len__(self) -> int:
+        return len(self.view) - self.pos
+
+    def read(self, n: int = -1) -> memoryview:
+        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
+        out, self.pos = self.view[self.pos : end], end
+        return out
 
 
 def upload_via_s3(
-    t: Transport, path: str, size: int, read: Callable[[int, int], bytes], sha: str | None, **extra: Any
+    t: Transport, path: str, size: int, read: Callable[[int, int], bytes | memoryview], sha: str | None, **extra: Any
 ) -> dict[str, Any]:
     """Upload `size` bytes (`read(offset, length)`) through the plan the backend answers at POST `path`; returns
     the backend's `finish` answer. `extra` (a worker's `attempt`) goes with both requests."""
@@ -31,22 +52,32 @@ def upload_via_s3(
     if sha:
         body["sha256"] = sha
     plan = t.json("POST", path, json={"action": "start", **body})
-    done = []
-    with requests.Session() as s3:
-        for part in plan["parts"]:
-            etag = _put(s3, part, read(int(part["offset"]), int(part["size"])))
-            done.append({"number": int(part["number"]), "etag": etag})
+    local = threading.local()
+
+    def put(part: dict[str, Any]) -> dict[str, Any]:
+        if not hasattr(local, "s3"):
+            local.s3 = requests.Session()  # a session per thread: requests' sessions are not thread-safe
+        etag = _put(local.s3, part, read(int(part["offset"]), int(part["size"])))
+        return {"number": int(part["number"]), "etag": etag}
+
+    parts = plan["parts"]
+    if len(parts) == 1:
+        done = [put(parts[0])]
+    else:
+        with ThreadPoolExecutor(min(PARALLEL_PARTS, len(parts)), thread_name_prefix="aibro-s3-part") as pool:
+            done = list(pool.map(put, parts))
     finish = {"action": "finish", **body, "upload_id": plan.get("upload_id")}
     if plan.get("upload_id"):
         finish["parts"] = done
     return t.json("POST", path, json=finish)
 
 
-def _put(s3: requests.Session, part: dict[str, Any], data: bytes) -> str:
+def _put(s3: requests.Session, part: dict[str, Any], data: bytes | memoryview) -> str:
     """PUT one part, again after a broken connection or a 5xx (S3's 'slow down' included); returns its ETag."""
     for attempt in range(PUT_TRIES):
         try:
-            resp = s3.put(part["url"], data=data, headers=part.get("headers") or {}, timeout=PUT_TIMEOUT_S)
+            body = ViewBody(data) if len(data) else b""
+            resp = s3.put(part["url"], data=body, headers=part.get("headers") or {}, timeout=PUT_TIMEOUT_S)
         except requests.RequestException as exc:
             if attempt == PUT_TRIES - 1:
                 raise BackendUnreachable(f"S3 did not take part {part['number']} ({exc}): try again") from None
