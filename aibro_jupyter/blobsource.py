@@ -1,6 +1,7 @@
 """Bytes to upload, read from where they already are (an array's own buffer, a file, a bytes object): hashing and
 uploading walk the same view, so no array is ever copied to a temp file first. An array also says what is known
-of its name (hashcache.py): known exactly, probably sent before, or probably new (one pass: hash while sending)."""
+of its name (hashcache.py): known without reading it, known by its fingerprint, or new (one pass, named by the
+backend)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .hashcache import CACHE
+from .hashcache import CACHE, fingerprint
 
 CHUNK = 8 * 1024 * 1024
 ONE_PASS_MIN = 64 * 1024 * 1024  # smaller arrays are hashed first: cheap, and the backend can say "have it"
+FINGERPRINT_MIN = 4 * 1024 * 1024  # below it a SHA-256 pass costs under 3 ms: no fingerprint kept
 
 
 class ByteSource:
@@ -112,18 +114,27 @@ class ArraySource(ByteSource):
             np.lib.format.write_array_header_2_0(buf, header)
         self.header = buf.getvalue()
         self.size = len(self.header) + self.arr.nbytes
+        self._print: str | None = None
 
     def known_sha(self) -> str | None:
-        return CACHE.known(self.arr)
+        sha = CACHE.known(self.arr)
+        if sha is None and self.size >= FINGERPRINT_MIN:
+            sha = CACHE.by_print(self.fingerprint())
+        return sha
 
     def maybe_new(self) -> bool:
-        return self.size >= ONE_PASS_MIN and not CACHE.seen(self.arr)
+        return self.size >= ONE_PASS_MIN and self.known_sha() is None
+
+    def fingerprint(self) -> str:
+        if self._print is None:
+            self._print = fingerprint(self.chunks())
+        return self._print
 
     def remember(self, sha: str) -> None:
-        CACHE.remember(self.arr, sha)
+        CACHE.remember(self.arr, sha, self.fingerprint() if self.size >= FINGERPRINT_MIN else None)
 
     def forget(self) -> None:
-        CACHE.forget(self.arr)
+        CACHE.forget(self.arr, self._print)
 
     def _flat(self) -> memoryview:
         if self.arr.nbytes == 0:
