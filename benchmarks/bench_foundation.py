@@ -2,7 +2,10 @@
 
 a) remote fit on a warm worker vs in-process `model.fit` (same data, architecture, seed, epochs, batch size);
 b) second submit of the same model + data vs the first (bytes uploaded, submit wall time);
-c) latency from a worker's epoch end to the client receiving the epoch event.
+c) latency from a worker's epoch end to the client receiving the epoch event;
+d) the first job of a session on a fresh backend, with and without the spare worker;
+e) remote fit vs in-process fit for a model whose epochs take about 2 s (epoch-end work per epoch);
+f) a `tf.data.Dataset` job: steps/s on the worker vs the same dataset fitted in-process.
 
 Run: `python benchmarks/bench_foundation.py [--quick] [--keep]`. See benchmarks/README.md.
 """
@@ -37,7 +40,8 @@ COOL_DOWN_S = 600
 SEED = 0
 BATCH = 64
 N_FIT = 20000
-REMOTE_FIT_TARGET = 1.05
+REMOTE_FIT_TARGET = 1.02
+DATASET_STEPS_TARGET = 0.98
 FINAL = ("COMPLETED", "CANCELED")
 
 
@@ -81,22 +85,43 @@ class EpochTimer(keras.callbacks.Callback):
     def __init__(self) -> None:
         super().__init__()
         self.seconds: list[float] = []
+        self.spans: list[tuple[float, float]] = []  # (begin, end) wall clock, like the worker's epoch events
         self._start = 0.0
+        self._begin = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._start = time.monotonic()
+        self._begin = time.time()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.seconds.append(time.monotonic() - self._start)
+        self.spans.append((self._begin, time.time()))
 
 
 def local_fit(x: np.ndarray, y: np.ndarray, epochs: int, batch: int) -> dict[str, Any]:
     """In-process `model.fit`, timed around the call only."""
     model = build_model(SEED)
     timer = EpochTimer()
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     hist = model.fit(x, y, epochs=epochs, batch_size=batch, verbose=0, callbacks=[timer])
-    return {"fit_s": time.perf_counter() - t0, "epoch_s": timer.seconds, "loss": hist.history["loss"][-1]}
+    fit_s = time.perf_counter() - t0
+    return {
+        "fit_s": fit_s,
+        "epoch_s": timer.seconds,
+        "loss": hist.history["loss"][-1],
+        "split": split(timer.spans, wall0, wall0 + fit_s),
+    }
+
+
+def split(spans: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
+    """Where a fit's time outside its epochs goes: before the first epoch (s), between epochs (mean ms per gap),
+    after the last epoch (s)."""
+    gaps = [b - a for (_, a), (b, _) in zip(spans, spans[1:])]
+    return {
+        "before_s": spans[0][0] - start,
+        "gap_ms": statistics.mean(gaps) * 1000 if gaps else 0.0,
+        "after_s": end - spans[-1][1],
+    }
 
 
 # -- backend helpers -----------------------------------------------------------------------------
@@ -161,7 +186,9 @@ def remote_fit(client: BackendClient, x: np.ndarray, y: np.ndarray, epochs: int,
     e2e = time.perf_counter() - t0
     returned = time.time()
     job = client.job(job_id)
-    epoch_s = [e["data"]["seconds"] for e in all_events(client, job_id) if e["type"] == "epoch"]
+    epochs_ev = [e["data"] for e in all_events(client, job_id) if e["type"] == "epoch"]
+    epoch_s = [d["seconds"] for d in epochs_ev]
+    spans = [(d["ended"] - d["seconds"], d["ended"]) for d in epochs_ev]
     return {
         "job_id": job_id,
         "instance_id": job["instance_id"],
@@ -171,6 +198,7 @@ def remote_fit(client: BackendClient, x: np.ndarray, y: np.ndarray, epochs: int,
         "tail_s": returned - ts_of(job, "COMPLETED", "COMPLETED"),
         "epoch_s": epoch_s,
         "loss": hist.history["loss"][-1],
+        "split": split(spans, ts_of(job, "TRAINING", "TRAINING"), ts_of(job, "RETURNING")),
     }
 
 
@@ -199,18 +227,24 @@ def say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-# -- the three sections --------------------------------------------------------------------------
-def section_a(client: BackendClient, quick: bool) -> list[Row]:
-    """Warm remote fit vs in-process fit, alternating, best of two each."""
-    say("== a) remote fit on a warm worker vs in-process model.fit")
+def warm_up(client: BackendClient) -> dict[str, Any]:
+    """A one-epoch job that starts the worker the timed jobs reuse; the job."""
     xs, ys = make_data(512, seed=9)
     t0 = time.perf_counter()
     cold = run_job(client, build_model(SEED), xs, ys, epochs=1, batch_size=BATCH)
-    cold_gear, inst = gear_up_s(cold), cold["instance_id"]
     say(
-        f"   warm-up job {cold['job_id']} on {inst}: {time.perf_counter() - t0:.1f} s wall, "
-        f"cold gear-up {cold_gear:.2f} s"
+        f"   warm-up job {cold['job_id']} on {cold['instance_id']}: {time.perf_counter() - t0:.1f} s wall, "
+        f"cold gear-up {gear_up_s(cold):.2f} s"
     )
+    return cold
+
+
+# -- the sections --------------------------------------------------------------------------
+def section_a(client: BackendClient, quick: bool) -> list[Row]:
+    """Warm remote fit vs in-process fit, alternating, best of two each."""
+    say("== a) remote fit on a warm worker vs in-process model.fit")
+    cold = warm_up(client)
+    cold_gear, inst = gear_up_s(cold), cold["instance_id"]
 
     x, y = make_data(N_FIT, seed=1)
     local_fit(x[:2048], y[:2048], 1, BATCH)  # first-fit costs of this process, like the worker's warm-up job
@@ -355,6 +389,131 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
     ]
 
 
+def steps_per_s(epoch_s: list[float], steps: int) -> float:
+    """Steps per second over the epochs after the first (which traces the train step)."""
+    timed = epoch_s[1:] or epoch_s
+    return steps * len(timed) / sum(timed)
+
+
+def section_e(client: BackendClient, quick: bool) -> list[Row]:
+    """Many ~2 s epochs: the per-epoch work around each epoch (checkpoint, events, TensorBoard) against a short
+    epoch, alternating local and remote, best of two each."""
+    say("== e) ~2 s epochs: remote fit on a warm worker vs in-process model.fit")
+    x, y = make_data(N_FIT, seed=5)
+    probe = local_fit(x, y, 2, BATCH)
+    per_row = probe["epoch_s"][-1] / N_FIT
+    n = max(BATCH, round(2.0 / per_row / BATCH) * BATCH)
+    epochs = 5 if quick else 10
+    x, y = make_data(n, seed=5)
+    say(f"   calibration: {probe['epoch_s'][-1]:.2f} s per {N_FIT} rows → {n} rows for ~2 s epochs, {epochs} epochs")
+    local: list[dict[str, Any]] = []
+    remote: list[dict[str, Any]] = []
+    for rep in (1, 2):
+        local.append(local_fit(x, y, epochs, BATCH))
+        remote.append(remote_fit(client, x, y, epochs, BATCH))
+        loc, rem = local[-1], remote[-1]
+        say(
+            f"   run {rep}: local fit {loc['fit_s']:6.2f} s (epochs {statistics.mean(loc['epoch_s']):.3f} s mean)   "
+            f"remote fit {rem['fit_s']:6.2f} s (epochs {statistics.mean(rem['epoch_s']):.3f} s mean)  {rem['job_id']}"
+        )
+    best_local = min(local, key=lambda r: r["fit_s"])
+    best_remote = min(remote, key=lambda r: r["fit_s"])
+    ratio = best_remote["fit_s"] / best_local["fit_s"]
+    loc_in, rem_in = sum(best_local["epoch_s"]), sum(best_remote["epoch_s"])
+    outside_ms = (best_remote["fit_s"] - rem_in - (best_local["fit_s"] - loc_in)) / epochs * 1000
+    say(
+        f"   split (best runs): inside epochs local {loc_in:.2f} s / remote {rem_in:.2f} s; outside epochs local "
+        f"{best_local['fit_s'] - loc_in:.2f} s / remote {best_remote['fit_s'] - rem_in:.2f} s"
+    )
+    for label, runs in (("local ", local), ("remote", remote)):
+        say(
+            f"   {label}: before the first epoch "
+            + " / ".join(f"{r['split']['before_s'] * 1000:.0f}" for r in runs)
+            + " ms, between epochs "
+            + " / ".join(f"{r['split']['gap_ms']:.1f}" for r in runs)
+            + " ms per gap, after the last epoch "
+            + " / ".join(f"{r['split']['after_s'] * 1000:.0f}" for r in runs)
+            + " ms (run 1 / run 2)"
+        )
+    gap_ms = min(r["split"]["gap_ms"] for r in remote) - min(r["split"]["gap_ms"] for r in local)
+    fixed_s = min(r["split"]["before_s"] + r["split"]["after_s"] for r in remote) - min(
+        r["split"]["before_s"] + r["split"]["after_s"] for r in local
+    )
+    mean_epoch = statistics.mean(best_local["epoch_s"])
+    ok = ratio <= REMOTE_FIT_TARGET
+    return [
+        Row(f"2 s epochs: in-process fit s ({epochs} x {mean_epoch:.2f} s)", f"{best_local['fit_s']:.2f}"),
+        Row("2 s epochs: remote fit s, warm (best of 2)", f"{best_remote['fit_s']:.2f}"),
+        Row("2 s epochs: remote fit / in-process fit", f"{ratio:.3f}", f"<= {REMOTE_FIT_TARGET}", ok),
+        Row("  remote/local time inside epochs", f"{rem_in / loc_in:.3f}"),
+        Row("  remote extra time outside epochs ms/epoch", f"{outside_ms:.0f}"),
+        Row("    of which per gap between epochs ms", f"{gap_ms:.1f}", "<= 10", gap_ms <= 10),
+        Row("    of which once per fit (before 1st + after last) s", f"{fixed_s:.2f}"),
+    ]
+
+
+def local_dataset_fit(ds: Any, epochs: int) -> dict[str, Any]:
+    """In-process `model.fit` on a tf.data dataset, timed around the call only."""
+    model = build_model(SEED)
+    timer = EpochTimer()
+    t0 = time.perf_counter()
+    model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer], shuffle=False)
+    return {"fit_s": time.perf_counter() - t0, "epoch_s": timer.seconds}
+
+
+def section_f(client: BackendClient, quick: bool) -> list[Row]:
+    """A tf.data.Dataset job: the worker trains on `Dataset.load` of the saved pass; steps/s against the same
+    dataset fitted in-process, alternating, best of two each."""
+    import tensorflow as tf
+
+    say("== f) tf.data.Dataset: steps/s on the worker vs in-process")
+    x, y = make_data(N_FIT, seed=6)
+    probe = local_fit(x, y, 2, BATCH)
+    n = max(BATCH, round(2.0 / (probe["epoch_s"][-1] / N_FIT) / BATCH) * BATCH)
+    epochs = 4 if quick else 8
+    x, y = make_data(n, seed=6)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    steps = int(ds.cardinality())
+    saved = Path(tempfile.mkdtemp(prefix="aibro-bench-ds-"))
+    ds.save(str(saved))
+    copy = tf.data.Dataset.load(str(saved))  # what the worker trains on: the saved pass, loaded back
+    say(f"   from_tensor_slices(({n}x64, {n})).batch({BATCH}).prefetch: {steps} steps per epoch, {epochs} epochs")
+    local: list[float] = []
+    loaded: list[float] = []
+    remote: list[float] = []
+    fits: list[tuple[float, float]] = []
+    try:
+        for rep in (1, 2):
+            loc = local_dataset_fit(ds, epochs)
+            local.append(steps_per_s(loc["epoch_s"], steps))
+            job = run_job(client, build_model(SEED), ds, None, epochs=epochs)
+            rem_epochs = [e["data"]["seconds"] for e in all_events(client, job["job_id"]) if e["type"] == "epoch"]
+            remote.append(steps_per_s(rem_epochs, steps))
+            fits.append((loc["fit_s"], fit_span_s(job)))
+            loaded.append(steps_per_s(local_dataset_fit(copy, epochs)["epoch_s"], steps))
+            say(
+                f"   run {rep}: in-process {local[-1]:6.1f} steps/s (fit {loc['fit_s']:.2f} s)   "
+                f"remote {remote[-1]:6.1f} steps/s (fit {fits[-1][1]:.2f} s, {job['job_id']})   "
+                f"in-process on the loaded copy {loaded[-1]:6.1f} steps/s"
+            )
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+    ratio = max(remote) / max(local)
+    fit_ratio = min(f[1] for f in fits) / min(f[0] for f in fits)
+    return [
+        Row("tf.data: in-process steps/s (best of 2)", f"{max(local):.1f}"),
+        Row("tf.data: remote steps/s on the worker (best of 2)", f"{max(remote):.1f}"),
+        Row(
+            "tf.data: remote / in-process steps/s",
+            f"{ratio:.3f}",
+            f">= {DATASET_STEPS_TARGET}",
+            ratio >= DATASET_STEPS_TARGET,
+        ),
+        Row("  in-process steps/s on Dataset.load copy", f"{max(loaded):.1f}"),
+        Row("  remote fit / in-process fit (whole fit)", f"{fit_ratio:.3f}"),
+    ]
+
+
 def spare_rss_mib(home: Path) -> float:
     """Resident memory of the backend's idle spare worker (its python inside any sandbox), MiB; 0 if none."""
     for proc in Path("/proc").iterdir():
@@ -425,7 +584,8 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="~5 s fits instead of ~20 s (runs in ~1.5 min)")
+    parser.add_argument("--quick", action="store_true", help="~5 s fits instead of ~20 s, fewer 2 s epochs")
+    parser.add_argument("--only", default="", help="run only these sections, e.g. --only ef (a always warms up)")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark's AIBRO_HOME (logs, database)")
     args = parser.parse_args(argv)
 
@@ -444,12 +604,18 @@ def main(argv: list[str] | None = None) -> int:
         client = BackendClient(target.url, target.token)
         client.health()
         say(f"embedded backend at {target.url}")
-        rows += section_a(client, args.quick)
-        rows += section_b(client, args.quick)
-        rows += section_c(client, args.quick)
+        only = set(args.only) or set("abcdef")
+        if "a" in only:
+            rows += section_a(client, args.quick)
+        else:
+            warm_up(client)
+        for name, section in (("b", section_b), ("c", section_c), ("e", section_e), ("f", section_f)):
+            if name in only:
+                rows += section(client, args.quick)
         warm = next((float(r.value) for r in rows if r.metric.startswith("gear-up s, warm")), 0.0)
         config.stop_embedded()
-        rows += section_d(warm, args.quick)
+        if "d" in only:
+            rows += section_d(warm, args.quick)
     finally:
         config.stop_embedded()
         kill_workers(home)
