@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import queue
 import threading
 import time
 from typing import Any
@@ -118,8 +117,8 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
     """TensorBoard logs per epoch only: Keras' callback does summary work on every batch even with
     update_freq="epoch", which costs a remote fit several percent against a plain local one.
 
-    The epoch's scalars are written by a thread of its own: the training thread only reads the learning rate and
-    queues the logs (the first write alone creates the event file and traces the summary ops, over 100 ms, and
+    The epoch's scalars are written off the training thread: it only reads the learning rate and hands the logs
+    over (the first write alone creates the event file and traces the summary ops, over 100 ms, and
     every later one takes milliseconds of eager ops). `on_train_end` waits for the writes and closes the files,
     so they are complete when fit returns. Histograms and embeddings read the live weights, so they stay on the
     training thread."""
@@ -128,10 +127,8 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
-        self._writes: queue.Queue[tuple[int, dict[str, Any]] | None] = queue.Queue()
+        self._last_write: threading.Thread | None = None
         self._write_error: BaseException | None = None
-        self._writer = threading.Thread(target=self._write_loop, name="aibro-tensorboard", daemon=True)
-        self._writer.start()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs:
@@ -139,26 +136,37 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
             train_logs = self._collect_learning_rate({k: val for k, val in logs.items() if not k.startswith("val_")})
             if self.write_steps_per_second:
                 train_logs["steps_per_second"] = self._compute_steps_per_second()
-            self._writes.put((epoch, {**train_logs, **{k: val for k, val in logs.items() if k.startswith("val_")}}))
+            val_logs = {k: val for k, val in logs.items() if k.startswith("val_")}
+            # One short thread per epoch, each waiting for the one before (epochs stay in order): nothing is left
+            # behind holding the model when fit ends in an exception and on_train_end never comes.
+            self._last_write = threading.Thread(
+                target=self._write_after,
+                args=(self._last_write, epoch, {**train_logs, **val_logs}),
+                name="aibro-tensorboard",
+                daemon=True,
+            )
+            self._last_write.start()
         if self.histogram_freq and epoch % self.histogram_freq == 0:
             self._log_weights(epoch)
         if self.embeddings_freq and epoch % self.embeddings_freq == 0:
             self._log_embeddings(epoch)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._writes.put(None)
-        self._writer.join()
+        if self._last_write is not None:
+            self._last_write.join()
+            self._last_write = None
         super().on_train_end(logs)
         if self._write_error is not None:
             raise RuntimeError(f"writing TensorBoard logs failed: {self._write_error}") from self._write_error
 
-    def _write_loop(self) -> None:
-        while (item := self._writes.get()) is not None:
-            if self._write_error is None:
-                try:
-                    self._write_epoch(*item)
-                except BaseException as exc:  # noqa: BLE001 - raised on the training thread at the end of fit
-                    self._write_error = exc
+    def _write_after(self, previous: threading.Thread | None, epoch: int, logs: dict[str, Any]) -> None:
+        if previous is not None:
+            previous.join()
+        if self._write_error is None:
+            try:
+                self._write_epoch(epoch, logs)
+            except BaseException as exc:  # noqa: BLE001 - raised on the training thread at the end of fit
+                self._write_error = exc
 
     def _write_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         """Keras' `_log_epoch_metrics`, with the learning rate already read on the training thread."""
