@@ -18,6 +18,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # the worker on `local-cpu` runs with CUDA hidden too
 
 import argparse
+import gc
 import shutil
 import signal
 import statistics
@@ -102,6 +103,7 @@ def local_fit(x: np.ndarray, y: np.ndarray, epochs: int, batch: int) -> dict[str
     """In-process `model.fit`, timed around the call only."""
     model = build_model(SEED)
     timer = EpochTimer()
+    gc.collect()  # earlier fits' garbage otherwise lands in this one (a 1 to 2 s stall after the last epoch)
     t0, wall0 = time.perf_counter(), time.time()
     hist = model.fit(x, y, epochs=epochs, batch_size=batch, verbose=0, callbacks=[timer])
     fit_s = time.perf_counter() - t0
@@ -456,6 +458,7 @@ def local_dataset_fit(ds: Any, epochs: int) -> dict[str, Any]:
     """In-process `model.fit` on a tf.data dataset, timed around the call only."""
     model = build_model(SEED)
     timer = EpochTimer()
+    gc.collect()
     t0 = time.perf_counter()
     model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer], shuffle=False)
     return {"fit_s": time.perf_counter() - t0, "epoch_s": timer.seconds}
