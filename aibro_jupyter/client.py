@@ -127,30 +127,27 @@ class BackendClient:
         """Upload bytes from where they are (an array's buffer, a file), content-addressed; returns (sha, bytes
         sent). Nothing is sent when the backend has them; a partial upload resumes where it stopped.
 
-        Without `sha`: a name the source knows exactly is used as is (hashcache.py); bytes that are probably new
-        (a large array never hashed here) go in one pass, unnamed, and the backend names the blob by the digest it
-        computes on the way in (`/blobs/uploads/{id}`); anything else is hashed first, so the backend can answer
-        "already here" before a byte moves. When
-        the backend keeps bytes in S3 (`X-Upload-Via: s3`), they go there on the presigned URLs it answers."""
-        if sha is None:
-            sha = source.known_sha()
-            if sha is not None:
-                try:
-                    return self._upload_named(source, sha)
-                except ApiError as exc:
-                    if exc.status != 409:
-                        raise
-                    source.forget()  # the backend hashed other bytes than the name: hash them here
-                    sha = None
-            if sha is None and source.maybe_new():
-                done = self._upload_one_pass(source)
-                if done is not None:
-                    source.remember(done[0])
-                    return done
-            if sha is None:
-                sha = source.sha256()
-                source.remember(sha)
-        return self._upload_named(source, sha)
+        Without `sha`, the source decides how (blobsource.py, hashcache.py): a name it knows without hashing is
+        used as is (and forgotten if the backend finds other bytes); bytes that are probably new (a large array
+        never seen here) go in one pass, unnamed, and the backend names the blob by the digest it computes on the
+        way in (`/blobs/uploads/{id}`); anything else is hashed first, so the backend can answer "already here"
+        before a byte moves. When the backend keeps bytes in S3 (`X-Upload-Via: s3`), they go there on the
+        presigned URLs it answers."""
+        if sha is not None:
+            return self._upload_named(source, sha)
+        known = source.known_sha()
+        if known is not None:
+            try:
+                return self._upload_named(source, known)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                source.forget()  # the backend hashed other bytes than the name said: go on as for unknown bytes
+        done = self._upload_one_pass(source) if source.maybe_new() else None
+        if done is None:
+            done = self._upload_named(source, source.sha256())
+        source.remember(done[0])
+        return done
 
     def _upload_named(self, source: ByteSource, sha: str) -> tuple[str, int]:
         total = source.size
