@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,6 +150,11 @@ def test_the_backend_checks_a_name_it_is_given_and_keeps_uploads_per_user(
     with pytest.raises(ApiError, match="hash to .* not 0000") as e:
         client.t.json("POST", f"{path}/finish", json={"size": len(data), "sha256": "0" * 64})
     assert e.value.status == 409
+    other = "/blobs/uploads/" + "f" * 32  # an unfinished upload dropped frees its quota
+    client.t.json("PUT", other, params={"offset": 0, "total": len(data)}, data=data[:MIB])
+    assert client.t.json("DELETE", other) == {"dropped": True}
+    assert client.t.request("HEAD", other).headers["X-Received"] == "0"
+    assert client.t.json("DELETE", other) == {"dropped": False}
     with pytest.raises(ApiError, match="not an upload id") as e:
         client.t.request("DELETE", "/blobs/uploads/NOT-AN-ID")
     assert e.value.status == 400
@@ -166,16 +172,23 @@ def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 class _KillAfterFirstChunk(ArraySource):
-    """Kills the backend (SIGKILL) once the first chunk is on its way, as a crash mid-upload would."""
+    """Kills the backend (SIGKILL) once the upload's first chunk is stored, as a crash mid-upload would. The first
+    walk over the bytes is the fingerprint (hashcache.py); the second is the upload."""
 
     def __init__(self, arr: np.ndarray, home: Path) -> None:
         super().__init__(arr)
         self.home = home
+        self.walks = 0
 
     def chunks(self, start: int = 0, size: int = blobsource.CHUNK) -> Iterator[memoryview]:
+        self.walks += 1
         for i, chunk in enumerate(super().chunks(start, size)):
-            if i == 1:
-                os.kill(json.loads((self.home / "backend.json").read_text())["pid"], signal.SIGKILL)
+            if self.walks == 2 and i == 1:
+                pid = json.loads((self.home / "backend.json").read_text())["pid"]
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while config._pid_alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
             yield chunk
 
 
@@ -188,5 +201,5 @@ def test_a_one_pass_upload_resumes_after_the_backend_restarts(own_home: Path) ->
     sha, sent = client.upload_source(source)
     assert any("restarting" in n for n in notices), notices
     assert sha == ArraySource(x).sha256(), "the name covers the bytes from before and after the restart"
-    assert sent == source.size
+    assert sent == source.size and source.walks == 2, "the kill came during the upload"
     assert client.counters()["blob_bytes_received"] <= source.size, "what arrived before the crash was kept"

@@ -298,10 +298,15 @@ class BlobStore:
         self.finish_blob(sha, owner)
         return True
 
-    def drop_partial(self, sha: str, owner: str, upload_id: str | None = None) -> bool:
-        """Discard this user's unfinished upload of `sha` (or the unnamed upload `upload_id`) to free quota; False
-        when there was none."""
-        path = self._upload_partial(upload_id, owner) if upload_id is not None else self._partial(sha, owner)
+    def drop_partial(self, sha: str, owner: str) -> bool:
+        """Discard this user's unfinished upload of `sha` (to free quota); False when there was none."""
+        return self._drop(self._partial(sha, owner))
+
+    def drop_upload(self, upload_id: str, owner: str) -> bool:
+        """Discard this user's unfinished unnamed upload `upload_id`; False when there was none."""
+        return self._drop(self._upload_partial(upload_id, owner))
+
+    def _drop(self, path: Path) -> bool:
         if path in self._writers:
             raise UploadBusy("this upload is in progress on another connection: wait for it to end")
         self._drop_hashing(path)

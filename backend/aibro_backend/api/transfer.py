@@ -228,7 +228,7 @@ class UnnamedUploadHandler(StreamedUpload, UserHandler):
 
     def delete(self, upload_id: str) -> None:
         try:
-            dropped = self.backend.blobs.drop_partial("", str(self.uid), _upload_id(upload_id))
+            dropped = self.backend.blobs.drop_upload(_upload_id(upload_id), str(self.uid))
         except UploadBusy as exc:
             raise ApiError(409, str(exc)) from None
         self.send({"dropped": dropped})
