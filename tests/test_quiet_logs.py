@@ -5,6 +5,7 @@ collector (tests/conftest.py) reads every backend log the whole test session wro
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -69,5 +70,10 @@ def test_a_normal_session_logs_nothing_to_act_on_and_a_refused_token_is_a_warnin
 
         with pytest.raises(AibroError):
             backend.client("aibro_u_not-a-token").health()
-        lines = [line.split(" ", 2)[2] for line in backend.log.read_text().splitlines() if " WARNING " in line]
+        deadline = time.monotonic() + 30  # the access line is written once the answer is sent: it may trail it
+        while True:
+            lines = [line.split(" ", 2)[2] for line in backend.log.read_text().splitlines() if " WARNING " in line]
+            if lines or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert len(lines) == 1 and lines[0].startswith("tornado.access WARNING 401 GET /api/v1/health"), lines
