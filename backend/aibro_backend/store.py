@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
+from .recent import RecentEvents, encode_event
+
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
 TOKEN_TOUCH_S = 60.0  # last_used is written at most this often per token, so a polling client costs no writes
 
@@ -43,6 +45,7 @@ CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, user_id INTEGER NOT N
     token_hash TEXT NOT NULL, job_id TEXT, cool_down_s REAL NOT NULL DEFAULT 0, cooling_until REAL,
     created REAL NOT NULL, updated REAL NOT NULL, last_seen REAL, history TEXT NOT NULL DEFAULT '[]',
     enroll_hash TEXT, enroll_expires REAL, price_per_hour REAL);
+CREATE INDEX IF NOT EXISTS instances_token ON instances (token_hash);
 CREATE TABLE IF NOT EXISTS artifacts (job_id TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
     sha TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (job_id, name));
 """
@@ -74,6 +77,7 @@ class Store:
         self.path = Path(path)
         self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
+        self.recent = RecentEvents()
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
@@ -227,6 +231,14 @@ class Store:
             row = self.db.execute("SELECT * FROM jobs WHERE id=? AND user_id=?", (job_id, user_id)).fetchone()
         return _job_row(row) if row else None
 
+    def job_state(self, job_id: str, user_id: int | None = None) -> tuple[str, str] | None:
+        """The job's status and substatus alone (a long-poll asks this at every wake-up), or None when there is
+        no such job (for this user, when one is given)."""
+        row = self.db.execute(
+            "SELECT status, substatus FROM jobs WHERE id=? AND (? IS NULL OR user_id=?)", (job_id, user_id, user_id)
+        ).fetchone()
+        return (row["status"], row["substatus"]) if row else None
+
     def jobs(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         sql, args = "SELECT * FROM jobs WHERE 1=1", []
         if user_id is not None:
@@ -266,22 +278,22 @@ class Store:
         lets the backend take thousands of events a second with the log durable). Gap-free seqs in order; events
         whose wseq this attempt already stored are skipped (a resent batch); status and epoch events move the
         job's row in the same transaction. Returns the events stored."""
-        job = self.job(job_id)
+        job = self.db.execute("SELECT user_id, status, substatus FROM jobs WHERE id=?", (job_id,)).fetchone()
         if job is None:
             raise KeyError(job_id)
         stored: list[dict[str, Any]] = []
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)).fetchone()[0]
+            seq = seq_before = self.db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
+            ).fetchone()[0]
             status, substatus, epochs_done = job["status"], job["substatus"], None
+            seen = self._stored_wseqs(job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
             for ev in events:
-                if (
-                    ev.wseq is not None
-                    and self.db.execute(
-                        "SELECT 1 FROM events WHERE job_id=? AND attempt=? AND wseq=?", (job_id, attempt, ev.wseq)
-                    ).fetchone()
-                ):
-                    continue
+                if ev.wseq is not None:
+                    if ev.wseq in seen:
+                        continue
+                    seen.add(ev.wseq)
                 seq += 1
                 ts = time.time() if ev.ts is None else ev.ts
                 cur = self.db.execute(
@@ -311,6 +323,7 @@ class Store:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+        self.recent.add(job_id, job["user_id"], seq_before, stored)
         return stored
 
     def events(self, job_id: str, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
@@ -318,6 +331,31 @@ class Store:
             "SELECT * FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?", (job_id, after, limit)
         ).fetchall()
         return [_event_row(r) for r in rows]
+
+    def _stored_wseqs(self, job_id: str, attempt: int | None, wseqs: list[int]) -> set[int]:
+        """Which of these worker seqs this attempt already stored: one indexed range read per batch."""
+        if not wseqs:
+            return set()
+        rows = self.db.execute(
+            "SELECT wseq FROM events WHERE job_id=? AND attempt=? AND wseq BETWEEN ? AND ?",
+            (job_id, attempt, min(wseqs), max(wseqs)),
+        )
+        return {r[0] for r in rows}
+
+    def event_parts(self, job_id: str, after: int = 0, limit: int = 5000) -> list[bytes]:
+        """`events` already encoded as the API answers them: from the recent window when it reaches back to
+        `after` (no query, no encoding: what a long-poll under load needs), else from the log."""
+        parts = self.recent.job_events(job_id, after, limit)
+        return parts if parts is not None else [encode_event(e) for e in self.events(job_id, after, limit)]
+
+    def user_event_parts(self, user_id: int, after: int = 0, limit: int = 5000) -> tuple[list[bytes], int]:
+        """`user_events` encoded (as `event_parts`), with the cursor to follow from: the last one's gid."""
+        found = self.recent.user_events(user_id, after, limit)
+        if found is None:
+            events = self.user_events(user_id, after, limit)
+            found = [e["gid"] for e in events], [encode_event(e) for e in events]
+        gids, parts = found
+        return parts, gids[-1] if gids else after
 
     def typed_events(self, job_id: str, types: tuple[str, ...]) -> list[dict[str, Any]]:
         """Every event of these types (its timeline, its epochs), however long the job's log is."""
@@ -340,7 +378,9 @@ class Store:
 
     def max_wseq(self, job_id: str, attempt: int) -> int:
         row = self.db.execute(
-            "SELECT COALESCE(MAX(wseq), 0) FROM events WHERE job_id=? AND attempt=?", (job_id, attempt)
+            # `wseq IS NOT NULL` lets SQLite use the partial index (else it reads every event of the job)
+            "SELECT COALESCE(MAX(wseq), 0) FROM events WHERE job_id=? AND attempt=? AND wseq IS NOT NULL",
+            (job_id, attempt),
         ).fetchone()
         return int(row[0])
 

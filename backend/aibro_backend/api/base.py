@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, TypeVar
 
 import tornado.web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
+from ..jsonout import dumps
 from ..state import Backend
 from .models import explain
 
@@ -54,24 +54,6 @@ def _depth_over(data: Any, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
     return False
-
-
-def _finite(data: Any) -> Any:
-    """The same data with every NaN/Infinity as null (an old stored row may hold one); JSON has no such numbers."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: _finite(val) for k, val in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_finite(val) for val in data]
-    return data
-
-
-def dumps(data: Any) -> str:
-    try:
-        return json.dumps(data, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(data), allow_nan=False)
 
 
 class BaseHandler(tornado.web.RequestHandler):
@@ -122,6 +104,11 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_status(status)
         self.finish(dumps(data))
 
+    def send_events(self, parts: list[bytes], **fields: Any) -> None:
+        """A page of already encoded events (`Store.event_parts`) as `{"events": [...], **fields}`."""
+        self.set_status(200)
+        self.finish(b'{"events":[' + b",".join(parts) + b"]," + dumps(fields)[1:].encode())
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = getattr(exc, "message", None) or self._reason
@@ -160,3 +147,10 @@ class UserHandler(BaseHandler):
         if job is None:
             raise ApiError(404, f"no job '{job_id[:80]}' for this user: `aibro jobs` lists yours")
         return job
+
+    def own_job_state(self, job_id: str) -> tuple[str, str]:
+        """`own_job`'s check, reading only the status and substatus (a long-poll's cheap first look)."""
+        state = self.backend.store.job_state(job_id, self.uid)
+        if state is None:
+            raise ApiError(404, f"no job '{job_id[:80]}' for this user: `aibro jobs` lists yours")
+        return state

@@ -165,19 +165,18 @@ class ReplayHandler(UserHandler):
 
 class JobEventsHandler(UserHandler):
     async def get(self, job_id: str) -> None:
-        self.own_job(job_id)
+        state = self.own_job_state(job_id)  # status first: a final status is committed with its event
         after, wait = _after_wait(self)
         store = self.backend.store
         deadline = time.monotonic() + wait
-        job = store.job(job_id)  # status first: a final status is committed with its event, so none is missed
-        events = store.events(job_id, after)
+        parts = store.event_parts(job_id, after)
         bus = self.backend.bus
-        while not events and job["status"] not in v.JOB_FINAL and time.monotonic() < deadline and not bus.closed:
+        while not parts and state[0] not in v.JOB_FINAL and time.monotonic() < deadline and not bus.closed:
             await bus.wait(deadline - time.monotonic(), job_key(job_id))
-            job = store.job(job_id)
-            events = store.events(job_id, after)
-        status, substatus = _job_state(job, store)
-        self.send({"events": events, "status": status, "substatus": substatus})
+            state = store.job_state(job_id) or state
+            parts = store.event_parts(job_id, after)
+        status, substatus = _job_state(job_id, state, store)
+        self.send_events(parts, status=status, substatus=substatus)
 
 
 class UserEventsHandler(UserHandler):
@@ -185,13 +184,12 @@ class UserEventsHandler(UserHandler):
         after, wait = _after_wait(self)
         store = self.backend.store
         deadline = time.monotonic() + wait
-        events = store.user_events(self.uid, after)
+        parts, cursor = store.user_event_parts(self.uid, after)
         bus = self.backend.bus
-        while not events and time.monotonic() < deadline and not bus.closed:
+        while not parts and time.monotonic() < deadline and not bus.closed:
             await bus.wait(deadline - time.monotonic(), user_key(self.uid))
-            events = store.user_events(self.uid, after)
-        cursor = events[-1]["gid"] if events else after
-        self.send({"events": events, "cursor": cursor})
+            parts, cursor = store.user_event_parts(self.uid, after)
+        self.send_events(parts, cursor=cursor)
 
 
 def _after_wait(handler: UserHandler) -> tuple[int, float]:
@@ -205,12 +203,12 @@ def _after_wait(handler: UserHandler) -> tuple[int, float]:
     return q.after, min(q.wait, MAX_WAIT_S)
 
 
-def _job_state(job: dict[str, Any], store: Any) -> tuple[str, str]:
+def _job_state(job_id: str, state: tuple[str, str], store: Any) -> tuple[str, str]:
     """The job's status and substatus; for a row a worker spoiled before events were validated, the last valid
     ones its events give."""
-    if job["status"] in JOB_STATUSES and job["substatus"] in JOB_SUBSTATUSES:
-        return job["status"], job["substatus"]
-    picture = JobPicture().apply_all(store.typed_events(job["id"], (v.EV_STATUS,)))
+    if state[0] in JOB_STATUSES and state[1] in JOB_SUBSTATUSES:
+        return state
+    picture = JobPicture().apply_all(store.typed_events(job_id, (v.EV_STATUS,)))
     return picture.status, picture.substatus
 
 

@@ -15,6 +15,8 @@ from ..store import NewEvent
 from .base import ApiError, BaseHandler
 from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
+SEEN_TOUCH_S = 1.0  # an instance's last_seen is written at most this often: a busy worker's posts cost no write
+
 
 class WorkerHandler(BaseHandler):
     instance: dict[str, Any]
@@ -24,11 +26,13 @@ class WorkerHandler(BaseHandler):
         if inst is None:
             raise ApiError(401, "unknown worker token")
         self.instance = inst
-        self.backend.store.update_instance(inst["id"], last_seen=time.time())
+        now = time.time()
+        if (inst["last_seen"] or 0) < now - SEEN_TOUCH_S:
+            self.backend.store.update_instance(inst["id"], last_seen=now)
 
     def assigned_job(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
         """The job only if it is this instance's current assignment (and attempt, when given)."""
-        inst = self.backend.store.instance(self.instance["id"])
+        inst = self.backend.store.instance(self.instance["id"])  # fresh: an upload calls this again after awaits
         job = self.backend.store.job(job_id)
         if job is None or inst["job_id"] != job_id or job["instance_id"] != inst["id"]:
             raise ApiError(409, f"{job_id} is not assigned to {inst['id']}: drop it")
@@ -108,7 +112,7 @@ class WorkerEventsHandler(WorkerHandler):
         ]
         for stored in self.backend.store.append_events(job_id, batch, attempt=body.attempt):
             self.backend.scheduler.on_event(stored)
-        job = self.backend.store.job(job_id)
+        # storing events never moves the cancel flag, so the job read above still tells it
         self.send({"acked": self.backend.store.max_wseq(job_id, body.attempt), "cancel": job["cancel_requested"]})
 
 

@@ -1,0 +1,140 @@
+"""The encoded window of recent events (aibro_backend/recent.py): a long-poll answered from it must be exactly the
+page the event log gives, for every cursor, across trimming, restarts, rolled-back batches and users."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aibro_backend import recent
+from aibro_backend.recent import encode_event
+from aibro_backend.store import NewEvent, Store
+
+SPEC = {"machines": ["local-cpu"], "fit": {"epochs": 1000}}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "db.sqlite")
+    yield s
+    s.close()
+
+
+def from_log(store: Store, job_id: str, after: int) -> list[bytes]:
+    return [encode_event(e) for e in store.events(job_id, after)]
+
+
+def batch(n: int, start: int) -> list[NewEvent]:
+    return [NewEvent("log", {"message": f"m{i}", "i": i}, wseq=i, ts=1000.0 + i) for i in range(start, start + n)]
+
+
+def test_every_cursor_reads_the_same_page_from_the_window_and_the_log(store: Store) -> None:
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    for start in range(1, 60, 7):
+        store.append_events("job-a", batch(7, start), attempt=0)
+    assert store.recent.job_events("job-a", 0, 5000) is not None, "the window covers a job it saw from its start"
+    for after in range(0, 66):
+        assert store.event_parts("job-a", after) == from_log(store, "job-a", after), after
+    assert [json.loads(p)["seq"] for p in store.event_parts("job-a", 60)] == [61, 62, 63]
+    assert (
+        store.event_parts("job-a", 63) == []
+        and store.event_parts("job-a", 10, limit=3) == from_log(store, "job-a", 10)[:3]
+    )
+
+
+def test_a_trimmed_window_sends_older_cursors_to_the_log(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recent, "WINDOW_EVENTS", 10)
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    for start in range(1, 100, 9):
+        store.append_events("job-a", batch(9, start), attempt=0)
+    assert store.recent.job_events("job-a", 0, 5000) is None, "the start of the job left the window"
+    for after in range(0, 100):
+        assert store.event_parts("job-a", after) == from_log(store, "job-a", after), after
+    parts, cursor = store.user_event_parts(uid, 0)
+    assert parts == [encode_event(e) for e in store.user_events(uid, 0)] and len(parts) == 99
+    assert cursor == store.user_events(uid, 0)[-1]["gid"]
+
+
+def test_a_new_store_on_the_same_log_reads_it_from_disk(store: Store, tmp_path: Path) -> None:
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    store.append_events("job-a", batch(5, 1), attempt=0)
+    restarted = Store(tmp_path / "db.sqlite")
+    try:
+        assert restarted.recent.job_events("job-a", 0, 5000) is None
+        restarted.append_events("job-a", batch(5, 6), attempt=0)
+        for after in range(0, 11):
+            assert restarted.event_parts("job-a", after) == from_log(restarted, "job-a", after)
+        assert [json.loads(p)["seq"] for p in restarted.event_parts("job-a", 0)] == list(range(1, 11))
+    finally:
+        restarted.close()
+
+
+def test_a_rolled_back_batch_never_reaches_the_window(store: Store) -> None:
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    store.append_events("job-a", batch(3, 1), attempt=0)
+    with pytest.raises(KeyError):  # an epoch event without its epoch fails inside the transaction
+        store.append_events("job-a", [*batch(2, 4), NewEvent("epoch", {"logs": {}}, wseq=6)], attempt=0)
+    assert [json.loads(p)["seq"] for p in store.event_parts("job-a", 0)] == [1, 2, 3]
+    store.append_events("job-a", batch(2, 4), attempt=0)
+    assert store.event_parts("job-a", 0) == from_log(store, "job-a", 0)
+    assert [json.loads(p)["seq"] for p in store.event_parts("job-a", 0)] == [1, 2, 3, 4, 5]
+
+
+def test_resent_events_are_not_repeated(store: Store) -> None:
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    store.append_events("job-a", batch(4, 1), attempt=0)
+    store.append_events("job-a", batch(6, 1), attempt=0)  # the worker resends 1-4 with 5-6
+    assert [json.loads(p)["data"]["i"] for p in store.event_parts("job-a", 0)] == [1, 2, 3, 4, 5, 6]
+    assert store.event_parts("job-a", 0) == from_log(store, "job-a", 0)
+
+
+def test_user_pages_are_scoped_and_match_the_log(store: Store) -> None:
+    alice, bob = store.ensure_user("alice"), store.ensure_user("bob")
+    for job, uid in (("job-a", alice), ("job-b", alice), ("job-c", bob)):
+        store.create_job(job, uid, SPEC)
+    for round_ in range(4):
+        for job in ("job-a", "job-c", "job-b"):
+            store.append_events(job, batch(3, 1 + 3 * round_), attempt=0)
+    for uid in (alice, bob):
+        everything = store.user_events(uid, 0)
+        for e in [{"gid": 0}, *everything]:
+            parts, cursor = store.user_event_parts(uid, e["gid"])
+            expect = [x for x in everything if x["gid"] > e["gid"]]
+            assert parts == [encode_event(x) for x in expect]
+            assert cursor == (expect[-1]["gid"] if expect else e["gid"])
+    assert {json.loads(p)["job_id"] for p in store.user_event_parts(bob, 0)[0]} == {"job-c"}
+
+
+def test_nan_and_infinity_go_out_as_null_from_window_and_log(store: Store, tmp_path: Path) -> None:
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    store.append_events("job-a", [NewEvent("log", {"loss": math.nan, "x": [math.inf, 1.5]}, wseq=1)], attempt=0)
+    fresh = Store(tmp_path / "db.sqlite")
+    try:
+        for s in (store, fresh):
+            (part,) = s.event_parts("job-a", 0)
+            assert json.loads(part)["data"] == {"loss": None, "x": [None, 1.5]}
+    finally:
+        fresh.close()
+
+
+def test_windows_are_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recent, "WINDOWS", 4)
+    monkeypatch.setattr(recent, "WINDOW_BYTES", 2000)
+    uid = store.ensure_user("u")
+    for j in range(6):
+        store.create_job(f"job-{j}", uid, SPEC)
+        store.append_events(f"job-{j}", batch(40, 1), attempt=0)
+    windows = store.recent._windows
+    assert len(windows) <= 4 and all(w.size <= 2000 for w in windows.values())
+    for j in range(6):
+        assert store.event_parts(f"job-{j}", 0) == from_log(store, f"job-{j}", 0)
