@@ -24,8 +24,15 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
+def encoded(event: dict) -> bytes:
+    return encode_event(
+        event["gid"], event["job_id"], event["seq"], event["type"], event["ts"], json.dumps(event["data"])
+    )
+
+
 def from_log(store: Store, job_id: str, after: int) -> list[bytes]:
-    return [encode_event(e) for e in store.events(job_id, after)]
+    """The page as the log's rows give it, decoded and encoded again: what the window must equal."""
+    return [encoded(e) for e in store.events(job_id, after)]
 
 
 def batch(n: int, start: int) -> list[NewEvent]:
@@ -57,7 +64,7 @@ def test_a_trimmed_window_sends_older_cursors_to_the_log(store: Store, monkeypat
     for after in range(0, 100):
         assert store.event_parts("job-a", after) == from_log(store, "job-a", after), after
     parts, cursor = store.user_event_parts(uid, 0)
-    assert parts == [encode_event(e) for e in store.user_events(uid, 0)] and len(parts) == 99
+    assert parts == [encoded(e) for e in store.user_events(uid, 0)] and len(parts) == 99
     assert cursor == store.user_events(uid, 0)[-1]["gid"]
 
 
@@ -109,7 +116,7 @@ def test_user_pages_are_scoped_and_match_the_log(store: Store) -> None:
         for e in [{"gid": 0}, *everything]:
             parts, cursor = store.user_event_parts(uid, e["gid"])
             expect = [x for x in everything if x["gid"] > e["gid"]]
-            assert parts == [encode_event(x) for x in expect]
+            assert parts == [encoded(x) for x in expect]
             assert cursor == (expect[-1]["gid"] if expect else e["gid"])
     assert {json.loads(p)["job_id"] for p in store.user_event_parts(bob, 0)[0]} == {"job-c"}
 
@@ -130,11 +137,13 @@ def test_nan_and_infinity_go_out_as_null_from_window_and_log(store: Store, tmp_p
 def test_windows_are_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recent, "WINDOWS", 4)
     monkeypatch.setattr(recent, "WINDOW_BYTES", 2000)
+    monkeypatch.setattr(recent, "BUDGET_BYTES", 5000)
     uid = store.ensure_user("u")
     for j in range(6):
         store.create_job(f"job-{j}", uid, SPEC)
         store.append_events(f"job-{j}", batch(40, 1), attempt=0)
-    windows = store.recent._windows
-    assert len(windows) <= 4 and all(w.size <= 2000 for w in windows.values())
+        windows = store.recent._windows
+        assert len(windows) <= 4 and all(w.size <= 2000 for w in windows.values())
+        assert store.recent.size == sum(w.size for w in windows.values()) <= 5000
     for j in range(6):
         assert store.event_parts(f"job-{j}", 0) == from_log(store, f"job-{j}", 0)

@@ -15,7 +15,9 @@ MiB = 1024 * 1024
 class Limits:
     # Open connections at once (long-polls, workers, uploads); the next one is answered 503 and closed. Also kept
     # below the process's descriptor limit (see app.connection_cap), so accept() never meets EMFILE from sockets.
-    max_connections: int = 1000
+    # A team's backend holds a long-poll per kernel, sidebar and script watching, plus workers and uploads: 4096
+    # leaves room for a thousand watchers (benchmarks/bench_load.py) at about 10 kB of memory each.
+    max_connections: int = 4096
     # A connection may wait this long for a request's headers (slow or idle clients, keep-alive included).
     idle_timeout_s: float = 60.0
     # A request body must arrive within this, plus 1 s per `min_body_rate` bytes it declares (a 64 MiB chunk gets

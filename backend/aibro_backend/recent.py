@@ -8,34 +8,37 @@ The store adds each committed event here once, encoded once; a page is then a sl
 Correct because the backend is the only writer of the event log and every append goes through
 `Store.append_events`: a job's window holds every event of the job after its `base` seq, a user's window every
 event of the user after its `base` gid, and a read that starts before a window (a kernel catching up from 0) goes to
-SQLite. Windows are bounded (events and bytes each, and how many are kept), so memory is too.
+SQLite. Windows are bounded (events and bytes each, all of them together, and how many), so memory is too.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Any
 
 from .jsonout import dumps
 
-WINDOW_EVENTS = 2048  # per job or user; a watcher is normally at most one batch behind
-WINDOW_BYTES = 1 << 20
-WINDOWS = 512  # jobs and users, least recently written dropped first: at most ~512 MiB, ~100 MiB at typical sizes
+# Per job or user: a watcher is normally one batch behind, but one that fell behind under load must still be
+# answered from here (reading the log costs it more, which would make it fall further behind).
+WINDOW_EVENTS = 10_000
+WINDOW_BYTES = 2 << 20
+BUDGET_BYTES = 128 << 20  # all windows together; the least recently written go first
+WINDOWS = 4096
 
 
-def encode_event(event: dict[str, Any]) -> bytes:
-    """One event as the API answers it (gid, job_id, seq, type, ts, data), in standard JSON."""
-    return dumps(
-        {
-            "gid": event["gid"],
-            "job_id": event["job_id"],
-            "seq": event["seq"],
-            "type": event["type"],
-            "ts": event["ts"],
-            "data": event["data"],
-        }
+def encode_event(gid: int, job_id: str, seq: int, type_: str, ts: float, data_json: str) -> bytes:
+    """One event as the API answers it: {gid, job_id, seq, type, ts, data}, built around the data's JSON as the
+    log stores it (so neither the window nor a read from the log encodes the data again). Standard JSON only: a
+    row an older backend stored with NaN or Infinity is re-encoded with those as null."""
+    if "NaN" in data_json or "Infinity" in data_json:
+        data_json = dumps(json.loads(data_json))
+    ts_json = repr(float(ts)) if math.isfinite(ts) else "null"
+    return (
+        f'{{"gid": {int(gid)}, "job_id": {dumps(job_id)}, "seq": {int(seq)}, "type": {dumps(type_)}, '
+        f'"ts": {ts_json}, "data": {data_json}}}'
     ).encode()
 
 
@@ -50,7 +53,9 @@ class _Window:
         self.parts: list[bytes] = []
         self.size = 0
 
-    def add(self, key: int, part: bytes) -> None:
+    def add(self, key: int, part: bytes) -> int:
+        """Append one event; returns how many bytes the window grew (negative when it was trimmed)."""
+        before = self.size
         self.keys.append(key)
         self.parts.append(part)
         self.size += len(part)
@@ -59,6 +64,7 @@ class _Window:
             self.base = self.keys[drop - 1]
             self.size -= sum(len(p) for p in self.parts[:drop])
             del self.keys[:drop], self.parts[:drop]
+        return self.size - before
 
     def after(self, after: int, limit: int) -> tuple[list[int], list[bytes]] | None:
         if after < self.base:
@@ -70,17 +76,19 @@ class _Window:
 class RecentEvents:
     def __init__(self) -> None:
         self._windows: OrderedDict[Hashable, _Window] = OrderedDict()
+        self.size = 0  # bytes held by all windows
 
-    def add(self, job_id: str, user_id: int, seq_before: int, events: list[dict[str, Any]]) -> None:
-        """Events just committed for one job, in order; `seq_before` is the job's last seq before them."""
+    def add(self, job_id: str, user_id: int, seq_before: int, events: list[tuple[int, int, bytes]]) -> None:
+        """Events just committed for one job, in order, as (gid, seq, encoding); `seq_before` is the job's last
+        seq before them."""
         if not events:
             return
         job = self._window(("job", job_id), seq_before)
-        user = self._window(("user", user_id), events[0]["gid"] - 1)
-        for event in events:
-            part = encode_event(event)
-            job.add(event["seq"], part)
-            user.add(event["gid"], part)
+        user = self._window(("user", user_id), events[0][0] - 1)
+        for gid, seq, part in events:
+            self.size += job.add(seq, part) + user.add(gid, part)
+        while self.size > BUDGET_BYTES and len(self._windows) > 2:
+            self.size -= self._windows.popitem(last=False)[1].size
 
     def job_events(self, job_id: str, after: int, limit: int) -> list[bytes] | None:
         """The job's encoded events after seq `after`, or None when the window does not reach back that far."""
@@ -100,7 +108,7 @@ class RecentEvents:
         if window is None:
             window = self._windows[key] = _Window(base)
             while len(self._windows) > WINDOWS:
-                self._windows.popitem(last=False)
+                self.size -= self._windows.popitem(last=False)[1].size
         else:
             self._windows.move_to_end(key)
         return window

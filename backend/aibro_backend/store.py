@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
+from .jsonout import dumps
 from .recent import RecentEvents, encode_event
 
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
@@ -79,7 +80,9 @@ class Store:
         self.db.row_factory = sqlite3.Row
         self.recent = RecentEvents()
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        # FULL: a commit returns once the WAL is on disk, so an acknowledged event survives a power cut, not only
+        # a crash of this process; batches make it one sync per worker batch (append_events)
+        self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
         self._migrate()
         for suffix in ("", "-wal", "-shm"):  # 0600 whatever the opener's umask (SQLite gives WAL/SHM the db's mode)
@@ -282,6 +285,7 @@ class Store:
         if job is None:
             raise KeyError(job_id)
         stored: list[dict[str, Any]] = []
+        parts: list[tuple[int, int, bytes]] = []
         self.db.execute("BEGIN IMMEDIATE")
         try:
             seq = seq_before = self.db.execute(
@@ -296,10 +300,12 @@ class Store:
                     seen.add(ev.wseq)
                 seq += 1
                 ts = time.time() if ev.ts is None else ev.ts
+                data_json = dumps(ev.data)  # standard JSON in the log: what the API answers, encoded once
                 cur = self.db.execute(
                     "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
-                    (job_id, job["user_id"], seq, ev.type, ts, json.dumps(ev.data), attempt, ev.wseq),
+                    (job_id, job["user_id"], seq, ev.type, ts, data_json, attempt, ev.wseq),
                 )
+                parts.append((cur.lastrowid, seq, encode_event(cur.lastrowid, job_id, seq, ev.type, ts, data_json)))
                 if ev.type == v.EV_STATUS:
                     status, substatus = ev.data.get("status", status), ev.data.get("substatus", substatus)
                     self.db.execute(
@@ -323,7 +329,7 @@ class Store:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        self.recent.add(job_id, job["user_id"], seq_before, stored)
+        self.recent.add(job_id, job["user_id"], seq_before, parts)
         return stored
 
     def events(self, job_id: str, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
@@ -346,14 +352,23 @@ class Store:
         """`events` already encoded as the API answers them: from the recent window when it reaches back to
         `after` (no query, no encoding: what a long-poll under load needs), else from the log."""
         parts = self.recent.job_events(job_id, after, limit)
-        return parts if parts is not None else [encode_event(e) for e in self.events(job_id, after, limit)]
+        if parts is not None:
+            return parts
+        rows = self.db.execute(
+            "SELECT gid, job_id, seq, type, ts, data FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (job_id, after, limit),
+        )
+        return [encode_event(*row) for row in rows]
 
     def user_event_parts(self, user_id: int, after: int = 0, limit: int = 5000) -> tuple[list[bytes], int]:
         """`user_events` encoded (as `event_parts`), with the cursor to follow from: the last one's gid."""
         found = self.recent.user_events(user_id, after, limit)
         if found is None:
-            events = self.user_events(user_id, after, limit)
-            found = [e["gid"] for e in events], [encode_event(e) for e in events]
+            rows = self.db.execute(
+                "SELECT gid, job_id, seq, type, ts, data FROM events WHERE user_id=? AND gid>? ORDER BY gid LIMIT ?",
+                (user_id, after, limit),
+            ).fetchall()
+            found = [row[0] for row in rows], [encode_event(*row) for row in rows]
         gids, parts = found
         return parts, gids[-1] if gids else after
 

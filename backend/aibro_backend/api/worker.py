@@ -15,7 +15,7 @@ from ..store import NewEvent
 from .base import ApiError, BaseHandler
 from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
-SEEN_TOUCH_S = 1.0  # an instance's last_seen is written at most this often: a busy worker's posts cost no write
+SEEN_TOUCH_S = 5.0  # an instance's last_seen is written at most this often: a busy worker's posts cost no write
 
 
 class WorkerHandler(BaseHandler):
