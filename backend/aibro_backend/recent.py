@@ -18,6 +18,7 @@ import math
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Hashable
+from json.encoder import encode_basestring_ascii as quote
 
 from .jsonout import dumps
 
@@ -37,7 +38,7 @@ def encode_event(gid: int, job_id: str, seq: int, type_: str, ts: float, data_js
         data_json = dumps(json.loads(data_json))
     ts_json = repr(float(ts)) if math.isfinite(ts) else "null"
     return (
-        f'{{"gid": {int(gid)}, "job_id": {dumps(job_id)}, "seq": {int(seq)}, "type": {dumps(type_)}, '
+        f'{{"gid": {int(gid)}, "job_id": {quote(job_id)}, "seq": {int(seq)}, "type": {quote(type_)}, '
         f'"ts": {ts_json}, "data": {data_json}}}'
     ).encode()
 
