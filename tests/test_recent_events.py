@@ -125,11 +125,20 @@ def test_nan_and_infinity_go_out_as_null_from_window_and_log(store: Store, tmp_p
     uid = store.ensure_user("u")
     store.create_job("job-a", uid, SPEC)
     store.append_events("job-a", [NewEvent("log", {"loss": math.nan, "x": [math.inf, 1.5]}, wseq=1)], attempt=0)
+    # a row as an older backend stored it, NaN and all (json.dumps writes them): only the log path meets it
+    store.db.execute(
+        "INSERT INTO events (job_id, user_id, seq, type, ts, data) VALUES (?, ?, ?, ?, ?, ?)",
+        ("job-a", uid, 2, "log", 1.0, json.dumps({"loss": math.nan, "x": [-math.inf, 2.5]})),
+    )
     fresh = Store(tmp_path / "db.sqlite")
     try:
-        for s in (store, fresh):
-            (part,) = s.event_parts("job-a", 0)
-            assert json.loads(part)["data"] == {"loss": None, "x": [None, 1.5]}
+        (part,) = store.event_parts("job-a", 0)  # the window: the event this backend stored
+        assert json.loads(part)["data"] == {"loss": None, "x": [None, 1.5]}
+        first, old = fresh.event_parts("job-a", 0)  # the log, as after a restart
+        assert json.loads(first) == json.loads(part)
+        assert json.loads(old, parse_constant=pytest.fail)["data"] == {"loss": None, "x": [None, 2.5]}
+        (old_again,) = fresh.user_event_parts(uid, json.loads(first)["gid"])[0]
+        assert old_again == old
     finally:
         fresh.close()
 
