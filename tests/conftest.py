@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -17,6 +17,7 @@ os.environ["AIBRO_SPARE_WORKER"] = "0"
 import numpy as np
 import pytest
 
+from aibro_backend.store import Store
 from aibro_jupyter import config
 from aibro_jupyter.client import BackendClient
 
@@ -56,6 +57,14 @@ def aibro_home(tmp_path_factory: pytest.TempPathFactory):
 def client(aibro_home: Path) -> BackendClient:
     target = config.resolve()
     return BackendClient(target.url, target.token)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """The backend's store on a database of the test's own, as a unit (no backend process)."""
+    s = Store(tmp_path / "db.sqlite")
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="session")

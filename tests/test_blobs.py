@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +194,13 @@ def test_blob_store_artifacts_stay_inside_the_job(tmp_path: Path) -> None:
     assert not (tmp_path / "artifacts" / "job-2").exists()
 
 
-# -- the store's event log, as a unit ------------------------------------------------------------------------------
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "db.sqlite")
-    yield s
-    s.close()
+# -- the store's event log, as a unit (the `store` fixture is in conftest.py) -------------------------------------
+def page(store: Store, job_id: str, after: int = 0) -> list[dict[str, Any]]:
+    return [json.loads(p) for p in store.event_parts(job_id, after)]
+
+
+def user_page(store: Store, user_id: int, after: int = 0) -> list[dict[str, Any]]:
+    return [json.loads(p) for p in store.user_event_parts(user_id, after)[0]]
 
 
 def test_event_seq_is_gap_free_per_job(store: Store) -> None:
@@ -210,8 +211,8 @@ def test_event_seq_is_gap_free_per_job(store: Store) -> None:
     for i in range(5):
         assert store.append_event("job-a", "log", {"message": f"a{i}"})["seq"] == i + 1
         assert store.append_event("job-b", "log", {"message": f"b{i}"})["seq"] == i + 1
-    assert [e["seq"] for e in store.events("job-a")] == [1, 2, 3, 4, 5]
-    assert [e["seq"] for e in store.events("job-a", after=3)] == [4, 5]
+    assert [e["seq"] for e in page(store, "job-a")] == [1, 2, 3, 4, 5]
+    assert [e["seq"] for e in page(store, "job-a", 3)] == [4, 5]
     with pytest.raises(KeyError):
         store.append_event("job-missing", "log", {})
 
@@ -224,7 +225,7 @@ def test_worker_duplicates_are_dropped(store: Store) -> None:
     assert store.append_event("job-a", "log", {"message": "retry"}, attempt=1, wseq=1)["seq"] == 2  # new attempt
     assert store.append_event("job-a", "log", {"message": "backend"})["seq"] == 3  # no wseq: never deduplicated
     assert store.append_event("job-a", "log", {"message": "backend"})["seq"] == 4
-    assert [e["seq"] for e in store.events("job-a")] == [1, 2, 3, 4]
+    assert [e["seq"] for e in page(store, "job-a")] == [1, 2, 3, 4]
     assert store.job("job-a")["epochs_done"] == 1
     assert (store.max_wseq("job-a", 0), store.max_wseq("job-a", 1), store.max_wseq("job-a", 2)) == (1, 1, 0)
     store.append_event("job-a", "status", {"status": "TRAINING", "substatus": "TRAINING"})
@@ -240,12 +241,12 @@ def test_user_events_are_ordered_by_gid_and_scoped_to_the_user(store: Store) -> 
     store.create_job("job-c", bob, spec)
     for job in ("job-a", "job-b", "job-c", "job-b", "job-a"):
         store.append_event(job, "log", {"message": job})
-    mine = store.user_events(alice)
+    mine = user_page(store, alice)
     gids = [e["gid"] for e in mine]
     assert gids == sorted(gids) and len(set(gids)) == 4
     assert [e["job_id"] for e in mine] == ["job-a", "job-b", "job-b", "job-a"]
-    assert [e["job_id"] for e in store.user_events(alice, after=gids[1])] == ["job-b", "job-a"]
-    assert [e["job_id"] for e in store.user_events(bob)] == ["job-c"]
+    assert [e["job_id"] for e in user_page(store, alice, gids[1])] == ["job-b", "job-a"]
+    assert [e["job_id"] for e in user_page(store, bob)] == ["job-c"]
 
 
 def test_tokens_are_stored_hashed(store: Store, tmp_path: Path) -> None:

@@ -332,12 +332,6 @@ class Store:
         self.recent.add(job_id, job["user_id"], seq_before, parts)
         return stored
 
-    def events(self, job_id: str, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT * FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?", (job_id, after, limit)
-        ).fetchall()
-        return [_event_row(r) for r in rows]
-
     def _stored_wseqs(self, job_id: str, attempt: int | None, wseqs: list[int]) -> set[int]:
         """Which of these worker seqs this attempt already stored: one indexed range read per batch."""
         if not wseqs:
@@ -349,28 +343,28 @@ class Store:
         return {r[0] for r in rows}
 
     def event_parts(self, job_id: str, after: int = 0, limit: int = 5000) -> list[bytes]:
-        """`events` already encoded as the API answers them: from the recent window when it reaches back to
-        `after` (no query, no encoding: what a long-poll under load needs), else from the log."""
+        """The job's events after seq `after`, encoded as the API answers them: from the recent window when it
+        reaches back that far (no query, no encoding: what a long-poll under load needs), else from the log."""
         parts = self.recent.job_events(job_id, after, limit)
         if parts is not None:
             return parts
-        rows = self.db.execute(
-            "SELECT gid, job_id, seq, type, ts, data FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?",
-            (job_id, after, limit),
-        )
-        return [encode_event(*row) for row in rows]
+        return [encode_event(*row) for row in self._logged("job_id", job_id, "seq", after, limit)]
 
     def user_event_parts(self, user_id: int, after: int = 0, limit: int = 5000) -> tuple[list[bytes], int]:
-        """`user_events` encoded (as `event_parts`), with the cursor to follow from: the last one's gid."""
+        """The user's events after gid `after` (encoded, as `event_parts`) and the cursor to follow from."""
         found = self.recent.user_events(user_id, after, limit)
         if found is None:
-            rows = self.db.execute(
-                "SELECT gid, job_id, seq, type, ts, data FROM events WHERE user_id=? AND gid>? ORDER BY gid LIMIT ?",
-                (user_id, after, limit),
-            ).fetchall()
+            rows = self._logged("user_id", user_id, "gid", after, limit)
             found = [row[0] for row in rows], [encode_event(*row) for row in rows]
         gids, parts = found
         return parts, gids[-1] if gids else after
+
+    def _logged(self, owner: str, value: Any, key: str, after: int, limit: int) -> list[sqlite3.Row]:
+        """Events read from the log itself: those of `owner` (job_id or user_id) after `after` in `key` order."""
+        return self.db.execute(
+            f"SELECT gid, job_id, seq, type, ts, data FROM events WHERE {owner}=? AND {key}>? ORDER BY {key} LIMIT ?",
+            (value, after, limit),
+        ).fetchall()
 
     def typed_events(self, job_id: str, types: tuple[str, ...]) -> list[dict[str, Any]]:
         """Every event of these types (its timeline, its epochs), however long the job's log is."""
@@ -384,12 +378,6 @@ class Store:
         """The user's newest event: a watcher that lists jobs, then follows from here, misses nothing."""
         row = self.db.execute("SELECT COALESCE(MAX(gid), 0) FROM events WHERE user_id=?", (user_id,)).fetchone()
         return int(row[0])
-
-    def user_events(self, user_id: int, after: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT * FROM events WHERE user_id=? AND gid>? ORDER BY gid LIMIT ?", (user_id, after, limit)
-        ).fetchall()
-        return [_event_row(r) for r in rows]
 
     def max_wseq(self, job_id: str, attempt: int) -> int:
         row = self.db.execute(
