@@ -145,12 +145,16 @@ class UserHandler(BaseHandler):
     def own_job(self, job_id: str) -> dict[str, Any]:
         job = self.backend.store.job(job_id, self.uid)
         if job is None:
-            raise ApiError(404, f"no job '{job_id[:80]}' for this user: `aibro jobs` lists yours")
+            raise _not_yours(job_id)
         return job
 
     def own_job_state(self, job_id: str) -> tuple[str, str]:
         """`own_job`'s check, reading only the status and substatus (a long-poll's cheap first look)."""
         state = self.backend.store.job_state(job_id, self.uid)
         if state is None:
-            raise ApiError(404, f"no job '{job_id[:80]}' for this user: `aibro jobs` lists yours")
+            raise _not_yours(job_id)
         return state
+
+
+def _not_yours(job_id: str) -> ApiError:
+    return ApiError(404, f"no job '{job_id[:80]}' for this user: `aibro jobs` lists yours")
