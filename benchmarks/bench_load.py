@@ -43,7 +43,6 @@ HERE = Path(__file__).resolve()
 # The load generator (watchers, simulated workers) runs at this niceness: on a small machine the backend then gets
 # the CPU it would have on a host of its own, where kernels, sidebars and workers are elsewhere. 0 with --same-priority.
 GENERATOR_NICE = 10
-WATCHER_PIDS: list[int] = []
 
 
 # -- the simulated worker (runs as the backend's worker "interpreter") ---------------------------------------
@@ -122,11 +121,11 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def generator_cpu_s() -> float:
-    """CPU seconds of the load generator: this process and every simulated worker."""
+def generator_cpu_s(watcher_pids: list[int]) -> float:
+    """CPU seconds of the load generator: this process, the watcher processes and every simulated worker."""
     total = sum(os.times()[:2])
     workers = subprocess.run(["pgrep", "-f", f"{HERE} --sim-worker"], capture_output=True, text=True).stdout.split()
-    for pid in [*workers, *WATCHER_PIDS]:
+    for pid in [*workers, *watcher_pids]:
         try:
             total += cpu_s(int(pid))
         except (OSError, ValueError, IndexError):
@@ -134,12 +133,11 @@ def generator_cpu_s() -> float:
     return total
 
 
-def start_backend(home: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
+def start_backend(home: Path, workers: int, nice: int) -> tuple[subprocess.Popen, str, str]:
     wrapper = home.parent / "sim-python"
     # the local provider hands workers a clean environment: the wrapper carries the benchmark's own settings
     settings = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in ("BENCH_BATCH", "BENCH_CONTROL"))
-    nice = f"nice -n {GENERATOR_NICE} " if GENERATOR_NICE else ""
-    wrapper.write_text(f"#!/bin/sh\nexec {nice}env {settings} {sys.executable} {HERE} --sim-worker\n")
+    wrapper.write_text(f"#!/bin/sh\nexec nice -n {nice} env {settings} {sys.executable} {HERE} --sim-worker\n")
     wrapper.chmod(0o755)
     env = {k: val for k, val in os.environ.items() if not k.startswith("AIBRO_") and k not in ("PYTHONPATH",)} | {
         "AIBRO_HOME": str(home),
@@ -275,13 +273,10 @@ def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid: int,
         plan = root / f"watchers-{k}.json"
         plan.write_text(json.dumps({"url": url, "watchers": watchers[k :: args.procs]}))
         plans.append(plan)
-    nice = ["nice", "-n", str(GENERATOR_NICE)] if GENERATOR_NICE else []
+    nice = ["nice", "-n", str(args.nice)]
     procs = [subprocess.Popen([*nice, sys.executable, str(HERE), "--watchers", str(plan)]) for plan in plans]
-    global WATCHER_PIDS
-    WATCHER_PIDS = [p.pid for p in procs]
-    control = root / "rate"
     try:
-        result = asyncio.run(_drive(args, url, tokens, jobs, backend_pid, control))
+        result = asyncio.run(_drive(args, url, tokens, jobs, backend_pid, [p.pid for p in procs]))
     finally:
         for plan in plans:
             Path(str(plan) + ".stop").touch()
@@ -302,7 +297,12 @@ def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid: int,
 
 
 async def _drive(
-    args: argparse.Namespace, url: str, tokens: list[str], jobs: list[tuple[str, str]], backend_pid: int, control: Path
+    args: argparse.Namespace,
+    url: str,
+    tokens: list[str],
+    jobs: list[tuple[str, str]],
+    backend_pid: int,
+    watcher_pids: list[int],
 ) -> dict[str, Any]:
     """Set the rate, probe /health every 50 ms, and measure the held window, then the flat-out one."""
     health: list[float] = []
@@ -325,13 +325,18 @@ async def _drive(
         conn.writer.close()
         return total * args.batch
 
+    async def snapshot() -> tuple[int, float, float, float, float]:
+        """Events so far, backend and generator CPU seconds, monotonic and wall time."""
+        events = await events_total()
+        return events, cpu_s(backend_pid), generator_cpu_s(watcher_pids), time.monotonic(), time.time()
+
     async def measure(seconds: float) -> dict[str, Any]:
         """Events accepted, CPU and /health round trips over one window."""
         health.clear()
         measuring[0] = True
-        e0, c0, g0, t0, w0 = await events_total(), cpu_s(backend_pid), generator_cpu_s(), time.monotonic(), time.time()
+        e0, c0, g0, t0, w0 = await snapshot()
         await asyncio.sleep(seconds)
-        e1, c1, g1, t1, w1 = await events_total(), cpu_s(backend_pid), generator_cpu_s(), time.monotonic(), time.time()
+        e1, c1, g1, t1, w1 = await snapshot()
         measuring[0] = False
         events = e1 - e0
         return {
@@ -343,14 +348,14 @@ async def _drive(
             "window": (w0, w1),
         }
 
-    control.write_text(str(args.rate / args.workers))
+    args.control.write_text(str(args.rate / args.workers))
     probe = asyncio.create_task(prober())
     say(f"{args.watchers} watchers in {args.procs} processes; warming up {args.warmup} s")
     await asyncio.sleep(args.warmup)
     say(f"held window: {args.rate:.0f} events/s offered for {args.seconds} s")
-    spy = args.on_held() if getattr(args, "on_held", None) else None
+    spy = profile(backend_pid, args.seconds, args.root / "profile.txt") if args.profile else None
     held = await measure(args.seconds)
-    control.write_text("0")
+    args.control.write_text("0")
     say(f"flat out: workers post as fast as acknowledged for {args.capacity_seconds} s")
     await asyncio.sleep(2)
     flat_out = await measure(args.capacity_seconds)
@@ -435,9 +440,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary AIBRO_HOME")
     parser.add_argument("--same-priority", action="store_true", help="run the load generator at the backend's priority")
     args = parser.parse_args()
-    global GENERATOR_NICE
-    if args.same_priority:
-        GENERATOR_NICE = 0
+    args.nice = 0 if args.same_priority else GENERATOR_NICE
     args.users = 10
     args.workers = 10 if args.quick else 20
     args.jobs_per_user = 5  # the default policy's limit of active (training + queued) jobs per user
@@ -447,20 +450,18 @@ def main() -> None:
     args.warmup = 5
     args.procs = 2  # watcher processes
     args.batch = 50
-    root = Path(tempfile.mkdtemp(prefix="aibro-bench-load-"))
-    control = root / "rate"
-    control.write_text("0")
+    root = args.root = Path(tempfile.mkdtemp(prefix="aibro-bench-load-"))
+    args.control = root / "rate"  # events/s per worker, read by the simulated workers
+    args.control.write_text("0")
     os.environ["BENCH_BATCH"] = str(args.batch)
-    os.environ["BENCH_CONTROL"] = str(control)
+    os.environ["BENCH_CONTROL"] = str(args.control)
     home = root / "home"
     home.mkdir()
-    proc, url, _ = start_backend(home, args.workers)
+    proc, url, _ = start_backend(home, args.workers, args.nice)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` or a runner stopping us still cleans up
     spy = None
     try:
         tokens = [add_user(home, f"user{i}") for i in range(args.users)]
-        if args.profile:
-            args.on_held = lambda: profile(proc.pid, args.seconds, root / "profile.txt")
         r = run(args, url, tokens, proc.pid, root)
         spy = r.pop("spy", None)
         if spy is not None:
@@ -490,7 +491,7 @@ def main() -> None:
         ),
         ("  backend CPU s per 1,000 events", f"{held['cpu_per_1000']:.3f}", ""),
         ("  backend busy (CPU s per s)", f"{held['cpu_share']:.2f}", ""),
-        (f"  load generator CPU s per s (nice {GENERATOR_NICE})", f"{held['generator_share']:.2f}", ""),
+        (f"  load generator CPU s per s (nice {args.nice})", f"{held['generator_share']:.2f}", ""),
         ("flat out: events accepted / s", f"{flat['events_per_s']:.0f}", "(capacity)"),
         ("  /health p50 / p95 ms", f"{ms(pct(fhl, 0.5))} / {ms(pct(fhl, 0.95))}", ""),
         ("  backend CPU s per 1,000 events", f"{flat['cpu_per_1000']:.3f}", ""),
