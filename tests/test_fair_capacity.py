@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from backend_proc import own_backend
 
 from aibro_core import vocabulary as v
@@ -50,6 +51,7 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
         assert messages.count(message) == 1, "the waiting message is said once, not every tick"
 
 
+@pytest.mark.backend_log(r"aibro\.scheduler ERROR cannot schedule job-bad-row")
 def test_one_bad_job_row_never_blocks_everyone_elses(tmp_path: Path) -> None:
     """A job stored with a NaN cool-down (as an older backend accepted) once made every scheduler tick fail, so
     every user's queued job waited forever. Now that job fails with a message, and the others run."""
