@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +149,25 @@ def test_windows_are_bounded(store: Store, log: Store, monkeypatch: pytest.Monke
     for j in range(6):
         assert store.event_parts(f"job-{j}", 0) == log.event_parts(f"job-{j}", 0)
         assert seqs(store.event_parts(f"job-{j}", 0)) == list(range(1, 41))
+
+
+def test_checkpoints_off_the_request_path_keep_the_log_whole(tmp_path: Path) -> None:
+    """With checkpoints on their own thread (the backend's setting) no commit copies the WAL into the database,
+    yet the WAL stays bounded while events stream in, and a closed store leaves every event in the database file
+    itself (an empty WAL), readable by a fresh store."""
+    s = Store(tmp_path / "db.sqlite", checkpoints_every_s=0.05)
+    s.ensure_user("u")
+    s.create_job("job-1", 1, {"fit": {"epochs": 1}})
+    assert s.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    wal = Path(f"{s.path}-wal")
+    biggest = 0
+    for n in range(100):  # ~20 MB of events through the WAL
+        s.append_events("job-1", [NewEvent("log", {"message": "x" * 2000, "n": n * 100 + k}) for k in range(100)])
+        biggest = max(biggest, wal.stat().st_size)
+        time.sleep(0.02)
+    assert biggest < 10 << 20, f"the WAL grew to {biggest} bytes: nothing checkpointed it"
+    s.close()
+    assert not wal.exists() or wal.stat().st_size == 0
+    fresh = Store(tmp_path / "db.sqlite")
+    assert len(fresh.event_parts("job-1", 0, 20_000)) == 10_000
+    fresh.close()

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +22,7 @@ from aibro_core.files import new_token
 from .jsonout import dumps
 from .recent import RecentEvents, encode_event
 
+log = logging.getLogger(__name__)
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
 TOKEN_TOUCH_S = 60.0  # last_used is written at most this often per token, so a polling client costs no writes
 
@@ -72,9 +75,14 @@ class NewEvent(NamedTuple):
 
 
 class Store:
-    """All persistent state of the backend, one SQLite file in WAL mode."""
+    """All persistent state of the backend, one SQLite file in WAL mode.
 
-    def __init__(self, path: Path) -> None:
+    `checkpoints_every_s` (the backend sets it) moves WAL checkpoints off the request path: SQLite otherwise copies
+    the WAL into the database inside whichever commit crosses 1,000 pages, and under a team's load that commit
+    held the event loop for up to ~0.1 s every few seconds (every long-poll and /health waited behind it). A thread
+    with its own connection checkpoints PASSIVE instead (never blocking a writer or a reader)."""
+
+    def __init__(self, path: Path, checkpoints_every_s: float | None = None) -> None:
         self.path = Path(path)
         self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
@@ -85,6 +93,10 @@ class Store:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
         self._migrate()
+        self._checkpointer: _Checkpointer | None = None
+        if checkpoints_every_s:
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = _Checkpointer(self.path, checkpoints_every_s)
         for suffix in ("", "-wal", "-shm"):  # 0600 whatever the opener's umask (SQLite gives WAL/SHM the db's mode)
             try:
                 os.chmod(f"{self.path}{suffix}", 0o600)
@@ -284,15 +296,15 @@ class Store:
         job = self.db.execute("SELECT user_id, status, substatus FROM jobs WHERE id=?", (job_id,)).fetchone()
         if job is None:
             raise KeyError(job_id)
-        stored: list[dict[str, Any]] = []
-        parts: list[tuple[int, int, bytes]] = []
+        uid = job["user_id"]
         self.db.execute("BEGIN IMMEDIATE")
         try:
             seq = seq_before = self.db.execute(
                 "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
             ).fetchone()[0]
-            status, substatus, epochs_done = job["status"], job["substatus"], None
+            status, substatus, epochs_done, moved = job["status"], job["substatus"], None, None
             seen = self._stored_wseqs(job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
+            kept: list[tuple[NewEvent, int, float, str]] = []  # (event, seq, ts, its data as JSON)
             for ev in events:
                 if ev.wseq is not None:
                     if ev.wseq in seen:
@@ -300,36 +312,37 @@ class Store:
                     seen.add(ev.wseq)
                 seq += 1
                 ts = time.time() if ev.ts is None else ev.ts
-                data_json = dumps(ev.data)  # standard JSON in the log: what the API answers, encoded once
-                cur = self.db.execute(
-                    "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
-                    (job_id, job["user_id"], seq, ev.type, ts, data_json, attempt, ev.wseq),
-                )
-                parts.append((cur.lastrowid, seq, encode_event(cur.lastrowid, job_id, seq, ev.type, ts, data_json)))
+                kept.append((ev, seq, ts, dumps(ev.data)))  # standard JSON in the log: what the API answers
                 if ev.type == v.EV_STATUS:
-                    status, substatus = ev.data.get("status", status), ev.data.get("substatus", substatus)
-                    self.db.execute(
-                        "UPDATE jobs SET status=?, substatus=?, updated=? WHERE id=?", (status, substatus, ts, job_id)
-                    )
+                    status, substatus, moved = ev.data.get("status", status), ev.data.get("substatus", substatus), ts
                 elif ev.type == v.EV_EPOCH:
-                    epochs_done = int(ev.data["epoch"]) + 1
-                    self.db.execute("UPDATE jobs SET epochs_done=?, updated=? WHERE id=?", (epochs_done, ts, job_id))
-                stored.append(
-                    {
-                        "gid": cur.lastrowid,
-                        "job_id": job_id,
-                        "seq": seq,
-                        "type": ev.type,
-                        "ts": ts,
-                        "data": ev.data,
-                        "user_id": job["user_id"],
-                    }
+                    epochs_done, moved = int(ev.data["epoch"]) + 1, ts
+            self.db.executemany(
+                "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
+                [(job_id, uid, s, ev.type, ts, data_json, attempt, ev.wseq) for ev, s, ts, data_json in kept],
+            )
+            if moved is not None:  # the job's row as the batch leaves it, in the same transaction
+                self.db.execute(
+                    "UPDATE jobs SET status=?, substatus=?, epochs_done=COALESCE(?, epochs_done), updated=? WHERE id=?",
+                    (status, substatus, epochs_done, moved, job_id),
                 )
+            # AUTOINCREMENT under BEGIN IMMEDIATE (this connection the only writer): the batch's gids are the n
+            # numbers up to the last one inserted
+            last_gid = self.db.execute("SELECT last_insert_rowid()").fetchone()[0] if kept else 0
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        self.recent.add(job_id, job["user_id"], seq_before, parts)
+        first_gid = last_gid - len(kept) + 1
+        parts = [
+            (first_gid + i, s, encode_event(first_gid + i, job_id, s, ev.type, ts, data_json))
+            for i, (ev, s, ts, data_json) in enumerate(kept)
+        ]
+        stored = [
+            {"gid": gid, "job_id": job_id, "seq": s, "type": ev.type, "ts": ts, "data": ev.data, "user_id": uid}
+            for (gid, s, _), (ev, _, ts, _) in zip(parts, kept)
+        ]
+        self.recent.add(job_id, uid, seq_before, parts)
         return stored
 
     def _stored_wseqs(self, job_id: str, attempt: int | None, wseqs: list[int]) -> set[int]:
@@ -511,7 +524,35 @@ class Store:
         return [dict(r) for r in rows]
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # leave the database whole, the WAL empty
         self.db.close()
+
+
+class _Checkpointer(threading.Thread):
+    """Copies the WAL into the database every `every_s` seconds from a connection of its own (see Store)."""
+
+    def __init__(self, path: Path, every_s: float) -> None:
+        super().__init__(name="aibro-wal-checkpoint", daemon=True)
+        self.path, self.every_s = path, every_s
+        self._stopping = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        try:
+            while not self._stopping.wait(self.every_s):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # a busy or full disk: the next round tries again
+                    log.warning("WAL checkpoint failed: %s", exc)
+        finally:
+            db.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=10)
 
 
 def _job_row(row: sqlite3.Row) -> dict[str, Any]:
