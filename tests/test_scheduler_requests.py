@@ -377,3 +377,18 @@ def test_instances_of_a_provider_not_served_now_never_stop_the_tick(tmp_path: Pa
     sched.tick()
     assert provider.launched == ["spot-a"] and store.instance("inst-cloud")["status"] == v.LAUNCHING
     store.close()
+
+
+def test_one_tick_places_a_queue_against_capacity_it_has_just_used(world) -> None:  # noqa: ANN001
+    """The tick reads the instances once for its whole pass, and again after each placement: three queued jobs on
+    machines of capacity 2 start two instances in one tick, and the third job says it waits (it never launches a
+    third on a view read before the first two started)."""
+    store, provider, sched, uid = world
+    for n in range(3):
+        spec = {"machines": ["spot-a"], "cool_down_s": 0, "wait_request_s": 60, "fit": {"epochs": 1}}
+        store.create_job(f"job-{n}", uid, spec)
+        store.update_job(f"job-{n}", status=v.QUEUING, substatus=v.REQUESTING_SERVER)
+    sched.tick()
+    assert provider.launched == ["spot-a", "spot-a"]
+    assert [store.job(f"job-{n}")["instance_id"] is not None for n in range(3)] == [True, True, False]
+    assert "all 2 in use" in store.typed_events("job-2", (v.EV_STATUS,))[-1]["data"]["message"]

@@ -43,6 +43,20 @@ def _waiting_for(provider: Provider, machine_id: str) -> str | None:
     return waiting_for(machine_id) if callable(waiting_for) else None
 
 
+class _Placement:
+    """The instances one assignment pass looks at, read once for the pass instead of four times for each queued
+    job (a team's queue of 30 jobs read and decoded every instance row ~500 times a second); `Scheduler._assign`
+    says when it changed one, and the pass reads them again."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.store, self.scheduler = scheduler.store, scheduler
+        self.read()
+
+    def read(self) -> None:
+        self.live = self.store.instances(statuses=v.INSTANCE_LIVE)  # oldest first, as each filter below keeps
+        self.stopped = self.scheduler.stopped_instances()
+
+
 class Scheduler:
     def __init__(
         self,
@@ -403,25 +417,35 @@ class Scheduler:
                 self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled; the worker did not stop in time")
 
     def _assign_queued(self) -> None:
+        placement: _Placement | None = None
         for job in self.store.jobs(statuses=(v.QUEUING,)):
             if job["instance_id"] or job["cancel_requested"]:
                 continue
+            placement = placement or _Placement(self)
             try:
-                self._assign(job)
+                if self._assign(job, placement):
+                    placement = None  # it started, bound or closed an instance: the next job reads them again
             except Exception as exc:  # one bad job (an old row with a bad value) never blocks everyone else's
                 log.exception("cannot schedule %s", job["id"])
+                placement = None
                 self.fail(
                     job["id"], f"the backend could not schedule this job ({type(exc).__name__}: {exc}); submit it again"
                 )
 
-    def _assign(self, job: dict[str, Any]) -> None:
+    def _assign(self, job: dict[str, Any], placement: _Placement) -> bool:
+        """Place one queued job on the first machine of its list that can take it now; True when that changed any
+        instance (so the pass reads them again), False when the job waits or failed."""
         spec = job["spec"]
         index = self.machine_index()
         passed = self._passed_over(job)
         waiting: list[str] = []
         unusable: list[str] = []  # machines of a provider whose cluster is gone: why
         for machine_id in spec["machines"]:
-            warm = [i for i in self.store.instances(job["user_id"], (v.COOLING,)) if i["machine_id"] == machine_id]
+            warm = [
+                i
+                for i in placement.live
+                if i["user_id"] == job["user_id"] and i["status"] == v.COOLING and i["machine_id"] == machine_id
+            ]
             if warm:
                 inst = warm[0]
                 self.store.set_instance_state(
@@ -429,7 +453,7 @@ class Scheduler:
                 )
                 self._waiting.pop(job["id"], None)
                 self._bind(job, inst["id"], machine_id, f"reusing warm instance {inst['id']}")
-                return
+                return True
             if machine_id not in index or machine_id in passed:
                 continue
             provider_name, offer = index[machine_id]
@@ -437,19 +461,22 @@ class Scheduler:
             if gone:
                 unusable.append(gone)
                 continue
-            live_user = self.store.instances(job["user_id"], v.INSTANCE_LIVE)
+            live_user = [i for i in placement.live if i["user_id"] == job["user_id"]]
             stopped = [
                 i
-                for i in self.stopped_instances(job["user_id"])
-                if i["machine_id"] == machine_id and i["id"] not in self._skip_stopped
+                for i in placement.stopped
+                if i["user_id"] == job["user_id"]
+                and i["machine_id"] == machine_id
+                and i["id"] not in self._skip_stopped
             ]
             if stopped and len(live_user) < self.policy.max_active_instances and self._restart(job, stopped[-1]):
-                return
-            live_machine = [i for i in self.store.instances(None, v.INSTANCE_LIVE) if i["machine_id"] == machine_id]
+                return True
+            live_machine = [i for i in placement.live if i["machine_id"] == machine_id]
             if len(live_user) >= self.policy.max_active_instances:
                 cooling = [i for i in live_user if i["status"] == v.COOLING]
                 if cooling:
                     self.close_instance(cooling[0])
+                    placement.read()
                     continue
                 waiting.append(
                     f"your {len(live_user)} active instances are the limit ({self.policy.max_active_instances}): "
@@ -458,7 +485,7 @@ class Scheduler:
                 continue
             if len(live_machine) >= offer["capacity"]:
                 if self._evict_cooling(job, machine_id, live_machine):
-                    return
+                    return True
                 busy = sum(1 for i in live_machine if i["status"] != v.COOLING)
                 waiting.append(
                     _waiting_for(self.providers[provider_name], machine_id)
@@ -467,11 +494,12 @@ class Scheduler:
                 continue
             self._waiting.pop(job["id"], None)
             self._launch(job, provider_name, machine_id)
-            return
+            return True
         if waiting:
             self._say_waiting(job, waiting[0])
         elif unusable:
             self.fail(job["id"], f"{unusable[0]}; start the cluster again or list other machines")
+        return False
 
     def _restart(self, job: dict[str, Any], inst: dict[str, Any]) -> bool:
         """Start a stopped machine again for this job (its worker comes back with the token it kept)."""
