@@ -89,3 +89,19 @@ def test_backend_accepts_a_dataset_only_as_x(client: BackendClient) -> None:
     spec["data"] = {"x": {"dataset": sha}, "y": {"blob": sha}}
     with pytest.raises(ApiError, match=r"dataset, which yields its own targets: y and sample_weight must be null"):
         client.submit(spec)
+
+
+def test_a_loaded_dataset_gives_every_epoch_the_same_elements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's copy prefetches and, when it fits the memory budget, is cached after its first epoch: each epoch
+    still gets every element once, in the saved order, whether it came from the files or from the cache."""
+    from aibro_backend.worker import datatree
+
+    x = np.arange(200, dtype="float32").reshape(100, 2)
+    blob = tmp_path / "sha"
+    blob.write_bytes(save_dataset(_pairs(x, np.arange(100), 16), tmp_path / "a.tar").read_bytes())
+    for budget in (1 << 30, 0):  # cached, then too big for the budget: read from the files every epoch
+        monkeypatch.setattr(datatree, "cache_max_bytes", lambda budget=budget: budget)
+        ds = load_dataset(blob)
+        for _ in range(2):
+            got = [bx.numpy() for bx, _ in ds]
+            assert len(got) == 7 and np.array_equal(np.concatenate(got), x)

@@ -4,6 +4,7 @@ arrives as a tar of its `Dataset.save` output and loads with `Dataset.load` (pro
 
 from __future__ import annotations
 
+import os
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -29,7 +30,12 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
 
 
 def load_dataset(blob: Path) -> Any:
-    """Unpack once per blob (a warm worker reuses it) with tarfile's 'data' filter: no links out, no devices."""
+    """Unpack once per blob (a warm worker reuses it) with tarfile's 'data' filter: no links out, no devices.
+
+    `Dataset.save` keeps the elements, not the pipeline: the kernel's `.prefetch` is gone, and each epoch reads the
+    files again. So the loaded dataset prefetches, and one that fits the memory budget (CACHE_MAX_BYTES, a
+    fraction of this machine's memory) is cached after its first epoch: the worker then feeds the model as the
+    kernel's in-memory pipeline did (benchmarks/bench_foundation.py, section f)."""
     import tensorflow as tf
 
     folder = blob.with_name(blob.name + ".dataset")
@@ -38,4 +44,16 @@ def load_dataset(blob: Path) -> Any:
         with tarfile.open(blob) as tar:
             tar.extractall(unpacked, filter="data")
         unpacked.rename(folder)
-    return tf.data.Dataset.load(str(folder))
+    ds = tf.data.Dataset.load(str(folder))
+    if sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) <= cache_max_bytes():
+        ds = ds.cache()
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def cache_max_bytes() -> int:
+    """The biggest saved dataset kept in memory after its first epoch: 1 GiB, or an eighth of physical memory."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        physical = 8 << 30
+    return min(1 << 30, physical // 8)
