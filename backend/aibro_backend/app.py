@@ -195,12 +195,15 @@ def header_refusal(
         if token is None:
             return 401, "this route needs a token: send 'Authorization: Bearer TOKEN'"
         if issubclass(handler_class, worker.WorkerHandler):
-            if backend.store.instance_for_token(token) is None:
+            inst = backend.store.instance_for_token(token)
+            if inst is None:
                 return 401, "unknown worker token"
+            request.aibro_instance = inst  # type: ignore[attr-defined]  # WorkerHandler.prepare: one lookup a request
         else:
             found = backend.store.token_lookup(token)
             if found is None:
                 return 401, "the token is not valid for this backend: check AIBRO_TOKEN or run `aibro login`"
+            request.aibro_token = found  # type: ignore[attr-defined]  # UserHandler.prepare: one lookup a request
             if found["expired"]:
                 when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(found["expires"]))
                 return 401, (

@@ -138,7 +138,11 @@ class UserHandler(BaseHandler):
     user: dict[str, Any]
 
     def prepare(self) -> None:
-        user = self.backend.store.user_for_token(self.bearer())
+        found = getattr(self.request, "aibro_token", None)  # looked up by the request guard (app.header_refusal)
+        if found is not None and not found["expired"]:
+            user: dict[str, Any] | None = {"id": found["user_id"], "name": found["name"]}
+        else:
+            user = self.backend.store.user_for_token(self.bearer())
         if user is None:
             raise ApiError(401, "the token is not valid for this backend: check AIBRO_TOKEN or run `aibro login`")
         self.user = user

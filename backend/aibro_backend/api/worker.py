@@ -22,7 +22,8 @@ class WorkerHandler(BaseHandler):
     instance: dict[str, Any]
 
     def prepare(self) -> None:
-        inst = self.backend.store.instance_for_token(self.bearer())
+        # looked up by the request guard (app.header_refusal), else here
+        inst = getattr(self.request, "aibro_instance", None) or self.backend.store.instance_for_token(self.bearer())
         if inst is None:
             raise ApiError(401, "unknown worker token")
         self.instance = inst
