@@ -205,9 +205,11 @@ class Conn:
 
 def watchers_main() -> None:
     """A process of watchers (`--watchers FILE`): kernels long-polling their job, sidebars their user. Each epoch
-    event's (receipt time, latency) goes to FILE.out when the jobs end (or FILE.stop appears)."""
+    event's (receipt time, latency) and the time of every answer go to FILE.out when the jobs end (or FILE.stop
+    appears)."""
     plan = json.loads(Path(sys.argv[2]).read_text())
     seen: list[tuple[float, float]] = []
+    answers: list[float] = []
     stop = Path(sys.argv[2] + ".stop")
 
     async def job_watcher(token: str, job_id: str) -> None:
@@ -215,6 +217,7 @@ def watchers_main() -> None:
         while not stop.exists():
             page = await conn.request("GET", f"/jobs/{job_id}/events?after={after}&wait=20", token)
             now = time.time()
+            answers.append(now)
             seen.extend((now, now - e["ts"]) for e in page["events"] if e["type"] == "epoch")
             if page["events"]:
                 after = page["events"][-1]["seq"]
@@ -226,6 +229,7 @@ def watchers_main() -> None:
         cursor = (await conn.request("GET", "/events?after=0", token))["cursor"]
         while not stop.exists():
             cursor = (await conn.request("GET", f"/events?after={cursor}&wait=5", token))["cursor"]
+            answers.append(time.time())
 
     async def main() -> None:
         tasks = [
@@ -235,7 +239,25 @@ def watchers_main() -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(main())
-    Path(sys.argv[2] + ".out").write_text(json.dumps(seen))
+    Path(sys.argv[2] + ".out").write_text(json.dumps({"epochs": seen, "answers": answers}))
+
+
+def request_floor(url: str, token: str, backend_pid: int, requests: int = 4000, clients: int = 20) -> float:
+    """The backend's CPU seconds for one plain request (GET /health over keep-alive connections, nothing else
+    running): the floor under every long-poll answer, which is what bounds the answers one process can give."""
+
+    async def client(n: int) -> None:
+        conn = Conn(url)
+        for _ in range(n):
+            await conn.request("GET", "/health", token)
+
+    async def main() -> float:
+        await client(200)  # warm
+        c0 = cpu_s(backend_pid)
+        await asyncio.gather(*[client(requests // clients) for _ in range(clients)])
+        return (cpu_s(backend_pid) - c0) / requests
+
+    return asyncio.run(main())
 
 
 def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid: int, root: Path) -> dict[str, Any]:
@@ -285,14 +307,10 @@ def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid: int,
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    seen = [
-        pair
-        for plan in plans
-        if Path(str(plan) + ".out").exists()
-        for pair in json.loads(Path(str(plan) + ".out").read_text())
-    ]
+    outs = [json.loads(Path(f"{plan}.out").read_text()) for plan in plans if Path(f"{plan}.out").exists()]
     t0, t1 = result["held"]["window"]
-    result["held"]["latency"] = [lat for at, lat in seen if t0 <= at <= t1]
+    result["held"]["latency"] = [lat for out in outs for at, lat in out["epochs"] if t0 <= at <= t1]
+    result["held"]["answers_per_s"] = sum(t0 <= at <= t1 for out in outs for at in out["answers"]) / (t1 - t0)
     return result
 
 
@@ -462,6 +480,7 @@ def main() -> None:
     spy = None
     try:
         tokens = [add_user(home, f"user{i}") for i in range(args.users)]
+        floor = request_floor(url, tokens[0], proc.pid)
         r = run(args, url, tokens, proc.pid, root)
         spy = r.pop("spy", None)
         if spy is not None:
@@ -490,11 +509,14 @@ def main() -> None:
             "p95 <= 50",
         ),
         ("  backend CPU s per 1,000 events", f"{held['cpu_per_1000']:.3f}", ""),
+        ("  long-poll answers / s (to all watchers)", f"{held['answers_per_s']:.0f}", ""),
         ("  backend busy (CPU s per s)", f"{held['cpu_share']:.2f}", ""),
         (f"  load generator CPU s per s (nice {args.nice})", f"{held['generator_share']:.2f}", ""),
         ("flat out: events accepted / s", f"{flat['events_per_s']:.0f}", "(capacity)"),
         ("  /health p50 / p95 ms", f"{ms(pct(fhl, 0.5))} / {ms(pct(fhl, 0.95))}", ""),
         ("  backend CPU s per 1,000 events", f"{flat['cpu_per_1000']:.3f}", ""),
+        ("backend CPU us per plain request (GET /health)", f"{1e6 * floor:.0f}", ""),
+        ("  so one process answers at most / s", f"{1 / floor:.0f}", ""),
         ("cores on this machine", f"{os.cpu_count()}", ""),
     ]
     width = max(len(a) for a, _, _ in rows)
