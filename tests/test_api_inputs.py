@@ -359,3 +359,21 @@ def test_the_worker_outbox_drops_a_refused_event_and_sends_the_rest() -> None:
         assert backend.stored == [1, 3, 4] and not outbox.pending
     finally:
         outbox.close()
+
+
+def test_the_depth_cap_counts_levels_not_brackets_in_strings() -> None:
+    """Exactly 32 levels of objects and arrays pass and 33 are refused, however they alternate; strings full of
+    brackets and escaped quotes never count."""
+    from aibro_backend.api.base import parse_json
+
+    def nested(levels: int) -> str:
+        node: Any = {"s": '[{"\\]]}}"[[[ü[😀{' * 20}  # one level: an object whose string is all brackets
+        for n in range(levels - 1):
+            node = [node, "[" * 40] if n % 2 else {"k[": node, "q": '"{{{'}
+        return json.dumps(node, ensure_ascii=levels % 2 == 0)
+
+    for levels in (1, 31, 32):
+        assert parse_json(nested(levels)) is not None
+    for levels in (33, 34):
+        with pytest.raises(ValueError, match="nested deeper than 32 levels"):
+            parse_json(nested(levels))
