@@ -101,10 +101,11 @@ def model():
 
 
 # -- quiet logs: every WARNING/ERROR line a test's backend wrote is one a user should act on ----------------------
-# At the end of the session every backend log under the session's temporary directory is read (the session's own
-# AIBRO_HOME/backend.log and each own_backend's log). A test that provokes an actionable line on purpose says so with
-# @pytest.mark.backend_log(r"regex", ...) (on the test or as a module's pytestmark); the lines below are provoked by
-# tests that predate the marker, named by their module. Any other WARNING/ERROR line fails the session.
+# Every backend log under the session's temporary directory is read: those under a test's own tmp_path (its
+# own_backend's) right after that test, against its patterns only; the rest (the session's AIBRO_HOME/backend.log,
+# module fixtures' backends) at the end, against every pattern. A test that provokes an actionable line on purpose
+# says so with @pytest.mark.backend_log(r"regex", ...) (on the test or as a module's pytestmark); the lines below are
+# provoked by tests that predate the marker, named by their module. Any other WARNING/ERROR line fails the session.
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (\S+) (WARNING|ERROR|CRITICAL) (.*)$")
 BACKEND_LOG_MARK = "aibro backend listening on"
 INVALID_BODY = r"tornado\.general WARNING .*Invalid body"  # tornado's own, for a malformed multipart body
@@ -134,10 +135,40 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    _expected_patterns.update(EXPECTED_BY_MODULE.get(item.path.name, []))
+def _patterns_of(item: pytest.Item) -> set[str]:
+    """What this test may leave in a backend log: its module's lines, its own marks, and ACTIONABLE."""
+    patterns = set(ACTIONABLE) | set(EXPECTED_BY_MODULE.get(item.path.name, []))
     for mark in item.iter_markers("backend_log"):
-        _expected_patterns.update(mark.args)
+        patterns.update(mark.args)
+    return patterns
+
+
+# Logs under a test's own tmp_path are judged right after it with that test's patterns only; the rest (the session's
+# shared backend, module fixtures' backends) at the end with every pattern any test declared.
+_judged_logs: set[Path] = set()
+_judged_findings: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    _expected_patterns.update(_patterns_of(item))
+    yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if isinstance(tmp, Path):
+        item.stash[_TEST_TMP] = tmp
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # its fixtures are finalized: its own backends have stopped and written their last lines
+    tmp = item.stash.get(_TEST_TMP, None)
+    if tmp is not None:
+        logs = backend_logs(tmp)
+        _judged_logs.update(logs)
+        _judged_findings.extend(unexpected_log_lines(logs, _patterns_of(item)))
+
+
+_TEST_TMP = pytest.StashKey[Path]()
 
 
 def backend_logs(root: Path) -> list[Path]:
@@ -169,7 +200,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or getattr(factory, "_basetemp", None) is None:
         return  # no test made a temporary directory: no backend ran
-    lines = unexpected_log_lines(backend_logs(factory.getbasetemp()), _expected_patterns)
+    rest = [path for path in backend_logs(factory.getbasetemp()) if path not in _judged_logs]
+    lines = _judged_findings + unexpected_log_lines(rest, _expected_patterns)
     session.config.stash[_LOG_FINDINGS] = lines
     if lines and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
