@@ -4,7 +4,9 @@ page the event log gives, for every cursor, across trimming, restarts, rolled-ba
 from __future__ import annotations
 
 import json
+import logging
 import math
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aibro_backend import recent
-from aibro_backend.store import NewEvent, Store
+from aibro_backend.store import NewEvent, Store, _Checkpointer
 
 SPEC = {"machines": ["local-cpu"], "fit": {"epochs": 1000}}
 
@@ -151,23 +153,62 @@ def test_windows_are_bounded(store: Store, log: Store, monkeypatch: pytest.Monke
         assert seqs(store.event_parts(f"job-{j}", 0)) == list(range(1, 41))
 
 
-def test_checkpoints_off_the_request_path_keep_the_log_whole(tmp_path: Path) -> None:
+def test_checkpoints_off_the_request_path_keep_the_log_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With checkpoints on their own thread (the backend's setting) no commit copies the WAL into the database,
-    yet the WAL stays bounded while events stream in, and a closed store leaves every event in the database file
-    itself (an empty WAL), readable by a fresh store."""
+    yet the WAL stays bounded while events stream in without a pause (each batch begins while the last checkpoint
+    runs, so PASSIVE alone never lets SQLite rewind the WAL: past the limit the writer runs one RESTART between two
+    batches), and a closed store leaves every event in the database file itself (an empty WAL), readable by a fresh
+    store."""
+    monkeypatch.setattr(_Checkpointer, "RESTART_ABOVE", 2 << 20)
     s = Store(tmp_path / "db.sqlite", checkpoints_every_s=0.05)
     s.ensure_user("u")
     s.create_job("job-1", 1, {"fit": {"epochs": 1}})
     assert s.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     wal = Path(f"{s.path}-wal")
-    biggest = 0
-    for n in range(100):  # ~20 MB of events through the WAL
+    biggest, rewinds, last_seq = 0, 0, None
+    for n in range(200):  # ~90 MB of WAL frames, as fast as the store takes them
         s.append_events("job-1", [NewEvent("log", {"message": "x" * 2000, "n": n * 100 + k}) for k in range(100)])
         biggest = max(biggest, wal.stat().st_size)
-        time.sleep(0.02)
-    assert biggest < 10 << 20, f"the WAL grew to {biggest} bytes: nothing checkpointed it"
+        with open(wal, "rb") as f:
+            seq = f.read(16)[12:16]  # the WAL header's checkpoint sequence: it counts rewinds
+        rewinds += last_seq is not None and seq != last_seq
+        last_seq = seq
+    assert rewinds >= 3, f"the WAL was rewound {rewinds} times while ~90 MB went through it"
+    assert biggest < 40 << 20, f"the WAL grew to {biggest} bytes: nothing checkpointed it"
     s.close()
     assert not wal.exists() or wal.stat().st_size == 0
     fresh = Store(tmp_path / "db.sqlite")
-    assert len(fresh.event_parts("job-1", 0, 20_000)) == 10_000
+    assert len(fresh.event_parts("job-1", 0, 30_000)) == 20_000
     fresh.close()
+
+
+def test_a_lasting_checkpoint_failure_is_logged_once_and_its_end_noted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint that keeps failing (a full disk, no descriptors left) is a warning when it starts, not one per
+    round; the round that works again says so. The thread's files are open before the store returns, so a flood of
+    connections taking every descriptor later cannot stop checkpoints (tests/test_resources.py shows that end to
+    end)."""
+    s = Store(tmp_path / "db.sqlite", checkpoints_every_s=0.02)
+    real = s._checkpointer._db
+    failing = {"on": True}
+
+    class Flaky:
+        def execute(self, sql: str):  # noqa: ANN202 - stands in for sqlite3.Connection.execute
+            if failing["on"]:
+                raise sqlite3.OperationalError("unable to open database file")
+            return real.execute(sql)
+
+        def close(self) -> None:
+            real.close()
+
+    caplog.set_level(logging.INFO, logger="aibro_backend.store")
+    s._checkpointer._db = Flaky()
+    time.sleep(0.5)  # ~25 failed rounds
+    failing["on"] = False
+    time.sleep(0.2)
+    s.close()
+    said = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    assert len([m for m in said if "failed" in m]) == 1, said
+    assert "unable to open database file" in said[0]
+    assert any("works again" in m for m in said), said
