@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from aibro_core.errors import ApiError, BackendUnreachable
+from aibro_core.errors import AibroError, ApiError, BackendUnreachable
 from aibro_core.presigned import ViewBody, upload_via_s3
 from aibro_core.transport import Transport
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
     from .config import Target
 
+EVENT_PORT_RECHECK_S = 60.0  # after the event port failed, long-polls use the main port this long before asking again
+EVENT_PORT_CONNECT_S = 3.0  # a firewalled event port (packets dropped) costs this, once, not a long-poll's timeout
 RETRY_MAX_S = 15.0  # the longest pause between two tries while a configured backend does not answer
 # calls that create something: never sent twice, as the first one may have arrived before the backend died
 _NOT_RETRIED = re.compile(r"POST /(jobs|jobs/[^/]+/replay|auth/login|auth/tokens)")
@@ -72,6 +75,7 @@ class BackendClient:
         self.t = _Transport(url, token, self.recover if restart else None, ca_bundle)
         self._restart = restart
         self.notify = notify or _notify_stderr
+        self._event_base: tuple[float, str | None] | None = None  # (when learned, event port URL or None)
 
     @property
     def url(self) -> str:
@@ -85,6 +89,7 @@ class BackendClient:
             raise BackendUnreachable(f"the aibro backend at {self.url} is not one this client can restart")
         target = self._restart()
         self.t.url = target.url.rstrip("/")
+        self._event_base = None  # a restarted backend has a new event port
         if target.token != self.t.token:
             self.t.token = target.token
             self.t.session.headers["Authorization"] = f"Bearer {target.token}"
@@ -248,8 +253,40 @@ class BackendClient:
         return self.t.json("POST", f"/jobs/{job_id}/replay", json=overrides)
 
     def events(self, job_id: str, after: int = 0, wait: float = 0, recover: bool = True) -> dict[str, Any]:
-        params = {"after": after, "wait": wait}
-        return self.t.json("GET", f"/jobs/{job_id}/events", params=params, timeout=wait + 30, recover=recover)
+        return self._long_poll(f"/jobs/{job_id}/events", {"after": after, "wait": wait}, recover)
+
+    def _long_poll(self, path: str, params: dict[str, Any], recover: bool = True) -> dict[str, Any]:
+        """A long-poll, sent to the backend's event port when it announces one this client reaches (the backend
+        answers it there for a tenth of the CPU: backend/aibro_backend/api/eventport.py), else to the main port."""
+        timeout = float(params["wait"]) + 30
+        base = self._event_port()
+        if base is not None:
+            try:
+                return self.t.json(
+                    "GET", path, params=params, timeout=(EVENT_PORT_CONNECT_S, timeout), recover=False, base=base
+                )
+            except BackendUnreachable:
+                self._event_base = (time.monotonic(), None)  # the main port decides whether the backend is there
+        return self.t.json("GET", path, params=params, timeout=timeout, recover=recover)
+
+    def _event_port(self) -> str | None:
+        """The event port's URL from `/health` (same scheme and host as this client's URL), learned once and
+        again a while after it failed; None for a backend behind a path (a proxy that maps one port only)."""
+        now = time.monotonic()
+        if self._event_base is not None and (self._event_base[1] or now - self._event_base[0] < EVENT_PORT_RECHECK_S):
+            return self._event_base[1]
+        url = None
+        parts = urlsplit(self.t.url)
+        if parts.path in ("", "/") and parts.hostname:
+            try:
+                port = self.t.json("GET", "/health", timeout=5, recover=False).get("events_port")
+            except AibroError:
+                port = None
+            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+                host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+                url = f"{parts.scheme}://{host}:{port}"
+        self._event_base = (now, url)
+        return url
 
     def follow(self, job_id: str, after: int = 0, wait: float = 25) -> Iterator[dict[str, Any]]:
         """Every event of a job from `after`, live, until the job is final.
@@ -286,7 +323,7 @@ class BackendClient:
                 return
 
     def user_events(self, after: int = 0, wait: float = 0) -> dict[str, Any]:
-        return self.t.json("GET", "/events", params={"after": after, "wait": wait}, timeout=wait + 30)
+        return self._long_poll("/events", {"after": after, "wait": wait})
 
     def artifacts(self, job_id: str) -> list[dict[str, Any]]:
         return self.t.json("GET", f"/jobs/{job_id}/artifacts")["artifacts"]

@@ -38,9 +38,10 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from aibro_core.files import write_private
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
+from .accesslog import log_access
 from .accounts import store_path
 from .api import tokens, transfer, user, worker
-from .api.base import BaseHandler, UserHandler
+from .api.base import NO_TOKEN, ApiError, BaseHandler, UserHandler, bearer_of, user_token
 from .api.openapi import OpenApiHandler
 from .blobs import BlobStore
 from .bus import EventBus
@@ -53,7 +54,6 @@ from .state import Backend
 from .store import Store
 
 log = logging.getLogger("aibro.backend")
-access_log = logging.getLogger("tornado.access")
 LINGER_MAX = 64 * 1024  # a refused body up to this size is read and dropped, so the client can read the answer
 FD_RESERVE = 256  # descriptors kept free of client connections: the database, logs, blob files, worker pipes
 ACCEPT_PAUSE_S = 0.5
@@ -173,8 +173,7 @@ def _body_limit(handler_class: type, limits: Limits) -> int:
 
 
 def _bearer(headers: httputil.HTTPHeaders) -> str | None:
-    auth = headers.get("Authorization", "")
-    return auth[7:].strip() or None if auth.startswith("Bearer ") else None
+    return bearer_of(headers.get("Authorization"))
 
 
 def header_refusal(
@@ -194,23 +193,17 @@ def header_refusal(
     if issubclass(handler_class, (worker.WorkerHandler, UserHandler)):
         token = _bearer(request.headers)
         if token is None:
-            return 401, "this route needs a token: send 'Authorization: Bearer TOKEN'"
+            return 401, NO_TOKEN
         if issubclass(handler_class, worker.WorkerHandler):
             inst = backend.store.instance_for_token(token)
             if inst is None:
                 return 401, "unknown worker token"
             request.aibro_instance = inst  # type: ignore[attr-defined]  # WorkerHandler.prepare: one lookup a request
         else:
-            found = backend.store.token_lookup(token)
-            if found is None:
-                return 401, "the token is not valid for this backend: check AIBRO_TOKEN or run `aibro login`"
-            request.aibro_token = found  # type: ignore[attr-defined]  # UserHandler.prepare: one lookup a request
-            if found["expired"]:
-                when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(found["expires"]))
-                return 401, (
-                    f"the token {found['id']} expired at {when}: log in with a live one (`aibro login URL`); "
-                    "a shared backend's admin mints one with `aibro backend add-user NAME`"
-                )
+            try:
+                request.aibro_token = user_token(backend.store, token)  # type: ignore[attr-defined]  # for prepare
+            except ApiError as exc:
+                return exc.status_code, exc.message
     if raw is not None and length is None:
         return 400, f"Content-Length {raw[:40]!r} is not a whole number of bytes"
     if length is not None and length > limit:
@@ -299,23 +292,7 @@ class GuardedApplication(tornado.web.Application):
 
 
 def _log_access(status: int, request: httputil.HTTPServerRequest, note: str = "") -> None:
-    """One access-log line: the path without its query string (a token put there by mistake never lands here)."""
-    level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
-    if status in (400, 404, 405, 409, 413, 422, 429):
-        level = logging.INFO  # the client's mistake, answered with the problem and the fix: nothing to act on here
-    if request.method == "HEAD" and status == 404:
-        level = logging.DEBUG  # "not uploaded yet": the normal answer a content-addressed upload starts with
-    ms = 1000.0 * request.request_time()
-    access_log.log(
-        level,
-        "%d %s %s (%s) %.1fms%s",
-        status,
-        request.method,
-        request.path,
-        request.remote_ip,
-        ms,
-        f" {note}" if note else "",
-    )
+    log_access(status, request.method or "", request.path, request.remote_ip or "", request.request_time(), note)
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
@@ -347,6 +324,7 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
         self.turned_away = 0
         self._stopped = False
         self._last_note = 0.0
+        self._also: list[socket.socket] = []
 
     def add_sockets(self, sockets: Any) -> None:
         sockets = list(sockets)
@@ -356,7 +334,15 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
             loop.remove_handler(sock)
             loop.add_handler(sock, self._accept_handler(sock), IOLoop.READ)
 
-    def _accept_handler(self, sock: socket.socket) -> Any:
+    def accept_also(self, sock: socket.socket, handle: Callable[[socket.socket, Any], None]) -> None:
+        """Accept on another listening socket under the same cap, pause and turn-away, handing each connection to
+        `handle(conn, address)` (the event port), which counts it in `open_connections` until it closes."""
+        self._also.append(sock)
+        IOLoop.current().add_handler(sock, self._accept_handler(sock, handle), IOLoop.READ)
+
+    def _accept_handler(self, sock: socket.socket, handle: Callable[[socket.socket, Any], None] | None = None) -> Any:
+        handle = handle or self._handle_connection
+
         def accept(fd: Any, events: int) -> None:
             for _ in range(128):  # tornado's batch: other work runs between batches
                 if self._stopped:
@@ -375,7 +361,7 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
                 if self.open_connections >= self.max_connections:
                     self._turn_away(conn)
                     continue
-                self._handle_connection(conn, address)
+                handle(conn, address)
 
         return accept
 
@@ -432,6 +418,9 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
 
     def stop(self) -> None:
         self._stopped = True
+        for sock in self._also:
+            IOLoop.current().remove_handler(sock)
+            sock.close()
         super().stop()
 
 
@@ -526,9 +515,17 @@ async def serve(
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     backend.url = f"{'https' if tls else 'http'}://{shown}:{bound}"
+    backend.events_port = open_event_port(backend, server, host, limits, tls)
     last_port.write_text(str(bound))
-    write_private(home / "backend.json", {"url": backend.url, "pid": os.getpid(), "port": bound})
-    log.info("aibro backend listening on %s (home %s, at most %d connections)", backend.url, home, cap)
+    info = {"url": backend.url, "pid": os.getpid(), "port": bound, "events_port": backend.events_port}
+    write_private(home / "backend.json", info)
+    log.info(
+        "aibro backend listening on %s (home %s, at most %d connections%s)",
+        backend.url,
+        home,
+        cap,
+        f"; event long-polls also on port {backend.events_port}" if backend.events_port else "",
+    )
     ticker = PeriodicCallback(backend.scheduler.tick, 250)
     ticker.start()
     reconciler = start_upkeep(backend)
@@ -557,6 +554,28 @@ async def serve(
     except (OSError, ValueError):
         pass
     backend.store.close()
+
+
+def open_event_port(
+    backend: Backend, server: GuardedHTTPServer, host: str, limits: Limits, tls: ssl.SSLContext | None
+) -> int | None:
+    """The lean long-poll listener beside the main port (api/eventport.py): AIBRO_EVENTS_PORT picks its port
+    (default: any free one), `off` leaves long-polls to the main port alone. A port that cannot be bound is a
+    warning, not a failed start: clients then long-poll the main port."""
+    want = os.environ.get("AIBRO_EVENTS_PORT", "").strip().lower()
+    if want == "off":
+        return None
+    try:
+        from .api.eventport import EventPort  # needs httptools (a dependency of the serve extra)
+    except ImportError as exc:
+        log.info("no event port (%s): long-polls go to the main port", exc)
+        return None
+    try:
+        port = int(want) if want else 0
+        return EventPort(backend, server, limits.idle_timeout_s, tls).listen(host, port)
+    except (OSError, ValueError) as exc:
+        log.warning("no event port (AIBRO_EVENTS_PORT=%r: %s): long-polls go to the main port", want, exc)
+        return None
 
 
 # gen0 collections every 20,000 net allocations (not 700), a full one at most every 2,000 of those

@@ -22,6 +22,7 @@ class Backend:
     bus: EventBus
     scheduler: Scheduler
     url: str = ""
+    events_port: int | None = None  # the event port (api/eventport.py), announced by /health
     extra: dict[str, Any] = field(default_factory=dict)
 
     def on_event(self, event: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ class Transport:
         self.session.verify = self.ca_bundle or True
         self.session.headers["Authorization"] = f"Bearer {token}"
 
-    def request(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> requests.Response:
+    def request(self, method: str, path: str, *, timeout: Any = None, **kw: Any) -> requests.Response:
         resp = self.send(method, path, timeout=timeout, **kw)
         if resp.status_code == 401:
             raise AuthError(
@@ -77,12 +77,18 @@ class Transport:
             raise ApiError(resp.status_code, _message(resp), _body(resp))
         return resp
 
-    def send(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> requests.Response:
-        """One call, whatever status it answers; only an unreachable backend raises (the proxy passes errors on)."""
+    def send(
+        self, method: str, path: str, *, timeout: Any = None, base: str | None = None, **kw: Any
+    ) -> requests.Response:
+        """One call, whatever status it answers; only an unreachable backend raises (the proxy passes errors on).
+        `base` sends it to another listener of the same backend (its event port) instead of `url`; `timeout` is
+        seconds, or requests' (connect, read) pair."""
         # verify per call: requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own `verify`
         kw.setdefault("verify", self.session.verify)
         try:
-            return self.session.request(method, f"{self.url}/api/v1{path}", timeout=timeout or self.timeout, **kw)
+            return self.session.request(
+                method, f"{base or self.url}/api/v1{path}", timeout=timeout or self.timeout, **kw
+            )
         except requests.exceptions.SSLError as exc:
             raise UntrustedCertificate(untrusted_message(self.url, _ssl_reason(exc), self.ca_bundle)) from None
         except requests.ConnectionError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, TypeVar
 
 import tornado.web
@@ -95,26 +96,9 @@ class BaseHandler(tornado.web.RequestHandler):
         except PydanticError as exc:
             raise ApiError(400, explain(exc, what)) from None
 
-    def query_model(self, model: type[M], messages: dict[str, str]) -> M:
-        """Query arguments checked against `model`; a bad one is a 400 with `messages[name]` and what came."""
-        raw = {name: self.get_query_argument(name) for name in model.model_fields if name in self.request.arguments}
-        try:
-            return model.model_validate(raw)
-        except PydanticError as exc:
-            err = exc.errors(include_url=False)[0]
-            name = str(err["loc"][0]) if err.get("loc") else ""
-            got = raw.get(name)
-            shown = "nothing" if got is None else repr(got[:40])
-            raise ApiError(400, f"{messages.get(name, f'{name!r} is not valid')}, got {shown}") from None
-
     def send(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(dumps(data))
-
-    def send_events(self, parts: list[bytes], **fields: Any) -> None:
-        """A page of already encoded events (`Store.event_parts`) as `{"events": [...], **fields}`."""
-        self.set_status(200)
-        self.finish(b'{"events":[' + b",".join(parts) + b"]," + dumps(fields)[1:].encode())
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -156,16 +140,35 @@ class UserHandler(BaseHandler):
     def own_job(self, job_id: str) -> dict[str, Any]:
         job = self.backend.store.job(job_id, self.uid)
         if job is None:
-            raise _not_yours(job_id)
+            raise not_yours(job_id)
         return job
 
-    def own_job_state(self, job_id: str) -> tuple[str, str]:
-        """`own_job`'s check, reading only the status and substatus (a long-poll's cheap first look)."""
-        state = self.backend.store.job_state(job_id, self.uid)
-        if state is None:
-            raise _not_yours(job_id)
-        return state
+
+NO_TOKEN = "this route needs a token: send 'Authorization: Bearer TOKEN'"
 
 
-def _not_yours(job_id: str) -> ApiError:
+def bearer_of(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, or None."""
+    auth = authorization or ""
+    return auth[7:].strip() or None if auth.startswith("Bearer ") else None
+
+
+def user_token(store: Any, token: str | None) -> dict[str, Any]:
+    """The live user token's row (`Store.token_lookup`); a 401 naming what is wrong and the fix otherwise."""
+    if token is None:
+        raise ApiError(401, NO_TOKEN)
+    found = store.token_lookup(token)
+    if found is None:
+        raise ApiError(401, "the token is not valid for this backend: check AIBRO_TOKEN or run `aibro login`")
+    if found["expired"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(found["expires"]))
+        raise ApiError(
+            401,
+            f"the token {found['id']} expired at {when}: log in with a live one (`aibro login URL`); "
+            "a shared backend's admin mints one with `aibro backend add-user NAME`",
+        )
+    return found
+
+
+def not_yours(job_id: str) -> ApiError:
     return ApiError(404, f"no job '{job_id[:80]}' for this user: `aibro jobs` lists yours")

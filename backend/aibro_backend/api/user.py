@@ -9,13 +9,12 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES, JobPicture
 
-from ..bus import job_key, user_key
 from ..costs import instance_cost, job_costs
+from . import longpoll
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
-from .models import INT64_MAX, EventsQuery, ReplayOverrides, finite
+from .models import ReplayOverrides, finite
 
-MAX_WAIT_S = 60.0
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
 
 
@@ -64,7 +63,10 @@ class HealthHandler(UserHandler):
     def get(self) -> None:
         from .. import __version__
 
-        self.send({"ok": True, "user": self.user["name"], "version": __version__})
+        health = {"ok": True, "user": self.user["name"], "version": __version__}
+        if self.backend.events_port:
+            health["events_port"] = self.backend.events_port  # long-polls answered cheaper there (eventport.py)
+        self.send(health)
 
 
 class MachinesHandler(UserHandler):
@@ -165,51 +167,19 @@ class ReplayHandler(UserHandler):
 
 class JobEventsHandler(UserHandler):
     async def get(self, job_id: str) -> None:
-        state = self.own_job_state(job_id)  # status first: a final status is committed with its event
         after, wait = _after_wait(self)
-        store = self.backend.store
-        deadline = time.monotonic() + wait
-        parts = store.event_parts(job_id, after)
-        bus = self.backend.bus
-        while not parts and state[0] not in v.JOB_FINAL and time.monotonic() < deadline and not bus.closed:
-            await bus.wait(deadline - time.monotonic(), job_key(job_id))
-            state = store.job_state(job_id) or state
-            parts = store.event_parts(job_id, after)
-        status, substatus = _job_state(job_id, state, store)
-        self.send_events(parts, status=status, substatus=substatus)
+        self.finish(await longpoll.job_events(self.backend, self.uid, job_id, after, wait))
 
 
 class UserEventsHandler(UserHandler):
     async def get(self) -> None:
         after, wait = _after_wait(self)
-        store = self.backend.store
-        deadline = time.monotonic() + wait
-        parts, cursor = store.user_event_parts(self.uid, after)
-        bus = self.backend.bus
-        while not parts and time.monotonic() < deadline and not bus.closed:
-            await bus.wait(deadline - time.monotonic(), user_key(self.uid))
-            parts, cursor = store.user_event_parts(self.uid, after)
-        self.send_events(parts, cursor=cursor)
+        self.finish(await longpoll.user_events(self.backend, self.uid, after, wait))
 
 
 def _after_wait(handler: UserHandler) -> tuple[int, float]:
-    q = handler.query_model(
-        EventsQuery,
-        {
-            "after": f"'after' must be an integer from 0 to {INT64_MAX} (the last seq or cursor you have)",
-            "wait": "'wait' must be a finite number of seconds, 0 or more (at most 60 are waited)",
-        },
-    )
-    return q.after, min(q.wait, MAX_WAIT_S)
-
-
-def _job_state(job_id: str, state: tuple[str, str], store: Any) -> tuple[str, str]:
-    """The job's status and substatus; for a row a worker spoiled before events were validated, the last valid
-    ones its events give."""
-    if state[0] in JOB_STATUSES and state[1] in JOB_SUBSTATUSES:
-        return state
-    picture = JobPicture().apply_all(store.typed_events(job_id, (v.EV_STATUS,)))
-    return picture.status, picture.substatus
+    args = handler.request.arguments
+    return longpoll.after_wait({name: handler.get_query_argument(name) for name in ("after", "wait") if name in args})
 
 
 class ArtifactsHandler(UserHandler):
