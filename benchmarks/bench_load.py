@@ -121,16 +121,20 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def generator_cpu_s(watcher_pids: list[int]) -> float:
-    """CPU seconds of the load generator: this process, the watcher processes and every simulated worker."""
-    total = sum(os.times()[:2])
+def generator_cpu_s(watcher_pids: list[int]) -> tuple[float, float, float]:
+    """CPU seconds of the load generator's parts: the watcher processes, every simulated worker, this process."""
     workers = subprocess.run(["pgrep", "-f", f"{HERE} --sim-worker"], capture_output=True, text=True).stdout.split()
-    for pid in [*workers, *watcher_pids]:
-        try:
-            total += cpu_s(int(pid))
-        except (OSError, ValueError, IndexError):
-            pass  # it ended between the listing and the read
-    return total
+
+    def of(pids: list[Any]) -> float:
+        total = 0.0
+        for pid in pids:
+            try:
+                total += cpu_s(int(pid))
+            except (OSError, ValueError, IndexError):
+                pass  # it ended between the listing and the read
+        return total
+
+    return of(watcher_pids), of(workers), sum(os.times()[:2])
 
 
 def start_backend(home: Path, workers: int, nice: int) -> tuple[subprocess.Popen, str, str]:
@@ -188,6 +192,11 @@ class Conn:
         self.writer: asyncio.StreamWriter | None = None
 
     async def request(self, method: str, path: str, token: str) -> Any:
+        body = await self.raw(method, path, token)
+        return json.loads(body) if body else None
+
+    async def raw(self, method: str, path: str, token: str) -> bytes:
+        """The answer's body as bytes (a watcher reads only what it needs from it)."""
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.writer.write(
@@ -200,7 +209,16 @@ class Conn:
         if not head.startswith(b"HTTP/1.1 200") and not head.startswith(b"HTTP/1.1 201"):
             status = head.split(b"\r\n")[0].decode()
             raise RuntimeError(f"{method} {path}: {status} {body[:200]!r}")
-        return json.loads(body) if body else None
+        return body
+
+
+# What a watcher reads of a page, without decoding it all: the backend encodes every event the one way
+# (aibro_backend/recent.encode_event) and puts the page's own fields after the events, so the last match is theirs.
+# A full json.loads per answer made the watchers cost more CPU than the backend answering them.
+EPOCH_TS = re.compile(rb'"type": "epoch", "ts": ([0-9.e+-]+)')
+LAST_SEQ = re.compile(rb'"seq": (\d+)')
+PAGE_STATUS = re.compile(rb'"status": "([^"]+)", "substatus": "[^"]*"}$')
+PAGE_CURSOR = re.compile(rb'"cursor": (\d+)}$')
 
 
 def watchers_main() -> None:
@@ -213,22 +231,25 @@ def watchers_main() -> None:
     stop = Path(sys.argv[2] + ".stop")
 
     async def job_watcher(token: str, job_id: str) -> None:
-        conn, after = Conn(plan["url"]), 0
+        conn, after = Conn(plan["events_url"]), 0
         while not stop.exists():
-            page = await conn.request("GET", f"/jobs/{job_id}/events?after={after}&wait=20", token)
+            page = await conn.raw("GET", f"/jobs/{job_id}/events?after={after}&wait=20", token)
             now = time.time()
             answers.append(now)
-            seen.extend((now, now - e["ts"]) for e in page["events"] if e["type"] == "epoch")
-            if page["events"]:
-                after = page["events"][-1]["seq"]
-            if page["status"] in v.JOB_FINAL:
+            seen.extend((now, now - float(ts)) for ts in EPOCH_TS.findall(page))
+            seqs = LAST_SEQ.findall(page[-4096:]) or LAST_SEQ.findall(page)
+            if seqs:
+                after = int(seqs[-1])
+            status = PAGE_STATUS.search(page)
+            if status is None or status.group(1).decode() in v.JOB_FINAL:
                 return
 
     async def user_watcher(token: str) -> None:
-        conn = Conn(plan["url"])
+        conn = Conn(plan["events_url"])
         cursor = (await conn.request("GET", "/events?after=0", token))["cursor"]
         while not stop.exists():
-            cursor = (await conn.request("GET", f"/events?after={cursor}&wait=5", token))["cursor"]
+            page = await conn.raw("GET", f"/events?after={cursor}&wait=5", token)
+            cursor = int(PAGE_CURSOR.search(page).group(1))
             answers.append(time.time())
 
     async def main() -> None:
@@ -238,18 +259,30 @@ def watchers_main() -> None:
         ]
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    asyncio.run(main())
+    run_loop(main())
     Path(sys.argv[2] + ".out").write_text(json.dumps({"epochs": seen, "answers": answers}))
 
 
-def request_floor(url: str, token: str, backend_pid: int, requests: int = 4000, clients: int = 20) -> float:
-    """The backend's CPU seconds for one plain request (GET /health over keep-alive connections, nothing else
-    running): the floor under every long-poll answer, which is what bounds the answers one process can give."""
+def run_loop(main: Any) -> Any:
+    """uvloop where installed (the backend's own loop): the watchers' I/O costs less."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def request_floor(
+    url: str, token: str, backend_pid: int, path: str = "/health", requests: int = 4000, clients: int = 20
+) -> float:
+    """The backend's CPU seconds for one request (GET `path` over keep-alive connections, nothing else running):
+    /health is the floor of any request on the main port; `/events?after=0` with no events is a long-poll answer
+    with nothing to wait for, on either port, which is what bounds the answers one process can give."""
 
     async def client(n: int) -> None:
         conn = Conn(url)
         for _ in range(n):
-            await conn.request("GET", "/health", token)
+            await conn.request("GET", path, token)
 
     async def main() -> float:
         await client(200)  # warm
@@ -293,7 +326,7 @@ def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid: int,
     plans = []
     for k in range(args.procs):
         plan = root / f"watchers-{k}.json"
-        plan.write_text(json.dumps({"url": url, "watchers": watchers[k :: args.procs]}))
+        plan.write_text(json.dumps({"events_url": args.events_url, "watchers": watchers[k :: args.procs]}))
         plans.append(plan)
     nice = ["nice", "-n", str(args.nice)]
     procs = [subprocess.Popen([*nice, sys.executable, str(HERE), "--watchers", str(plan)]) for plan in plans]
@@ -345,7 +378,7 @@ async def _drive(
         conn.writer.close()
         return total * args.batch
 
-    async def snapshot() -> tuple[int, float, float, float, float]:
+    async def snapshot() -> tuple[int, float, tuple[float, float, float], float, float]:
         """Events so far, backend and generator CPU seconds, monotonic and wall time."""
         events = await events_total()
         return events, cpu_s(backend_pid), generator_cpu_s(watcher_pids), time.monotonic(), time.time()
@@ -363,7 +396,8 @@ async def _drive(
             "events_per_s": events / (t1 - t0),
             "cpu_per_1000": 1000 * (c1 - c0) / max(events, 1),
             "cpu_share": (c1 - c0) / (t1 - t0),
-            "generator_share": (g1 - g0) / (t1 - t0),
+            "generator_share": (sum(g1) - sum(g0)) / (t1 - t0),
+            "generator_parts": [(b - a) / (t1 - t0) for a, b in zip(g0, g1)],
             "health": list(health),
             "window": (w0, w1),
         }
@@ -426,8 +460,9 @@ def top_functions(raw: Path, n: int = 12) -> list[tuple[str, float]]:
 
 PARTS = {  # where the backend's time goes, by the frame that does it (a sample counts once per part)
     "worker event posts (parse, check, store, commit)": "WorkerEventsHandler.post",
-    "job long-polls (kernels)": "JobEventsHandler.get",
-    "user long-polls (sidebars)": "UserEventsHandler.get",
+    "job long-polls (kernels)": "job_events",
+    "user long-polls (sidebars)": "user_events",
+    "event port HTTP (parse, answer, write)": "data_received",
     "scheduler ticks": "Scheduler.tick",
     "/health": "HealthHandler.get",
 }
@@ -459,6 +494,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the backend during the held window")
     parser.add_argument("--keep", action="store_true", help="keep the temporary AIBRO_HOME")
     parser.add_argument("--same-priority", action="store_true", help="run the load generator at the backend's priority")
+    parser.add_argument("--main-port", action="store_true", help="watchers long-poll the main port, not the event port")
     args = parser.parse_args()
     args.nice = 0 if args.same_priority else GENERATOR_NICE
     args.users = 10
@@ -483,6 +519,12 @@ def main() -> None:
     try:
         tokens = [add_user(home, f"user{i}") for i in range(args.users)]
         floor = request_floor(url, tokens[0], proc.pid)
+        poll_main = request_floor(url, tokens[0], proc.pid, "/events?after=0")
+        port = asyncio.run(Conn(url).request("GET", "/health", tokens[0])).get("events_port")
+        fast = f"{url.rsplit(':', 1)[0]}:{port}" if port else url
+        poll_fast = request_floor(fast, tokens[0], proc.pid, "/events?after=0") if port else float("nan")
+        args.events_url = url if args.main_port else fast
+        say(f"watchers long-poll {'the main port' if args.events_url == url else f'the event port {port}'}")
         r = run(args, url, tokens, proc.pid, root)
         spy = r.pop("spy", None)
         if spy is not None:
@@ -514,11 +556,19 @@ def main() -> None:
         ("  long-poll answers / s (to all watchers)", f"{held['answers_per_s']:.0f}", ""),
         ("  backend busy (CPU s per s)", f"{held['cpu_share']:.2f}", ""),
         (f"  load generator CPU s per s (nice {args.nice})", f"{held['generator_share']:.2f}", ""),
+        ("    watchers / workers / harness", " / ".join(f"{x:.2f}" for x in held["generator_parts"]), ""),
         ("flat out: events accepted / s", f"{flat['events_per_s']:.0f}", "(capacity)"),
         ("  /health p50 / p95 ms", f"{ms(pct(fhl, 0.5))} / {ms(pct(fhl, 0.95))}", ""),
         ("  backend CPU s per 1,000 events", f"{flat['cpu_per_1000']:.3f}", ""),
         ("backend CPU us per plain request (GET /health)", f"{1e6 * floor:.0f}", ""),
         ("  so one process answers at most / s", f"{1 / floor:.0f}", ""),
+        ("backend CPU us per long-poll answer: main port", f"{1e6 * poll_main:.0f}", ""),
+        (
+            "  event port (watchers used: " + ("main)" if args.main_port else "event port)"),
+            f"{1e6 * poll_fast:.0f}",
+            "",
+        ),
+        ("  main / event port", f"{poll_main / poll_fast:.1f}x", ""),
         ("cores on this machine", f"{os.cpu_count()}", ""),
     ]
     width = max(len(a) for a, _, _ in rows)

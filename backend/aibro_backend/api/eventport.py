@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import unquote_plus
 
 import httptools
 
@@ -256,9 +256,15 @@ class _HeadTooBig(Exception):
 
 
 def _query(raw: bytes) -> dict[str, str]:
-    """The query's arguments as tornado's `get_query_argument` gives them: the last value of each, stripped."""
-    parsed = parse_qs(raw.decode("latin-1"), keep_blank_values=True)
-    return {name: values[-1].strip() for name, values in parsed.items()}
+    """The query's arguments as tornado's `get_query_argument` gives them: the last value of each, decoded and
+    stripped (parse_qs took a third of an answer's time for two plain numbers)."""
+    out: dict[str, str] = {}
+    for pair in raw.decode("latin-1").split("&"):
+        name, _, value = pair.partition("=")
+        if name:
+            plain = "%" not in pair and "+" not in pair
+            out[name if plain else unquote_plus(name)] = (value if plain else unquote_plus(value)).strip()
+    return out
 
 
 def _error(status: int, message: str, **extra: Any) -> bytes:
