@@ -721,6 +721,11 @@ class Health(Response):
     ok: bool
     user: str
     version: str
+    events_port: int | None = Field(
+        None,
+        description="the port of this host where the event long-polls are also answered, at less CPU (absent: "
+        "use this port)",
+    )
 
 
 class Machine(Response):
