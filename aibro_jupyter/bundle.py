@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
+
 from .blobsource import ArraySource, ByteSource, FileSource
 from .dataset_blob import check_dataset, is_dataset, save_dataset
 from .errors import ValidationError
@@ -289,19 +291,35 @@ def _decode_bytes(arr: np.ndarray, name: str) -> np.ndarray:
         raise ValidationError(f"{name} holds bytes that are not UTF-8 text ({exc}): decode them to str first") from None
 
 
-def encode_tree(value: Any, name: str, bundle: Bundle) -> tuple[dict[str, Any] | None, int | None]:
+def encode_tree(value: Any, name: str, bundle: Bundle, depth: int = 1) -> tuple[dict[str, Any] | None, int | None]:
     """Arrays (or lists/dicts of arrays) → data tree of blobs; returns (tree, number of samples)."""
     if value is None:
         return None, None
     if isinstance(value, dict):
-        items = {str(k): encode_tree(val, f"{name}[{k!r}]", bundle) for k, val in value.items()}
+        _check_branch(value, name, depth)
+        items = {str(k): encode_tree(val, f"{name}[{k!r}]", bundle, depth + 1) for k, val in value.items()}
         return {"dict": {k: t for k, (t, _) in items.items()}}, _same_len(name, [n for _, n in items.values()])
     if isinstance(value, (list, tuple)) and value and all(hasattr(v, "shape") for v in value):
-        items_l = [encode_tree(val, f"{name}[{i}]", bundle) for i, val in enumerate(value)]
+        _check_branch(value, name, depth)
+        items_l = [encode_tree(val, f"{name}[{i}]", bundle, depth + 1) for i, val in enumerate(value)]
         return {"list": [t for t, _ in items_l]}, _same_len(name, [n for _, n in items_l])
     arr = as_array(value, name)
     sha = bundle.add(ArraySource(arr, name))
     return {"blob": sha, "shape": list(arr.shape), "dtype": str(arr.dtype)}, int(arr.shape[0])
+
+
+def _check_branch(value: dict | list | tuple, name: str, depth: int) -> None:
+    """The backend's limits on a data tree, met here so that nothing is uploaded for a spec it would refuse."""
+    if depth >= MAX_TREE_DEPTH:
+        raise ValidationError(
+            f"{name} nests lists and dicts more than {MAX_TREE_DEPTH} levels deep: pass a flatter structure "
+            "(a dict of arrays, or a list of arrays)"
+        )
+    if len(value) > MAX_TREE_ITEMS:
+        raise ValidationError(f"{name} holds {len(value)} entries, over {MAX_TREE_ITEMS}: concatenate the arrays")
+    long_key = next((k for k in value if isinstance(value, dict) and len(str(k)) > MAX_KEY_CHARS), None)
+    if long_key is not None:
+        raise ValidationError(f"{name} has a key over {MAX_KEY_CHARS} characters ({str(long_key)[:40]}...): shorten it")
 
 
 def _same_len(name: str, lengths: list[int | None]) -> int | None:

@@ -26,6 +26,14 @@ SHA = secrets.token_hex(32)  # a digest nobody uploaded: a spec that passes vali
 BASE = {"model": SHA, "data": {"x": {"blob": SHA}}, "fit": {"epochs": 1}, "machines": ["local-cpu"]}
 
 
+def _tree(levels: int) -> dict[str, Any]:
+    """A data tree `levels` deep: dicts and lists in turn around one array."""
+    node: dict[str, Any] = {"blob": SHA}
+    for i in range(levels - 1):
+        node = {"dict": {"k": node}} if i % 2 else {"list": [node]}
+    return node
+
+
 def _raw(client: BackendClient, method: str, path: str, body: str | bytes | None = None, token: str = "") -> Any:
     headers = {"Authorization": f"Bearer {token or client.t.token}", "Content-Type": "application/json"}
     return requests.request(method, f"{client.url}/api/v1{path}", data=body, headers=headers, timeout=60)
@@ -155,6 +163,8 @@ def test_event_query_limits_that_fit(client: BackendClient) -> None:
         ({"data": {"x": {"list": [{"blob": SHA}, {"blob": "x"}]}}}, r"data.x.list\[1\].blob must be a sha256"),
         ({"data": {"x": {"blob": SHA, "list": []}}}, r"data.x must hold exactly one of 'blob', 'list' or 'dict'"),
         ({"data": {"x": {"dataset": SHA}, "y": {"blob": SHA}}}, r"data holds a dataset.*y and sample_weight"),
+        ({"data": {"x": {"blob": SHA}, "y": _tree(9)}}, r"data.y nests lists and dicts more than 8 levels deep: pass"),
+        ({"data": {"x": _tree(8)}}, rf"blob {SHA} was not uploaded by this user"),
         ({"data": {"x": {"blob": SHA, "shape": [-1]}}}, r"data.x.shape must be a list of at most 32 non-negative"),
         ({"callbacks": [{"class": "EarlyStopping", "config": {"patience": "3"}}]}, r"EarlyStopping config: 'patience'"),
         ({"callbacks": [{"class": "ReduceLROnPlateau", "config": {"factor": 2.0}}]}, r"ReduceLROnPlateau config"),

@@ -180,6 +180,17 @@ def test_validation_length_mismatch(client: BackendClient, nothing_uploaded: Non
         _submit(client, make_model(), x, y, validation_data=(xv, yv[:10]))
 
 
+def test_data_nested_past_the_limit_is_refused_before_upload(client: BackendClient, nothing_uploaded: None) -> None:
+    x, y = fresh_data()
+    deep: Any = x
+    for _ in range(8):
+        deep = {"inputs": deep}
+    with pytest.raises(ValidationError, match=r"^x\['inputs'\].* more than 8 levels deep: pass a flatter structure"):
+        _submit(client, make_model(), deep, y)
+    with pytest.raises(ValidationError, match=r"x holds 300 entries, over 256: concatenate"):
+        _submit(client, make_model(), {f"f{i}": x for i in range(300)}, y)
+
+
 def test_object_array(client: BackendClient, nothing_uploaded: None) -> None:
     x, _ = fresh_data(256)
     ragged = np.empty(256, dtype=object)

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from aibro_core import vocabulary as v
+from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS, tree_depth
 from aibro_core.errors import ValidationError as RequirementsError
 from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES
 from aibro_core.requirements import check_requirements
@@ -41,7 +42,6 @@ INT64_MAX = 2**63 - 1
 WEEK_S = 7 * 24 * 3600
 MAX_WAIT_REQUEST_S = 30 * 24 * 3600
 MAX_EPOCHS = 1_000_000
-MAX_TREE_ITEMS = 256
 MAX_EVENT_BATCH = 500
 MAX_MESSAGE = 8000
 MAX_LOG_KEYS = 256
@@ -167,7 +167,9 @@ class DataNode(Request):
     ) = None
     dtype: described(Annotated[str, Field(max_length=32)] | None, "must be a numpy dtype name") = None
     items: Annotated[list[DataNode], Field(max_length=MAX_TREE_ITEMS)] = Field(None, alias="list")
-    mapping: Annotated[dict[ShortText, DataNode], Field(max_length=MAX_TREE_ITEMS)] = Field(None, alias="dict")
+    mapping: Annotated[
+        dict[Annotated[str, Field(max_length=MAX_KEY_CHARS)], DataNode], Field(max_length=MAX_TREE_ITEMS)
+    ] = Field(None, alias="dict")
 
     @model_validator(mode="before")
     @classmethod
@@ -224,6 +226,16 @@ class DataPart(Request):
     x: DataTop
     y: DataNode | None = None
     sample_weight: DataNode | None = None
+
+    @field_validator("x", "y", "sample_weight", mode="before")
+    @classmethod
+    def _shallow(cls, tree: Any) -> Any:
+        if tree_depth(tree) > MAX_TREE_DEPTH:
+            raise _fail_here(
+                f"nests lists and dicts more than {MAX_TREE_DEPTH} levels deep: pass a flatter structure "
+                "(a dict of arrays, or a list of arrays)"
+            )
+        return tree
 
     @model_validator(mode="after")
     def _dataset_alone(self) -> DataPart:

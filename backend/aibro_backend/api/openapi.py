@@ -6,6 +6,7 @@ answer; the JSON Schemas come from pydantic, so what the document promises is wh
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,7 @@ class Route:
     summary: str
     ok: type[BaseModel] | str | None  # a model, "binary" (octet-stream), or None (no body, e.g. HEAD)
     errors: tuple[int, ...] = ()
-    body: type[BaseModel] | str | None = None  # a model, or "binary"
+    body: type[BaseModel] | str | None = None  # a model, "binary", or "chunk" (octet-stream of at least one byte)
     query: type[BaseModel] | None = None
     status: int = 200
     security: str = "bearer"
@@ -115,7 +116,7 @@ ROUTES: list[Route] = [
         "one chunk of a one-pass upload (the client hashes as it sends and names the blob at the end)",
         m.BlobProgress,
         TRANSFER_ERRORS,
-        "binary",
+        "chunk",
         m.BlobQuery,
     ),
     Route(
@@ -284,7 +285,43 @@ def _query_params(model: type[BaseModel]) -> list[dict[str, Any]]:
 def _content(kind: type[BaseModel] | str, refs: dict[tuple[type[BaseModel], str], Any], mode: str) -> dict:
     if kind == "binary":
         return {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+    if kind == "chunk":  # an unnamed upload has no name to give empty data: its chunks carry bytes
+        return {"application/octet-stream": {"schema": {"type": "string", "format": "binary", "minLength": 1}}}
     return {"application/json": {"schema": refs[(kind, mode)]}}
+
+
+def _unrolled_data_tree(schemas: dict[str, Any]) -> dict[str, Any]:
+    """DataNode refers to itself; the document spells its levels out instead (DataNode, DataNode2, ...,
+    DataNode{MAX_TREE_DEPTH}, whose nodes are arrays only). That states the depth limit the backend enforces, and a
+    schema without a cycle is one every generator and validator handles (schemathesis 4.32 failed on the cycle)."""
+    node = schemas.get("DataNode")
+    if node is None:
+        return schemas
+
+    def level(depth: int) -> str:
+        return "DataNode" if depth == 1 else f"DataNode{depth}"
+
+    def pointing_to(schema: dict[str, Any], target: str) -> dict[str, Any]:
+        out = copy.deepcopy(schema)
+        props = out["properties"]
+        props["list"]["items"] = {"$ref": REF.format(model=target)}
+        props["dict"]["additionalProperties"] = {"$ref": REF.format(model=target)}
+        return out
+
+    for depth in range(1, m.MAX_TREE_DEPTH):
+        schemas[level(depth)] = pointing_to(node, level(depth + 1))
+        schemas[level(depth)]["title"] = level(depth)
+    leaf = copy.deepcopy(node)
+    leaf["properties"] = {k: v for k, v in leaf["properties"].items() if k not in ("list", "dict")}
+    del leaf["oneOf"]
+    leaf["required"] = ["blob"]
+    leaf["title"] = level(m.MAX_TREE_DEPTH)
+    leaf["description"] = f"An array: a data tree's level {m.MAX_TREE_DEPTH}, its deepest, holds arrays only."
+    schemas[level(m.MAX_TREE_DEPTH)] = leaf
+    top = schemas.get("DataTop")
+    if top is not None:
+        schemas["DataTop"] = pointing_to(top, level(2))
+    return schemas
 
 
 @functools.lru_cache(maxsize=1)
@@ -324,7 +361,7 @@ def document() -> dict[str, Any]:
             "responses": responses,
         }
         if r.body is not None:
-            required = r.body == "binary" or any(f.is_required() for f in r.body.model_fields.values())
+            required = r.body in ("binary", "chunk") or any(f.is_required() for f in r.body.model_fields.values())
             op["requestBody"] = {"required": required, "content": _content(r.body, refs, "validation")}
         if r.path.startswith("/worker/"):
             op["tags"] = ["worker"]
@@ -348,7 +385,7 @@ def document() -> dict[str, Any]:
                     "description": "a cloud instance's one-time enrollment token (from its user data)",
                 },
             },
-            "schemas": defs.get("$defs", {}),
+            "schemas": _unrolled_data_tree(defs.get("$defs", {})),
         },
         "paths": paths,
     }
