@@ -64,3 +64,42 @@ def _established(url: str) -> int:
         if int(parts[1].split(":")[1], 16) == port and parts[3] == "01":
             count += 1
     return count
+
+
+def test_requests_on_open_connections_while_the_backend_stops_never_meet_a_closed_store(tmp_path: Path) -> None:
+    """Keep-alive clients keep asking while a clean stop runs (workers and watchers do): the backend stops
+    listening, closes every open connection (main port and event port), and only then closes its store, so no
+    request is ever handled against a closed database (an ERROR traceback in the log) and it exits 0."""
+    home = tmp_path / "closing"
+    stop = threading.Event()
+    answered: list[int] = []
+
+    def ask(url: str) -> None:
+        with requests.Session() as session:
+            session.headers["Authorization"] = f"Bearer {backend.token}"
+            while not stop.is_set():
+                try:
+                    answered.append(session.get(url, timeout=10).status_code)
+                except requests.RequestException:
+                    time.sleep(0.01)
+
+    with own_backend(home) as backend:
+        port = requests.get(
+            f"{backend.url}/api/v1/health", headers={"Authorization": f"Bearer {backend.token}"}, timeout=30
+        ).json()["events_port"]
+        urls = [f"{backend.url}/api/v1/health"] * 2 + [f"http://127.0.0.1:{port}/api/v1/events?wait=0"] * 2
+        askers = [threading.Thread(target=ask, args=(url,)) for url in urls]
+        for t in askers:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(answered) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        backend.proc.send_signal(signal.SIGTERM)
+        code = backend.proc.wait(timeout=60)
+        stop.set()
+        for t in askers:
+            t.join(timeout=30)
+        log = backend.log.read_text()
+    assert len(answered) >= 200 and set(answered) == {200}, sorted(set(answered))
+    assert code == 0
+    assert "ERROR" not in log and "closed database" not in log, log[-3000:]

@@ -325,6 +325,7 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
         self._stopped = False
         self._last_note = 0.0
         self._also: list[socket.socket] = []
+        self._close_also: list[Callable[[], None]] = []
 
     def add_sockets(self, sockets: Any) -> None:
         sockets = list(sockets)
@@ -334,10 +335,14 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
             loop.remove_handler(sock)
             loop.add_handler(sock, self._accept_handler(sock), IOLoop.READ)
 
-    def accept_also(self, sock: socket.socket, handle: Callable[[socket.socket, Any], None]) -> None:
+    def accept_also(
+        self, sock: socket.socket, handle: Callable[[socket.socket, Any], None], close_all: Callable[[], None]
+    ) -> None:
         """Accept on another listening socket under the same cap, pause and turn-away, handing each connection to
-        `handle(conn, address)` (the event port), which counts it in `open_connections` until it closes."""
+        `handle(conn, address)` (the event port), which counts it in `open_connections` until it closes;
+        `close_all()` closes its open connections at shutdown."""
         self._also.append(sock)
+        self._close_also.append(close_all)
         IOLoop.current().add_handler(sock, self._accept_handler(sock, handle), IOLoop.READ)
 
     def _accept_handler(self, sock: socket.socket, handle: Callable[[socket.socket, Any], None] | None = None) -> Any:
@@ -422,6 +427,14 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
             IOLoop.current().remove_handler(sock)
             sock.close()
         super().stop()
+
+    async def close_everything(self) -> None:
+        """Stop listening, then close every open connection (requests in flight finish first): a keep-alive
+        connection would otherwise bring a request in after the store is closed."""
+        self.stop()
+        for close_all in self._close_also:
+            close_all()
+        await self.close_all_connections()
 
 
 def raise_fd_limit() -> int:
@@ -546,7 +559,7 @@ async def serve(
     shutdown_instances(backend)
     for provider in backend.scheduler.providers.values():
         getattr(provider, "close", lambda: None)()
-    server.stop()
+    await server.close_everything()
     try:
         info = json.loads((home / "backend.json").read_text())
         if info.get("pid") == os.getpid():

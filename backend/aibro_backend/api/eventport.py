@@ -56,6 +56,7 @@ class EventPort:
         """`acceptor`: the main port's GuardedHTTPServer (its accept loop, cap and `open_connections`)."""
         self.backend, self.acceptor, self.idle_timeout_s, self.tls = backend, acceptor, idle_timeout_s, tls
         self._date = (0, "")
+        self.connections: set[_Connection] = set()
 
     def listen(self, host: str, port: int = 0) -> int:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -64,7 +65,7 @@ class EventPort:
         sock.bind((host, port))
         sock.listen(1024)
         sock.setblocking(False)
-        self.acceptor.accept_also(sock, self._accepted)
+        self.acceptor.accept_also(sock, self._accepted, self.close_connections)
         return int(sock.getsockname()[1])
 
     def _accepted(self, conn: socket.socket, address: Any) -> None:
@@ -85,8 +86,15 @@ class EventPort:
         if task.cancelled() or task.exception() is not None:  # a failed TLS handshake: no protocol ever ran
             self.acceptor.open_connections -= 1
 
-    def closed(self) -> None:
+    def closed(self, conn: _Connection) -> None:
         self.acceptor.open_connections -= 1
+        self.connections.discard(conn)
+
+    def close_connections(self) -> None:
+        """At shutdown: every open connection closed (a long-poll waiting in one was answered by bus.close())."""
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
 
     def date(self) -> str:
         now = int(time.time())
@@ -143,6 +151,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.port.connections.add(self)
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
@@ -162,7 +171,7 @@ class _Connection(asyncio.Protocol):
         if self.idle is not None:
             self.idle.cancel()
         self.queue.clear()
-        self.port.closed()
+        self.port.closed(self)
 
     # -- httptools callbacks ------------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
