@@ -459,8 +459,7 @@ def top_functions(raw: Path, n: int = 12) -> list[tuple[str, float]]:
 
 
 PARTS = {  # where the backend's time goes, by the frame that does it (a sample counts once per part)
-    "worker event posts on the loop (parse, check, wake)": "WorkerEventsHandler.post",
-    "event log appends (the writer thread's transactions and syncs)": "Store._append",
+    "worker event posts (parse, check, store, commit)": "WorkerEventsHandler.post",
     "job long-polls (kernels)": "job_events",
     "user long-polls (sidebars)": "user_events",
     "event port HTTP (parse, answer, write)": "data_received",

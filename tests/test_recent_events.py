@@ -3,7 +3,6 @@ page the event log gives, for every cursor, across trimming, restarts, rolled-ba
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -119,59 +118,6 @@ def test_user_pages_are_scoped_and_match_the_log(store: Store, log: Store) -> No
             page = store.user_event_parts(uid, cursor)
             assert page == log.user_event_parts(uid, cursor)
             assert [json.loads(p)["gid"] for p in page[0]] == [e["gid"] for e in everything if e["gid"] > cursor]
-
-
-def test_batches_committed_off_the_loop_reach_the_windows_in_commit_order(store: Store, log: Store) -> None:
-    """Worker batches commit on the event writer thread while the loop appends status events itself. Watchers
-    that follow their cursor on the loop meanwhile (a user's by gid, a job's by seq) receive every event once, in
-    order, with no gap: a batch the log already holds but the window does not yet is a wait, never a skip."""
-    alice, bob = store.ensure_user("alice"), store.ensure_user("bob")
-    jobs = {f"job-{i}": (alice if i % 2 else bob) for i in range(6)}
-    for job, uid in jobs.items():
-        store.create_job(job, uid, SPEC)
-    got_user: dict[int, list[int]] = {alice: [], bob: []}
-    got_job: dict[str, list[int]] = {job: [] for job in jobs}
-
-    def follow() -> None:
-        for uid, got in got_user.items():
-            page, _ = store.user_event_parts(uid, got[-1] if got else 0)
-            got += [json.loads(p)["gid"] for p in page]
-        for job, got in got_job.items():
-            got += seqs(store.event_parts(job, got[-1] if got else 0))
-
-    async def worker(job: str) -> None:
-        for r in range(15):
-            await store.append_events_async(job, batch(10, 1 + 10 * r), attempt=0, from_worker=True)
-            follow()
-
-    async def scheduler() -> None:
-        for r in range(30):
-            store.append_event("job-0", "log", {"message": f"s{r}"})
-            follow()
-            await asyncio.sleep(0)
-
-    async def main() -> None:
-        await asyncio.gather(*(worker(job) for job in jobs), scheduler())
-
-    asyncio.run(main())
-    follow()
-    for job in jobs:
-        assert store.event_parts(job, 0) == log.event_parts(job, 0)
-        assert got_job[job] == seqs(log.event_parts(job, 0)) == list(range(1, 151 + 30 * (job == "job-0")))
-    for uid in (alice, bob):
-        everything = log.user_event_parts(uid, 0)
-        assert store.user_event_parts(uid, 0) == everything and len(everything[0]) == 450 + 30 * (uid == bob)
-        assert got_user[uid] == [json.loads(p)["gid"] for p in everything[0]]
-
-
-def test_a_workers_status_event_never_moves_an_ended_job(store: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
-    store.append_event("job-a", "status", {"status": "CANCELED", "substatus": "canceled"})
-    late = [NewEvent("status", {"status": "TRAINING", "substatus": "training"}, wseq=1), *batch(2, 2)]
-    stored = asyncio.run(store.append_events_async("job-a", late, attempt=0, from_worker=True))
-    assert [e["type"] for e in stored] == ["log", "log"]
-    assert store.job_state("job-a") == ("CANCELED", "canceled")
 
 
 def test_nan_and_infinity_go_out_as_null_from_window_and_log(store: Store, log: Store) -> None:

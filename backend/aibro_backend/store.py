@@ -5,7 +5,6 @@ The backend is the only process that opens this database; everything else reache
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -14,8 +13,6 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -96,18 +93,9 @@ class Store:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
         self._migrate()
-        # The event log has a connection of its own, its one writer (gids follow commit order), used under
-        # _append_lock from the loop or from the event writer thread (append_events_async)
-        self._events_db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        self._events_db.row_factory = sqlite3.Row
-        self._events_db.execute("PRAGMA synchronous=FULL")
-        self._append_lock = threading.Lock()
-        self._committed: deque[tuple[str, int, int, list[tuple[int, int, bytes]]]] = deque()
-        self._writer: ThreadPoolExecutor | None = None
         self._checkpointer: _Checkpointer | None = None
         if checkpoints_every_s:
-            for db in (self.db, self._events_db):
-                db.execute("PRAGMA wal_autocheckpoint=0")
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
             self._checkpointer = _Checkpointer(self.path, checkpoints_every_s)
         for suffix in ("", "-wal", "-shm"):  # 0600 whatever the opener's umask (SQLite gives WAL/SHM the db's mode)
             try:
@@ -300,116 +288,79 @@ class Store:
         stored = self.append_events(job_id, [NewEvent(type_, data, wseq, ts)], attempt=attempt)
         return stored[0] if stored else None
 
-    def append_events(
-        self, job_id: str, events: list[NewEvent], *, attempt: int | None = None, from_worker: bool = False
-    ) -> list[dict[str, Any]]:
+    def append_events(self, job_id: str, events: list[NewEvent], *, attempt: int | None = None) -> list[dict[str, Any]]:
         """Append a batch in one transaction (group commit: one fsync for a worker's whole batch, which is what
         lets the backend take thousands of events a second with the log durable). Gap-free seqs in order; events
         whose wseq this attempt already stored are skipped (a resent batch); status and epoch events move the
-        job's row in the same transaction; a worker's status events never move a job that has ended. Returns the
-        events stored. Call it on the event loop's thread (the recent windows are the loop's)."""
-        stored = self._append(job_id, events, attempt, from_worker)
-        self._publish_committed()
-        return stored
-
-    async def append_events_async(
-        self, job_id: str, events: list[NewEvent], *, attempt: int | None = None, from_worker: bool = False
-    ) -> list[dict[str, Any]]:
-        """append_events with the transaction and its fsync on the event writer thread: the loop answers
-        long-polls and /health while the disk syncs (the synced commit was a sixth of the backend's time under a
-        team's load, all of it spent holding the loop)."""
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aibro-event-writer")
-        loop = asyncio.get_running_loop()
-        stored = await loop.run_in_executor(self._writer, self._append, job_id, events, attempt, from_worker)
-        self._publish_committed()
-        return stored
-
-    def _publish_committed(self) -> None:
-        """Committed batches into the recent windows, in commit order, on the loop's thread: a batch the writer
-        thread committed waits here until the loop takes it, and one committed after it on the loop's thread
-        never goes in before it (a user's window is read by gid)."""
-        while self._committed:
-            job_id, uid, seq_before, parts = self._committed.popleft()
-            self.recent.add(job_id, uid, seq_before, parts)
-
-    def _append(
-        self, job_id: str, events: list[NewEvent], attempt: int | None, from_worker: bool
-    ) -> list[dict[str, Any]]:
-        db = self._events_db
-        with self._append_lock:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                job = db.execute("SELECT user_id, status, substatus FROM jobs WHERE id=?", (job_id,)).fetchone()
-                if job is None:
-                    raise KeyError(job_id)
-                uid = job["user_id"]
-                if from_worker and job["status"] not in v.JOB_ACTIVE:
-                    events = [ev for ev in events if ev.type != v.EV_STATUS]
-                seq = seq_before = db.execute(
-                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
-                ).fetchone()[0]
-                status, substatus, epochs_done, moved = job["status"], job["substatus"], None, None
-                seen = self._stored_wseqs(db, job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
-                kept: list[tuple[NewEvent, int, float, str]] = []  # (event, seq, ts, its data as JSON)
-                for ev in events:
-                    if ev.wseq is not None:
-                        if ev.wseq in seen:
-                            continue
-                        seen.add(ev.wseq)
-                    seq += 1
-                    ts = time.time() if ev.ts is None else ev.ts
-                    kept.append((ev, seq, ts, dumps(ev.data)))  # standard JSON in the log: what the API answers
-                    if ev.type == v.EV_STATUS:
-                        status = ev.data.get("status", status)
-                        substatus, moved = ev.data.get("substatus", substatus), ts
-                    elif ev.type == v.EV_EPOCH:
-                        epochs_done, moved = int(ev.data["epoch"]) + 1, ts
-                db.executemany(
-                    "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
-                    [(job_id, uid, s, ev.type, ts, data_json, attempt, ev.wseq) for ev, s, ts, data_json in kept],
+        job's row in the same transaction. Returns the events stored."""
+        job = self.db.execute("SELECT user_id, status, substatus FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if job is None:
+            raise KeyError(job_id)
+        uid = job["user_id"]
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            seq = seq_before = self.db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
+            ).fetchone()[0]
+            status, substatus, epochs_done, moved = job["status"], job["substatus"], None, None
+            seen = self._stored_wseqs(job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
+            kept: list[tuple[NewEvent, int, float, str]] = []  # (event, seq, ts, its data as JSON)
+            for ev in events:
+                if ev.wseq is not None:
+                    if ev.wseq in seen:
+                        continue
+                    seen.add(ev.wseq)
+                seq += 1
+                ts = time.time() if ev.ts is None else ev.ts
+                kept.append((ev, seq, ts, dumps(ev.data)))  # standard JSON in the log: what the API answers
+                if ev.type == v.EV_STATUS:
+                    status, substatus, moved = ev.data.get("status", status), ev.data.get("substatus", substatus), ts
+                elif ev.type == v.EV_EPOCH:
+                    epochs_done, moved = int(ev.data["epoch"]) + 1, ts
+            self.db.executemany(
+                "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
+                [(job_id, uid, s, ev.type, ts, data_json, attempt, ev.wseq) for ev, s, ts, data_json in kept],
+            )
+            if moved is not None:  # the job's row as the batch leaves it, in the same transaction
+                self.db.execute(
+                    "UPDATE jobs SET status=?, substatus=?, epochs_done=COALESCE(?, epochs_done), updated=? WHERE id=?",
+                    (status, substatus, epochs_done, moved, job_id),
                 )
-                if moved is not None:  # the job's row as the batch leaves it, in the same transaction
-                    db.execute(
-                        "UPDATE jobs SET status=?, substatus=?, epochs_done=COALESCE(?, epochs_done), updated=? "
-                        "WHERE id=?",
-                        (status, substatus, epochs_done, moved, job_id),
-                    )
-                # AUTOINCREMENT under BEGIN IMMEDIATE (this connection the log's only writer): the batch's gids
-                # are the n numbers up to the last one inserted
-                last_gid = db.execute("SELECT last_insert_rowid()").fetchone()[0] if kept else 0
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            first_gid = last_gid - len(kept) + 1
-            parts = [
-                (first_gid + i, s, encode_event(first_gid + i, job_id, s, ev.type, ts, data_json))
-                for i, (ev, s, ts, data_json) in enumerate(kept)
-            ]
-            self._committed.append((job_id, uid, seq_before, parts))
-            if self._checkpointer is not None and self._checkpointer.rewind_wanted:
-                self._rewind_wal()
-        return [
+            # AUTOINCREMENT under BEGIN IMMEDIATE (this connection the only writer): the batch's gids are the n
+            # numbers up to the last one inserted
+            last_gid = self.db.execute("SELECT last_insert_rowid()").fetchone()[0] if kept else 0
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        first_gid = last_gid - len(kept) + 1
+        parts = [
+            (first_gid + i, s, encode_event(first_gid + i, job_id, s, ev.type, ts, data_json))
+            for i, (ev, s, ts, data_json) in enumerate(kept)
+        ]
+        stored = [
             {"gid": gid, "job_id": job_id, "seq": s, "type": ev.type, "ts": ts, "data": ev.data, "user_id": uid}
             for (gid, s, _), (ev, _, ts, _) in zip(parts, kept)
         ]
+        self.recent.add(job_id, uid, seq_before, parts)
+        if self._checkpointer is not None and self._checkpointer.rewind_wanted:
+            self._rewind_wal()
+        return stored
 
     def _rewind_wal(self) -> None:
-        """A RESTART checkpoint between two batches, from the log's writer (see _Checkpointer): the frames since
+        """A RESTART checkpoint between two batches, from the writer itself (see _Checkpointer): the frames since
         the last PASSIVE round are copied and the next commit writes the WAL from its start."""
         self._checkpointer.rewind_wanted = False
         try:
-            self._events_db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+            self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
         except sqlite3.Error as exc:  # busy: the checkpointer asks again after its next round
             log.debug("WAL rewind deferred: %s", exc)
 
-    @staticmethod
-    def _stored_wseqs(db: sqlite3.Connection, job_id: str, attempt: int | None, wseqs: list[int]) -> set[int]:
+    def _stored_wseqs(self, job_id: str, attempt: int | None, wseqs: list[int]) -> set[int]:
         """Which of these worker seqs this attempt already stored: one indexed range read per batch."""
         if not wseqs:
             return set()
-        rows = db.execute(
+        rows = self.db.execute(
             "SELECT wseq FROM events WHERE job_id=? AND attempt=? AND wseq BETWEEN ? AND ?",
             (job_id, attempt, min(wseqs), max(wseqs)),
         )
@@ -584,11 +535,6 @@ class Store:
         return [dict(r) for r in rows]
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-        self._publish_committed()
-        with self._append_lock:
-            self._events_db.close()
         if self._checkpointer is not None:
             self._checkpointer.stop()
             self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # leave the database whole, the WAL empty

@@ -89,7 +89,7 @@ class AssignmentHandler(WorkerHandler):
 
 
 class WorkerEventsHandler(WorkerHandler):
-    async def post(self, job_id: str) -> None:
+    def post(self, job_id: str) -> None:
         """Store a worker's events, each checked like user input (models.WorkerEvent). A bad event refuses the
         whole batch with 400 naming its `wseq`; the worker's outbox drops that event and sends the rest again."""
         raw = self.body_json()
@@ -105,12 +105,15 @@ class WorkerEventsHandler(WorkerHandler):
         for ev in body.events:
             if ev.type == v.EV_EPOCH and ev.data.epoch >= epochs:
                 raise ApiError(400, f"epoch {ev.data.epoch} is past the job's {epochs} epochs", wseq=ev.wseq)
-        batch = [NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts or time.time()) for ev in body.events]
-        # committed off the loop; the store drops the batch's status events if the job has ended meanwhile
-        stored = await self.backend.store.append_events_async(job_id, batch, attempt=body.attempt, from_worker=True)
-        for event in stored:
-            self.backend.scheduler.on_event(event)
-        # the cancel flag as the job was read above: a cancel asked meanwhile reaches the worker with its next batch
+        active = job["status"] in v.JOB_ACTIVE  # a worker's own events never end a job: one look is enough
+        batch = [
+            NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts or time.time())
+            for ev in body.events
+            if active or ev.type != v.EV_STATUS
+        ]
+        for stored in self.backend.store.append_events(job_id, batch, attempt=body.attempt):
+            self.backend.scheduler.on_event(stored)
+        # storing events never moves the cancel flag, so the job read above still tells it
         self.send({"acked": self.backend.store.max_wseq(job_id, body.attempt), "cancel": job["cancel_requested"]})
 
 
