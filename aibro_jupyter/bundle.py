@@ -317,9 +317,9 @@ def _check_branch(value: dict | list | tuple, name: str, depth: int) -> None:
         )
     if len(value) > MAX_TREE_ITEMS:
         raise ValidationError(f"{name} holds {len(value)} entries, over {MAX_TREE_ITEMS}: concatenate the arrays")
-    long_key = next((k for k in value if isinstance(value, dict) and len(str(k)) > MAX_KEY_CHARS), None)
+    long_key = next((str(k) for k in value if len(str(k)) > MAX_KEY_CHARS), None) if isinstance(value, dict) else None
     if long_key is not None:
-        raise ValidationError(f"{name} has a key over {MAX_KEY_CHARS} characters ({str(long_key)[:40]}...): shorten it")
+        raise ValidationError(f"{name} has a key over {MAX_KEY_CHARS} characters ({long_key[:40]}...): shorten it")
 
 
 def _same_len(name: str, lengths: list[int | None]) -> int | None:

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,19 @@ def wait_for(client: BackendClient, job_id: str, pred: Any, timeout: float = 300
         if pred(events):
             return events
     raise AssertionError(f"condition not reached for {job_id}; last events: {events[-3:]}")
+
+
+def answered_again(call: Callable[[], Any], refused: type[BaseException] = Exception, within_s: float = 10) -> Any:
+    """`call()`'s answer once it stops being refused (a backend counting closed connections down frees its
+    cap a moment after they close); the last refusal is raised after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return call()
+        except refused:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def epochs_seen(events: list[dict[str, Any]]) -> list[int]:

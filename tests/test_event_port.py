@@ -23,7 +23,7 @@ from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import slow_data, wait_for
+from helpers import answered_again, slow_data, wait_for
 
 
 def _get(url: str, token: str | None, **kw: Any) -> requests.Response:
@@ -206,11 +206,4 @@ def test_its_connections_count_under_the_cap_and_idle_ones_close(tmp_path: Path)
         finally:
             for s in held:
                 s.close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert b.client().user_events()["events"] == []
-                break
-            except Exception:  # noqa: BLE001 - the closed connections are still being counted down
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        assert answered_again(lambda: b.client().user_events())["events"] == []

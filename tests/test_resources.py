@@ -32,7 +32,7 @@ from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import aibro_cli, user_env, wait_for
+from helpers import aibro_cli, answered_again, user_env, wait_for
 
 MiB = 1024 * 1024
 
@@ -213,14 +213,7 @@ def test_connections_are_capped_and_idle_ones_closed(tmp_path: Path) -> None:
         finally:
             for s in idle:
                 s.close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert b.client().health()["ok"]
-                break
-            except ApiError:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        assert answered_again(lambda: b.client().health(), ApiError)["ok"]
 
 
 def test_accept_pauses_at_the_descriptor_limit_instead_of_spinning(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import requests
 from .errors import ApiError, AuthError, BackendUnreachable
 
 CA_BUNDLE_ENV = "AIBRO_CA_BUNDLE"
+TimeoutArg = float | tuple[float, float] | None  # seconds, or requests' (connect, read) pair
 
 
 class UntrustedCertificate(BackendUnreachable):
@@ -66,7 +67,7 @@ class Transport:
         self.session.verify = self.ca_bundle or True
         self.session.headers["Authorization"] = f"Bearer {token}"
 
-    def request(self, method: str, path: str, *, timeout: Any = None, **kw: Any) -> requests.Response:
+    def request(self, method: str, path: str, *, timeout: TimeoutArg = None, **kw: Any) -> requests.Response:
         resp = self.send(method, path, timeout=timeout, **kw)
         if resp.status_code == 401:
             raise AuthError(
@@ -78,7 +79,7 @@ class Transport:
         return resp
 
     def send(
-        self, method: str, path: str, *, timeout: Any = None, base: str | None = None, **kw: Any
+        self, method: str, path: str, *, timeout: TimeoutArg = None, base: str | None = None, **kw: Any
     ) -> requests.Response:
         """One call, whatever status it answers; only an unreachable backend raises (the proxy passes errors on).
         `base` sends it to another listener of the same backend (its event port) instead of `url`; `timeout` is
