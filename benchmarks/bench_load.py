@@ -459,7 +459,8 @@ def top_functions(raw: Path, n: int = 12) -> list[tuple[str, float]]:
 
 
 PARTS = {  # where the backend's time goes, by the frame that does it (a sample counts once per part)
-    "worker event posts (parse, check, store, commit)": "WorkerEventsHandler.post",
+    "worker event posts (parse, check)": "WorkerEventsHandler.post",
+    "worker batches' group commits (insert, sync)": "GroupCommit._flush",
     "job long-polls (kernels)": "job_events",
     "user long-polls (sidebars)": "user_events",
     "event port HTTP (parse, answer, write)": "data_received",
@@ -569,6 +570,7 @@ def main() -> None:
             "",
         ),
         ("  main / event port", f"{poll_main / poll_fast:.1f}x", ""),
+        ("worker batches per commit (whole run)", batches_per_commit(root / "backend.log"), ""),
         ("cores on this machine", f"{os.cpu_count()}", ""),
     ]
     width = max(len(a) for a, _, _ in rows)
@@ -588,6 +590,12 @@ def main() -> None:
         print(f"kept {root}")
     else:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def batches_per_commit(log: Path) -> str:
+    """The group commit's size, from the line the backend logs when it stops (groupcommit.GroupCommit.summary)."""
+    found = re.findall(r"worker event batches: \d+ in \d+ commits \(([\d.]+) per commit\)", log.read_text())
+    return found[-1] if found else "-"
 
 
 def ms(seconds: float) -> str:

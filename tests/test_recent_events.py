@@ -3,6 +3,7 @@ page the event log gives, for every cursor, across trimming, restarts, rolled-ba
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -10,11 +11,13 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aibro_backend import recent
-from aibro_backend.store import NewEvent, Store, _Checkpointer
+from aibro_backend.groupcommit import GroupCommit
+from aibro_backend.store import EventBatch, NewEvent, NoSuchJob, Store, _Checkpointer
 
 SPEC = {"machines": ["local-cpu"], "fit": {"epochs": 1000}}
 
@@ -212,3 +215,81 @@ def test_a_lasting_checkpoint_failure_is_logged_once_and_its_end_noted(
     assert len([m for m in said if "failed" in m]) == 1, said
     assert "unable to open database file" in said[0]
     assert any("works again" in m for m in said), said
+
+
+# -- group commit: several jobs' batches in one transaction (aibro_backend/groupcommit.py) ---------------------
+def test_batches_committed_together_match_the_log_and_a_failing_one_is_rolled_back_alone(
+    store: Store, log: Store
+) -> None:
+    """Three jobs' batches in one transaction, the middle one failing inside it: the other two are stored with
+    gap-free seqs and consecutive gids, the failing one leaves nothing behind (log, window, job row), and its
+    job's next batch starts at seq 1."""
+    alice, bob = store.ensure_user("alice"), store.ensure_user("bob")
+    for job, uid in (("job-a", alice), ("job-b", alice), ("job-c", bob)):
+        store.create_job(job, uid, SPEC)
+    bad = [*batch(2, 1), NewEvent("epoch", {"logs": {}}, wseq=3)]  # an epoch event without its epoch
+    results = store.append_batches(
+        [
+            EventBatch("job-a", batch(3, 1), 0),
+            EventBatch("job-b", bad, 0),
+            EventBatch("job-c", [*batch(2, 1), NewEvent("epoch", {"epoch": 0, "logs": {}}, wseq=3)], 0),
+        ]
+    )
+    assert isinstance(results[1], KeyError)
+    assert [e["seq"] for e in results[0]] == [1, 2, 3] and [e["seq"] for e in results[2]] == [1, 2, 3]
+    gids = [e["gid"] for e in results[0] + results[2]]
+    assert gids == list(range(gids[0], gids[0] + 6)), "the batches that commit take consecutive gids"
+    assert store.event_parts("job-b", 0) == log.event_parts("job-b", 0) == []
+    assert store.job("job-c")["epochs_done"] == 1 and store.job("job-b")["epochs_done"] == 0
+    for job in ("job-a", "job-c"):
+        assert store.event_parts(job, 0) == log.event_parts(job, 0)
+    for uid in (alice, bob):
+        assert store.user_event_parts(uid, 0) == log.user_event_parts(uid, 0)
+    assert [e["seq"] for e in store.append_events("job-b", batch(2, 4), attempt=0)] == [1, 2]
+
+
+def test_a_batch_for_a_deleted_job_is_refused_alone(store: Store) -> None:
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    results = store.append_batches([EventBatch("job-gone", batch(2, 1), 0), EventBatch("job-a", batch(2, 1), 0)])
+    assert isinstance(results[0], NoSuchJob) and [e["seq"] for e in results[1]] == [1, 2]
+
+
+def test_a_workers_status_event_never_moves_a_job_that_ended_while_its_batch_waited(store: Store) -> None:
+    """The worker's post is checked against the job, then waits for its group: a cancel that lands in between
+    must not be undone by the batch's TRAINING status event (its other events are kept)."""
+    uid = store.ensure_user("u")
+    store.create_job("job-a", uid, SPEC)
+    store.append_event("job-a", "status", {"status": "CANCELED", "substatus": "CANCELED"})
+    status = NewEvent("status", {"status": "TRAINING", "substatus": "TRAINING"}, wseq=1, ts=1000.0)
+    (stored,) = store.append_batches([EventBatch("job-a", [status, *batch(1, 2)], 0, from_worker=True)])
+    assert [e["type"] for e in stored] == ["log"]
+    assert store.job("job-a")["status"] == "CANCELED"
+
+
+def test_batches_posted_in_one_turn_of_the_loop_share_one_commit(store: Store, log: Store) -> None:
+    """What the worker route does under load: every batch that reaches the loop in the same turn waits for one
+    commit, and each hears its own result (a failing one its exception)."""
+    uid = store.ensure_user("u")
+    jobs = [f"job-{i}" for i in range(5)]
+    for job in jobs:
+        store.create_job(job, uid, SPEC)
+    group = GroupCommit(store)
+
+    async def post_all() -> list[Any]:
+        futures = [group.append(job, batch(4, 1), 0) for job in jobs]
+        futures.append(group.append("job-gone", batch(1, 1), 0))
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    results = asyncio.run(post_all())
+    assert (group.batches, group.commits) == (6, 1)
+    assert all([e["seq"] for e in r] == [1, 2, 3, 4] for r in results[:5]) and isinstance(results[5], NoSuchJob)
+    assert store.user_event_parts(uid, 0) == log.user_event_parts(uid, 0)
+    assert len(store.user_event_parts(uid, 0)[0]) == 20
+
+    async def one_at_a_time() -> None:
+        for job in jobs[:2]:
+            await group.append(job, batch(1, 5), 0)
+
+    asyncio.run(one_at_a_time())
+    assert (group.batches, group.commits) == (8, 3), "a batch alone is committed at once, not held for company"

@@ -566,6 +566,7 @@ async def serve(
             (home / "backend.json").unlink()
     except (OSError, ValueError):
         pass
+    log.info(backend.group_commit.summary())
     backend.store.close()
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from .blobs import BlobStore
 from .bus import EventBus
+from .groupcommit import GroupCommit
 from .policy import Policy
 from .scheduler import Scheduler
 from .store import Store
@@ -24,6 +25,10 @@ class Backend:
     url: str = ""
     events_port: int | None = None  # the event port (api/eventport.py), announced by /health
     extra: dict[str, Any] = field(default_factory=dict)
+    group_commit: GroupCommit = field(init=False)  # worker batches of one loop turn share a transaction
+
+    def __post_init__(self) -> None:
+        self.group_commit = GroupCommit(self.store)
 
     def on_event(self, event: dict[str, Any]) -> None:
         self.bus.publish(event)

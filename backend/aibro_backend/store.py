@@ -74,6 +74,20 @@ class NewEvent(NamedTuple):
     ts: float | None = None
 
 
+class NoSuchJob(KeyError):
+    """Events for a job that is not (or no longer) in the store."""
+
+
+class EventBatch(NamedTuple):
+    """One job's events to append together; `from_worker`: its status events never move a job that has ended
+    (a worker's post is checked against the job before it waits for the group commit)."""
+
+    job_id: str
+    events: list[NewEvent]
+    attempt: int | None = None
+    from_worker: bool = False
+
+
 class Store:
     """All persistent state of the backend, one SQLite file in WAL mode.
 
@@ -289,50 +303,89 @@ class Store:
         return stored[0] if stored else None
 
     def append_events(self, job_id: str, events: list[NewEvent], *, attempt: int | None = None) -> list[dict[str, Any]]:
-        """Append a batch in one transaction (group commit: one fsync for a worker's whole batch, which is what
-        lets the backend take thousands of events a second with the log durable). Gap-free seqs in order; events
-        whose wseq this attempt already stored are skipped (a resent batch); status and epoch events move the
-        job's row in the same transaction. Returns the events stored."""
-        job = self.db.execute("SELECT user_id, status, substatus FROM jobs WHERE id=?", (job_id,)).fetchone()
-        if job is None:
-            raise KeyError(job_id)
-        uid = job["user_id"]
+        """Append a batch in one transaction (one fsync for a worker's whole batch). Gap-free seqs in order;
+        events whose wseq this attempt already stored are skipped (a resent batch); status and epoch events move
+        the job's row in the same transaction. Returns the events stored."""
+        result = self.append_batches([EventBatch(job_id, events, attempt)])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def append_batches(self, batches: list[EventBatch]) -> list[list[dict[str, Any]] | Exception]:
+        """Append several jobs' batches in one transaction with one fsync (group commit: what lets the backend
+        take thousands of worker events a second with the log durable). Each batch runs under a savepoint of its
+        own, so one that fails (its job deleted meanwhile) is rolled back alone and answered with its exception;
+        the others commit. A commit that fails fails them all. Returns, per batch, the events stored or the
+        exception; the recent windows get the batches in commit order."""
         self.db.execute("BEGIN IMMEDIATE")
+        done: list[tuple[str, int, int, list[tuple[int, int, bytes]]] | None] = []
+        results: list[list[dict[str, Any]] | Exception] = []
         try:
-            seq = seq_before = self.db.execute(
-                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
-            ).fetchone()[0]
-            status, substatus, epochs_done, moved = job["status"], job["substatus"], None, None
-            seen = self._stored_wseqs(job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
-            kept: list[tuple[NewEvent, int, float, str]] = []  # (event, seq, ts, its data as JSON)
-            for ev in events:
-                if ev.wseq is not None:
-                    if ev.wseq in seen:
-                        continue
-                    seen.add(ev.wseq)
-                seq += 1
-                ts = time.time() if ev.ts is None else ev.ts
-                kept.append((ev, seq, ts, dumps(ev.data)))  # standard JSON in the log: what the API answers
-                if ev.type == v.EV_STATUS:
-                    status, substatus, moved = ev.data.get("status", status), ev.data.get("substatus", substatus), ts
-                elif ev.type == v.EV_EPOCH:
-                    epochs_done, moved = int(ev.data["epoch"]) + 1, ts
-            self.db.executemany(
-                "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
-                [(job_id, uid, s, ev.type, ts, data_json, attempt, ev.wseq) for ev, s, ts, data_json in kept],
-            )
-            if moved is not None:  # the job's row as the batch leaves it, in the same transaction
-                self.db.execute(
-                    "UPDATE jobs SET status=?, substatus=?, epochs_done=COALESCE(?, epochs_done), updated=? WHERE id=?",
-                    (status, substatus, epochs_done, moved, job_id),
-                )
-            # AUTOINCREMENT under BEGIN IMMEDIATE (this connection the only writer): the batch's gids are the n
-            # numbers up to the last one inserted
-            last_gid = self.db.execute("SELECT last_insert_rowid()").fetchone()[0] if kept else 0
+            for batch in batches:
+                self.db.execute("SAVEPOINT batch")
+                try:
+                    published, stored = self._append_in_transaction(batch)
+                except Exception as exc:  # noqa: BLE001 - this batch's answer; the others go on
+                    self.db.execute("ROLLBACK TO batch")
+                    self.db.execute("RELEASE batch")
+                    done.append(None)
+                    results.append(exc)
+                    continue
+                self.db.execute("RELEASE batch")
+                done.append(published)
+                results.append(stored)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+        for published in done:
+            if published is not None:
+                self.recent.add(*published)
+        if self._checkpointer is not None and self._checkpointer.rewind_wanted:
+            self._rewind_wal()
+        return results
+
+    def _append_in_transaction(
+        self, batch: EventBatch
+    ) -> tuple[tuple[str, int, int, list[tuple[int, int, bytes]]], list[dict[str, Any]]]:
+        """One batch inside an open transaction: what the recent windows get, and the events stored."""
+        job_id, events, attempt = batch.job_id, batch.events, batch.attempt
+        job = self.db.execute("SELECT user_id, status, substatus FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if job is None:
+            raise NoSuchJob(job_id)
+        uid = job["user_id"]
+        if batch.from_worker and job["status"] not in v.JOB_ACTIVE:
+            events = [ev for ev in events if ev.type != v.EV_STATUS]  # a worker's own events never move an ended job
+        seq = seq_before = self.db.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
+        ).fetchone()[0]
+        status, substatus, epochs_done, moved = job["status"], job["substatus"], None, None
+        seen = self._stored_wseqs(job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
+        kept: list[tuple[NewEvent, int, float, str]] = []  # (event, seq, ts, its data as JSON)
+        for ev in events:
+            if ev.wseq is not None:
+                if ev.wseq in seen:
+                    continue
+                seen.add(ev.wseq)
+            seq += 1
+            ts = time.time() if ev.ts is None else ev.ts
+            kept.append((ev, seq, ts, dumps(ev.data)))  # standard JSON in the log: what the API answers
+            if ev.type == v.EV_STATUS:
+                status, substatus, moved = ev.data.get("status", status), ev.data.get("substatus", substatus), ts
+            elif ev.type == v.EV_EPOCH:
+                epochs_done, moved = int(ev.data["epoch"]) + 1, ts
+        self.db.executemany(
+            "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
+            [(job_id, uid, s, ev.type, ts, data_json, attempt, ev.wseq) for ev, s, ts, data_json in kept],
+        )
+        if moved is not None:  # the job's row as the batch leaves it, in the same transaction
+            self.db.execute(
+                "UPDATE jobs SET status=?, substatus=?, epochs_done=COALESCE(?, epochs_done), updated=? WHERE id=?",
+                (status, substatus, epochs_done, moved, job_id),
+            )
+        # AUTOINCREMENT under BEGIN IMMEDIATE (this connection the only writer): the batch's gids are the n
+        # numbers up to the last one inserted
+        last_gid = self.db.execute("SELECT last_insert_rowid()").fetchone()[0] if kept else 0
         first_gid = last_gid - len(kept) + 1
         parts = [
             (first_gid + i, s, encode_event(first_gid + i, job_id, s, ev.type, ts, data_json))
@@ -342,10 +395,7 @@ class Store:
             {"gid": gid, "job_id": job_id, "seq": s, "type": ev.type, "ts": ts, "data": ev.data, "user_id": uid}
             for (gid, s, _), (ev, _, ts, _) in zip(parts, kept)
         ]
-        self.recent.add(job_id, uid, seq_before, parts)
-        if self._checkpointer is not None and self._checkpointer.rewind_wanted:
-            self._rewind_wal()
-        return stored
+        return (job_id, uid, seq_before, parts), stored
 
     def _rewind_wal(self) -> None:
         """A RESTART checkpoint between two batches, from the writer itself (see _Checkpointer): the frames since

@@ -11,9 +11,10 @@ from pydantic import ValidationError
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
-from ..store import NewEvent
+from ..store import NewEvent, NoSuchJob
 from .base import ApiError, BaseHandler
 from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
+from .workerbatch import read_fast
 
 SEEN_TOUCH_S = 5.0  # an instance's last_seen is written at most this often: a busy worker's posts cost no write
 
@@ -89,32 +90,37 @@ class AssignmentHandler(WorkerHandler):
 
 
 class WorkerEventsHandler(WorkerHandler):
-    def post(self, job_id: str) -> None:
+    async def post(self, job_id: str) -> None:
         """Store a worker's events, each checked like user input (models.WorkerEvent). A bad event refuses the
-        whole batch with 400 naming its `wseq`; the worker's outbox drops that event and sends the rest again."""
+        whole batch with 400 naming its `wseq`; the worker's outbox drops that event and sends the rest again.
+        The answer waits for the group commit (groupcommit.py): an acknowledged event is on disk."""
         raw = self.body_json()
-        try:
-            body = WorkerEvents.model_validate(raw)
-        except ValidationError as exc:
-            loc = exc.errors()[0].get("loc", ())
-            bad = _wseq_at(raw, loc)
-            extra = {"wseq": bad} if bad is not None else {}
-            raise ApiError(400, explain(exc, "the event batch"), **extra) from None
-        job = self.assigned_job(job_id, body.attempt)
+        fast = read_fast(raw)  # the plain batch and epoch events a worker sends all the time, without pydantic
+        if fast is not None:
+            attempt, events = fast
+        else:
+            try:
+                body = WorkerEvents.model_validate(raw)
+            except ValidationError as exc:
+                loc = exc.errors()[0].get("loc", ())
+                bad = _wseq_at(raw, loc)
+                extra = {"wseq": bad} if bad is not None else {}
+                raise ApiError(400, explain(exc, "the event batch"), **extra) from None
+            attempt, events = body.attempt, [NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts) for ev in body.events]
+        job = self.assigned_job(job_id, attempt)
         epochs = int(job["spec"]["fit"]["epochs"])
-        for ev in body.events:
-            if ev.type == v.EV_EPOCH and ev.data.epoch >= epochs:
-                raise ApiError(400, f"epoch {ev.data.epoch} is past the job's {epochs} epochs", wseq=ev.wseq)
-        active = job["status"] in v.JOB_ACTIVE  # a worker's own events never end a job: one look is enough
-        batch = [
-            NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts or time.time())
-            for ev in body.events
-            if active or ev.type != v.EV_STATUS
-        ]
-        for stored in self.backend.store.append_events(job_id, batch, attempt=body.attempt):
-            self.backend.scheduler.on_event(stored)
-        # storing events never moves the cancel flag, so the job read above still tells it
-        self.send({"acked": self.backend.store.max_wseq(job_id, body.attempt), "cancel": job["cancel_requested"]})
+        for ev in events:
+            if ev.type == v.EV_EPOCH and ev.data["epoch"] >= epochs:
+                raise ApiError(400, f"epoch {ev.data['epoch']} is past the job's {epochs} epochs", wseq=ev.wseq)
+        batch = [ev if ev.ts else ev._replace(ts=time.time()) for ev in events]
+        try:
+            stored = await self.backend.group_commit.append(job_id, batch, attempt)
+        except NoSuchJob:  # deleted while the batch waited for its group
+            raise ApiError(409, f"{job_id} is not assigned to {self.instance['id']}: drop it") from None
+        for event in stored:
+            self.backend.scheduler.on_event(event)
+        # the cancel flag as the job was read above: a cancel asked meanwhile reaches the worker with its next batch
+        self.send({"acked": self.backend.store.max_wseq(job_id, attempt), "cancel": job["cancel_requested"]})
 
 
 def _wseq_at(raw: dict[str, Any], loc: tuple[Any, ...]) -> int | None:
