@@ -10,11 +10,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from aibro_core.errors import AibroError, ApiError, BackendUnreachable
 from aibro_core.presigned import ViewBody, upload_via_s3
-from aibro_core.transport import Transport
+from aibro_core.transport import EVENT_PORT_CONNECT_S, EVENT_PORT_RECHECK_S, Transport, event_port_url
 
 from .blobsource import CHUNK, ArraySource, ByteSource, FileSource
 
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
 
     from .config import Target
 
-EVENT_PORT_RECHECK_S = 60.0  # after the event port failed, long-polls use the main port this long before asking again
-EVENT_PORT_CONNECT_S = 3.0  # a firewalled event port (packets dropped) costs this, once, not a long-poll's timeout
 RETRY_MAX_S = 15.0  # the longest pause between two tries while a configured backend does not answer
 # calls that create something: never sent twice, as the first one may have arrived before the backend died
 _NOT_RETRIED = re.compile(r"POST /(jobs|jobs/[^/]+/replay|auth/login|auth/tokens)")
@@ -276,15 +273,12 @@ class BackendClient:
         if self._event_base is not None and (self._event_base[1] or now - self._event_base[0] < EVENT_PORT_RECHECK_S):
             return self._event_base[1]
         url = None
-        parts = urlsplit(self.t.url)
-        if parts.path in ("", "/") and parts.hostname:
+        if event_port_url(self.t.url, 1) is not None:  # no /health call for a backend behind a path
             try:
-                port = self.t.json("GET", "/health", timeout=5, recover=False).get("events_port")
+                health = self.t.json("GET", "/health", timeout=5, recover=False)
             except AibroError:
-                port = None
-            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
-                host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-                url = f"{parts.scheme}://{host}:{port}"
+                health = {}
+            url = event_port_url(self.t.url, health.get("events_port"))
         self._event_base = (now, url)
         return url
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 import requests
+from backend_proc import own_backend
 from browser import jupyterlab
 
 from aibro_jupyter.client import BackendClient
@@ -95,12 +96,13 @@ def _connections_to(port: int) -> int:
 
 def test_health_answers_at_once_while_forty_long_polls_wait(fresh_lab) -> None:  # noqa: ANN001
     """Long-polls hold a socket each, never a thread: /aibro/api/health answers while 40 of them wait in the
-    backend (a 32-thread pool made it wait behind them)."""
+    backend (a 32-thread pool made it wait behind them). They wait on the event port the backend announces, as
+    a kernel's do (the backend answers them there for a fifth of the CPU)."""
     url, token, home, _ = fresh_lab
     _wait_backend(home)
     auth = {"Authorization": f"token {token}"}
     cursor = requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=30).json()["cursor"]  # no job runs yet
-    backend_port = urlsplit(_backend(home)[1]).port
+    backend_port = requests.get(f"{url}/aibro/api/health", headers=auth, timeout=30).json()["events_port"]
     polls, wait = 40, 15
 
     def long_poll() -> requests.Response:
@@ -249,3 +251,46 @@ def test_backend_killed_the_proxy_finds_a_new_one(fresh_lab) -> None:  # noqa: A
         time.sleep(0.5)
     assert _backend(home)[0] != pid, "a new embedded backend serves the proxy"
     assert "proxy" in [j["description"] for j in r.json()["jobs"]], "its state survived (SQLite under AIBRO_HOME)"
+
+
+def test_the_proxy_long_polls_the_event_port_and_falls_back_to_the_main_port(tmp_path: Path) -> None:
+    """The extension's upstream, in-process against a real backend: a long-poll waits on the event port /health
+    announces; when that port does not answer (gone after a restart, firewalled) the same long-poll is answered
+    by the main port, and the next ones go there too instead of trying the dead port each time."""
+    import asyncio
+    import logging
+
+    from aibro_jupyter.config import Target
+    from aibro_jupyter.server.upstream import Upstream
+
+    with own_backend(tmp_path / "home") as b:
+        client = b.client()
+        events_port, main_port = client.health()["events_port"], urlsplit(b.url).port
+        cursor = client.user_events()["cursor"]
+        upstream = Upstream(logging.getLogger("test"))
+        upstream._target = target = Target(b.url, b.token, embedded=False)
+        query = {"after": str(cursor), "wait": "4"}
+
+        async def poll_and_count(port: int) -> tuple[int, int, int]:
+            """The long-poll's status, events, and the connections it opened to `port` while it waited."""
+            before = _connections_to(port)  # the test's own client keeps one open to each port
+            waiting = asyncio.ensure_future(upstream.forward("GET", "/events", query, 4.0))
+            held = before
+            for _ in range(30):
+                await asyncio.sleep(0.1)
+                held = max(held, _connections_to(port))
+            answer = await waiting
+            return answer.status, len(json.loads(answer.body)["events"]), held - before
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = s.getsockname()[1]
+
+        async def check() -> None:  # one event loop, as in the Jupyter server
+            assert await poll_and_count(events_port) == (200, 0, 1)
+            upstream._events = (target, time.monotonic(), f"http://127.0.0.1:{dead}")
+            assert await poll_and_count(main_port) == (200, 0, 1)
+            assert upstream._events[2] is None, "a dead event port is not tried again at once"
+            assert await poll_and_count(main_port) == (200, 0, 1)
+
+        asyncio.run(check())

@@ -1,10 +1,16 @@
 """The backend the server extension talks to: found (or started) once, found again after it goes away, and called
-through tornado's AsyncHTTPClient, so a long-poll waiting in the backend holds a socket, never a thread."""
+through tornado's AsyncHTTPClient, so a long-poll waiting in the backend holds a socket, never a thread.
+
+Long-polls go to the event port the backend announces in /health, as the client's do (the backend answers them
+there for a fifth of the CPU); when that port cannot be reached they go to the main port, which decides whether
+the backend is there at all, and the event port is asked for again a minute later."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -13,7 +19,14 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HT
 from tornado.httputil import HTTPInputError
 from tornado.simple_httpclient import HTTPTimeoutError, SimpleAsyncHTTPClient
 
-from aibro_core.transport import ca_bundle, ssl_context, untrusted_message
+from aibro_core.transport import (
+    EVENT_PORT_CONNECT_S,
+    EVENT_PORT_RECHECK_S,
+    ca_bundle,
+    event_port_url,
+    ssl_context,
+    untrusted_message,
+)
 
 from .. import config
 from ..errors import AibroError
@@ -54,6 +67,8 @@ class Upstream:
         self._polls: AsyncHTTPClient | None = None
         self._search: asyncio.Future[None] | None = None
         self._tls: tuple[str | None, ssl.SSLContext] | None = None  # (CA bundle, its context), made once
+        # (the backend it belongs to, when learned, the event port's URL or None)
+        self._events: tuple[config.Target, float, str | None] | None = None
 
     async def warm_up(self) -> None:
         """Find or start the backend as soon as Jupyter's loop runs, so the first sidebar request finds it ready."""
@@ -102,15 +117,40 @@ class Upstream:
     async def forward(self, method: str, path: str, query: dict[str, str], wait: float) -> Answer:
         """One call to the backend, whatever status it answers. If the backend cannot be reached the call raises
         `Unreachable` (the sidebar says "reconnecting") and the next call looks for it again, starting the
-        embedded backend anew if that is the one that went away."""
+        embedded backend anew if that is the one that went away. A long-poll (`wait` > 0) goes to the event port
+        when the backend has one this server reaches."""
         target = await self.target()
-        url = f"{target.url.rstrip('/')}/api/v1{path}" + (f"?{urlencode(query)}" if query else "")
+        if wait > 0:
+            base = await self._event_port(target)
+            if base is not None:
+                try:
+                    return await self._fetch(target, base, method, path, query, wait, EVENT_PORT_CONNECT_S)
+                except Unreachable as exc:
+                    self.log.info("aibro_jupyter: long-polls go to the main port: %s", exc.detail)
+                    self._events = (target, time.monotonic(), None)
+        try:
+            return await self._fetch(target, target.url, method, path, query, wait, CONNECT_TIMEOUT_S)
+        except Unreachable:
+            self._forget(target)
+            raise
+
+    async def _fetch(
+        self,
+        target: config.Target,
+        base: str,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        wait: float,
+        connect_timeout: float,
+    ) -> Answer:
+        url = f"{base.rstrip('/')}/api/v1{path}" + (f"?{urlencode(query)}" if query else "")
         request = HTTPRequest(
             url,
             method=method,
             headers={"Authorization": f"Bearer {target.token}", "Accept": "application/json"},
             body=b"" if method == "POST" else None,
-            connect_timeout=CONNECT_TIMEOUT_S,
+            connect_timeout=connect_timeout,
             request_timeout=wait + LONG_POLL_SLACK_S if wait > 0 else QUICK_TIMEOUT_S,
             follow_redirects=False,
             ssl_options=self._ssl_options(target),
@@ -119,21 +159,39 @@ class Upstream:
             response: HTTPResponse = await self._client(wait > 0).fetch(request, raise_error=False)
         except HTTPInputError as exc:  # an answer over MAX_BODY_BYTES, or not HTTP at all
             message = "the aibro backend's answer was too large or malformed"
-            raise Unreachable(message, f"{method} {target.url}/api/v1{path} failed: {exc!r}") from None
+            raise Unreachable(message, f"{method} {base}/api/v1{path} failed: {exc!r}") from None
         except ssl.SSLCertVerificationError as exc:
             message = "the aibro backend's TLS certificate is not trusted: give its CA bundle (see the server log)"
             raise Unreachable(message, untrusted_message(target.url, exc.verify_message, target.ca_bundle)) from None
         except (OSError, HTTPClientError) as exc:  # refused, reset, or a timeout (HTTPTimeoutError, 599)
-            self._forget(target)
             if isinstance(exc, HTTPTimeoutError):
                 message = "the aibro backend did not answer in time; retrying"
             elif target.embedded:
                 message = "the aibro backend is not reachable; it is being restarted"
-                self._search_soon()
+                if base == target.url:  # the main port: the backend itself is gone, not only its event port
+                    self._search_soon()
             else:
                 message = "the aibro backend is not reachable; retrying (the Jupyter server log names it)"
-            raise Unreachable(message, f"{method} {target.url}/api/v1{path} failed: {exc!r}") from None
+            raise Unreachable(message, f"{method} {base}/api/v1{path} failed: {exc!r}") from None
         return Answer(response.code, response.body or b"")
+
+    async def _event_port(self, target: config.Target) -> str | None:
+        """The event port's URL from the backend's /health, learned once per backend and again a while after it
+        failed (client.BackendClient._event_port does the same for kernels)."""
+        now = time.monotonic()
+        if self._events is not None and self._events[0] is target:
+            if self._events[2] is not None or now - self._events[1] < EVENT_PORT_RECHECK_S:
+                return self._events[2]
+        url = None
+        if event_port_url(target.url, 1) is not None:  # no /health call for a backend behind a path
+            try:
+                answer = await self._fetch(target, target.url, "GET", "/health", {}, 0.0, CONNECT_TIMEOUT_S)
+                health = json.loads(answer.body) if answer.status == 200 else {}
+                url = event_port_url(target.url, health.get("events_port") if isinstance(health, dict) else None)
+            except (Unreachable, ValueError):
+                url = None
+        self._events = (target, now, url)
+        return url
 
     def _search_soon(self) -> None:
         """Start the search now rather than on the next call, so "it is being restarted" is true."""

@@ -12,6 +12,7 @@ import os
 import re
 import ssl
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -19,6 +20,21 @@ from .errors import ApiError, AuthError, BackendUnreachable
 
 CA_BUNDLE_ENV = "AIBRO_CA_BUNDLE"
 TimeoutArg = float | tuple[float, float] | None  # seconds, or requests' (connect, read) pair
+EVENT_PORT_RECHECK_S = 60.0  # after the event port failed, long-polls use the main port this long before asking again
+EVENT_PORT_CONNECT_S = 3.0  # a firewalled event port (packets dropped) costs this, once, not a long-poll's timeout
+
+
+def event_port_url(url: str, port: object) -> str | None:
+    """Where long-polls go for a backend at `url` whose /health announced `events_port` = `port`: the same scheme
+    and host on that port (backend/aibro_backend/api/eventport.py answers them for a fifth of the CPU). None when
+    there is no such port, or when the backend sits behind a path (a proxy that maps one port only)."""
+    parts = urlsplit(url)
+    if parts.path not in ("", "/") or not parts.hostname:
+        return None
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{port}"
 
 
 class UntrustedCertificate(BackendUnreachable):
