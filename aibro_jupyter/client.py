@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from aibro_core.errors import AibroError, ApiError, BackendUnreachable
 from aibro_core.presigned import ViewBody, upload_via_s3
-from aibro_core.transport import EVENT_PORT_CONNECT_S, EVENT_PORT_RECHECK_S, Transport, event_port_url
+from aibro_core.transport import (
+    EVENT_PORT_CONNECT_S,
+    EVENT_PORT_RECHECK_S,
+    Transport,
+    event_port_url,
+    may_have_event_port,
+)
 
 from .blobsource import CHUNK, ArraySource, ByteSource, FileSource
 
@@ -273,7 +279,7 @@ class BackendClient:
         if self._event_base is not None and (self._event_base[1] or now - self._event_base[0] < EVENT_PORT_RECHECK_S):
             return self._event_base[1]
         url = None
-        if event_port_url(self.t.url, 1) is not None:  # no /health call for a backend behind a path
+        if may_have_event_port(self.t.url):
             try:
                 health = self.t.json("GET", "/health", timeout=5, recover=False)
             except AibroError:

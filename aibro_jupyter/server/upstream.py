@@ -24,6 +24,7 @@ from aibro_core.transport import (
     EVENT_PORT_RECHECK_S,
     ca_bundle,
     event_port_url,
+    may_have_event_port,
     ssl_context,
     untrusted_message,
 )
@@ -183,7 +184,7 @@ class Upstream:
             if self._events[2] is not None or now - self._events[1] < EVENT_PORT_RECHECK_S:
                 return self._events[2]
         url = None
-        if event_port_url(target.url, 1) is not None:  # no /health call for a backend behind a path
+        if may_have_event_port(target.url):
             try:
                 answer = await self._fetch(target, target.url, "GET", "/health", {}, 0.0, CONNECT_TIMEOUT_S)
                 health = json.loads(answer.body) if answer.status == 200 else {}

@@ -24,16 +24,21 @@ EVENT_PORT_RECHECK_S = 60.0  # after the event port failed, long-polls use the m
 EVENT_PORT_CONNECT_S = 3.0  # a firewalled event port (packets dropped) costs this, once, not a long-poll's timeout
 
 
+def may_have_event_port(url: str) -> bool:
+    """A backend reached at a bare host:port may have an event port beside it; one behind a path (a proxy that
+    maps one port only) is not asked for one."""
+    parts = urlsplit(url)
+    return parts.path in ("", "/") and bool(parts.hostname)
+
+
 def event_port_url(url: str, port: object) -> str | None:
     """Where long-polls go for a backend at `url` whose /health announced `events_port` = `port`: the same scheme
     and host on that port (backend/aibro_backend/api/eventport.py answers them for a fifth of the CPU). None when
-    there is no such port, or when the backend sits behind a path (a proxy that maps one port only)."""
+    there is no such port or the backend sits behind a path."""
+    if not may_have_event_port(url) or not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        return None
     parts = urlsplit(url)
-    if parts.path not in ("", "/") or not parts.hostname:
-        return None
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        return None
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    host = f"[{parts.hostname}]" if ":" in str(parts.hostname) else parts.hostname
     return f"{parts.scheme}://{host}:{port}"
 
 

@@ -45,6 +45,8 @@ MAX_EPOCHS = 1_000_000
 MAX_EVENT_BATCH = 500
 MAX_MESSAGE = 8000
 MAX_LOG_KEYS = 256
+MAX_LOG_KEY_CHARS = 200
+MAX_TIMESTAMP = 1e11  # seconds since 1970: year 5138, so a timestamp in ms (or garbage) is refused
 WORKER_SUBSTATUSES = (v.GEARING_UP_ENV, v.SENDING_MODEL_DATA, v.SUB_TRAINING, v.RETURNING)
 INSTANCE_STATUSES = (v.LAUNCHING, v.EXECUTING, v.COOLING, v.CLOSING, v.CLOSED)
 CALLBACK_CLASSES = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN")
@@ -551,10 +553,10 @@ class ArtifactChunkQuery(AttemptQuery):
 
 # -- worker bodies ----------------------------------------------------------------------------------------------
 Logs = Annotated[
-    dict[Annotated[str, Field(max_length=200)], Annotated[float, Field(allow_inf_nan=False)] | None],
+    dict[Annotated[str, Field(max_length=MAX_LOG_KEY_CHARS)], Annotated[float, Field(allow_inf_nan=False)] | None],
     Field(max_length=MAX_LOG_KEYS),
 ]
-Timestamp = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
+Timestamp = Annotated[float, Field(ge=0, le=MAX_TIMESTAMP, allow_inf_nan=False)]
 Message = Annotated[str, Field(max_length=MAX_MESSAGE)]
 
 

@@ -14,13 +14,12 @@ import math
 from typing import Any
 
 from ..store import NewEvent
-from .models import INT64_MAX, MAX_EPOCHS, MAX_EVENT_BATCH, MAX_LOG_KEYS
+from .models import INT64_MAX, MAX_EPOCHS, MAX_EVENT_BATCH, MAX_LOG_KEY_CHARS, MAX_LOG_KEYS, MAX_TIMESTAMP
 
 _EVENT_KEYS = frozenset({"wseq", "ts", "type", "data"})
 _BATCH_KEYS = frozenset({"epoch", "batch", "steps", "logs"})
 _EPOCH_KEYS = frozenset({"epoch", "epochs", "logs", "seconds", "samples_per_s", "ended"})
 _EPOCH_REQUIRED = frozenset({"epoch", "epochs", "logs", "seconds"})
-MAX_TS = 1e11
 
 
 def read_fast(raw: Any) -> tuple[int, list[NewEvent]] | None:
@@ -38,7 +37,7 @@ def read_fast(raw: Any) -> tuple[int, list[NewEvent]] | None:
         if not _int_in(wseq, 1, INT64_MAX) or type(data) is not dict:
             return None
         if ts is not None:
-            ts = _float_in(ts, 0.0, MAX_TS)
+            ts = _float_in(ts, 0.0, MAX_TIMESTAMP)
             if ts is None:
                 return None
         payload = _batch_data(data) if type_ == "batch" else _epoch_data(data) if type_ == "epoch" else None
@@ -78,7 +77,7 @@ def _epoch_data(data: dict[str, Any]) -> dict[str, Any] | None:
     if logs is None or seconds is None:
         return None
     out: dict[str, Any] = {"epoch": data["epoch"], "epochs": data["epochs"], "logs": logs, "seconds": seconds}
-    for key, top in (("samples_per_s", math.inf), ("ended", MAX_TS)):
+    for key, top in (("samples_per_s", math.inf), ("ended", MAX_TIMESTAMP)):
         if key in data:
             value = data[key]
             if value is not None:
@@ -94,7 +93,7 @@ def _logs(logs: Any) -> dict[str, float | None] | None:
         return None
     out: dict[str, float | None] = {}
     for key, value in logs.items():
-        if type(key) is not str or len(key) > 200:
+        if type(key) is not str or len(key) > MAX_LOG_KEY_CHARS:
             return None
         if value is None:
             out[key] = None
