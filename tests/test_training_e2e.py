@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -74,6 +75,14 @@ def test_online_fit_saves_checkpoints_and_logs_where_asked(first_job) -> None:  
     ckpts = sorted(p.name for p in (out / "ckpt" / job_id / "checkpoints").iterdir())
     assert ckpts == [f"epoch-{k:04d}.keras" for k in range(1, EPOCHS + 1)]
     assert list((out / "tb" / "logs" / job_id).rglob("events.out.tfevents.*")), "TensorBoard logs"
+    # Each loads; the last holds exactly the model that came back, optimizer state included (the worker writes
+    # checkpoints after the first straight from its weights snapshot: they must be what Keras would have saved).
+    model = first_job["model"]
+    for name in ckpts:
+        loaded = keras.saving.load_model(out / "ckpt" / job_id / "checkpoints" / name)
+    for got, want in zip(loaded.weights + loaded.optimizer.variables, model.weights + model.optimizer.variables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert int(loaded.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) > 0
 
 
 def test_online_fit_returns_the_same_model_trained(first_job) -> None:  # noqa: ANN001

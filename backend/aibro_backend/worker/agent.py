@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -174,15 +175,16 @@ class Worker:
         self._status(outbox, v.SUB_TRAINING)
         tb_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=self.workdir))
 
-        def upload_checkpoint(which: Any, epoch: int) -> None:
-            self._upload_model(which, job_id, attempt, v.checkpoint_name(epoch))
+        def upload_checkpoint(path: Path, epoch: int) -> None:
+            self._put_artifact(job_id, attempt, v.checkpoint_name(epoch), path)
 
         from .callbacks import EpochTensorBoard, EventCallback, Interrupted
         from .pipeline import EpochPipeline, shadow_loader
 
         multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
         loader = None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"])
-        pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint)
+        scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
+        pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint, scratch)
         events = EventCallback(
             outbox, pipeline, int(fit.get("epochs", 1)), _samples(x), self.spot.notice if self.spot else None
         )
@@ -202,6 +204,7 @@ class Worker:
             pipeline.drain()
         finally:
             pipeline.close()
+            shutil.rmtree(scratch, ignore_errors=True)
         if outbox.cancel.is_set():
             return v.OUTCOME_CANCELED, None
         if events.resume_at is not None:

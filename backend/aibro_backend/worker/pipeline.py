@@ -1,9 +1,13 @@
 """Epoch-end work off the training thread: checkpoint save + upload, then the epoch event, in order.
 
 The training thread only copies the weights (milliseconds) and goes on with the next epoch. A background
-thread writes them into a second copy of the model, saves it as a `.keras` checkpoint, uploads it, and only
-then queues the epoch event, so an epoch in the event log always has its checkpoint to resume from. Every
-event from the training callback passes through the same queue, so the log keeps training order.
+thread turns them into a `.keras` checkpoint, uploads it, and only then queues the epoch event, so an epoch in
+the event log always has its checkpoint to resume from. Every event from the training callback passes through
+the same queue, so the log keeps training order.
+
+The first checkpoint is Keras' own save of a second copy of the model holding the snapshot; later ones are
+written straight from the snapshot's bytes (checkpointfile.CheckpointFile) once that writer has reproduced the
+first, because a Keras save on this thread holds the GIL for tens of milliseconds against the training loop.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .checkpointfile import CheckpointFile, cache_keras_save_walk
 from .outbox import Outbox
 
 log = logging.getLogger("aibro.worker")
@@ -28,13 +33,21 @@ class EpochPipeline:
         outbox: Outbox,
         model: Any,
         load_shadow: Callable[[], Any] | None,
-        upload_checkpoint: Callable[[Any, int], None],
+        upload_checkpoint: Callable[[Path, int], None],
+        scratch: Path,
+        direct: bool = True,
     ) -> None:
         """`load_shadow` builds a second copy of the model (None: save the live model on the training thread);
-        `upload_checkpoint(model, epoch)` saves and uploads one checkpoint."""
+        `upload_checkpoint(path, epoch)` uploads one saved checkpoint; `scratch` is a private directory for the
+        files while they are written and uploaded; `direct=False` keeps Keras' save for every checkpoint (for
+        benchmarks that compare the two)."""
+        cache_keras_save_walk()
         self.outbox = outbox
         self.model = model
         self.upload_checkpoint = upload_checkpoint
+        self.scratch = scratch
+        self._file: CheckpointFile | None = None
+        self._file_checked = False
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._slots = threading.Semaphore(MAX_PENDING_CHECKPOINTS)
         self._error: BaseException | None = None
@@ -42,6 +55,7 @@ class EpochPipeline:
         self._shadow_ready = threading.Event()
         self._checked: bool | None = None
         self._load_shadow = load_shadow
+        self._direct = direct
         self._thread = threading.Thread(target=self._run, name="aibro-epoch-pipeline", daemon=True)
         self._thread.start()
 
@@ -58,7 +72,12 @@ class EpochPipeline:
             self._shadow_ready.wait(timeout=600)
             self._checked = self._shadow is not None and self._compatible(self._shadow)
         if not self._checked:
-            self.upload_checkpoint(self.model, epoch)
+            path = self.scratch / "live.keras"
+            try:
+                self.model.save(path)
+                self.upload_checkpoint(path, epoch)
+            finally:
+                path.unlink(missing_ok=True)
             self._queue.put(("event", ("epoch", data, None)))
             return
         self._slots.acquire()
@@ -77,6 +96,11 @@ class EpochPipeline:
                 break
         self._raise_if_failed()
 
+    @property
+    def writes_directly(self) -> bool:
+        """Whether checkpoints are now written straight from the snapshot (not by a Keras save)."""
+        return self._file is not None and self._file_checked
+
     def close(self) -> None:
         self._queue.put(("stop", None))
         self._thread.join(timeout=60)
@@ -88,6 +112,8 @@ class EpochPipeline:
                 self._shadow = self._load_shadow()
             except Exception:  # noqa: BLE001 - fall back to saving the live model
                 log.exception("could not build the checkpoint copy; checkpoints are saved on the training thread")
+            if self._shadow is not None and self._direct:
+                self._learn_layout()
             self._shadow_ready.set()
         while True:
             kind, item = self._queue.get()
@@ -106,13 +132,52 @@ class EpochPipeline:
                 else:
                     epoch, (weights, opt_vars), data = item
                     try:
-                        self._write(weights, opt_vars)
-                        self.upload_checkpoint(self._shadow, epoch)
+                        self._checkpoint(epoch, weights, opt_vars)
                     finally:
                         self._slots.release()
                     self.outbox.put("epoch", data)
             except BaseException as exc:  # noqa: BLE001 - reported on the training thread
                 self._error = exc
+
+    def _learn_layout(self) -> None:
+        """Learn where each variable lives in the checkpoint file, while the first epoch trains and before the
+        training thread looks at the copy (`_shadow_ready`); any failure leaves Keras' save in charge."""
+        try:
+            opt = self._shadow.optimizer
+            if opt is not None:
+                if not opt.built:
+                    opt.build(self._shadow.trainable_variables)
+                self._file = CheckpointFile.learn(self._shadow, self.scratch)
+        except Exception:  # noqa: BLE001 - only speed depends on it
+            log.exception("could not learn the checkpoint layout; every checkpoint is saved by Keras")
+            self._file = None
+
+    def _checkpoint(self, epoch: int, weights: list[Any], opt_vars: list[Any]) -> None:
+        """Save and upload one checkpoint: written straight from the snapshot once the writer has reproduced
+        Keras' own save of the first checkpoint, by Keras until then (for good where it did not, and again for
+        an epoch whose config changed, e.g. a new learning rate: the writer adopts that save's config)."""
+        path = self.scratch / f"epoch-{epoch + 1}.keras"
+        values = weights + opt_vars
+        try:
+            direct = self.writes_directly and self._file.write(values, path)
+            if not direct:
+                self._write(weights, opt_vars)
+                self._shadow.save(path)
+            self.upload_checkpoint(path, epoch)
+            if self._file is not None and not direct:
+                try:
+                    adopted = self._file.adopt(path, values, self.scratch, check=not self._file_checked)
+                except Exception:  # noqa: BLE001 - only speed depends on it
+                    log.exception("checking the checkpoint writer failed")
+                    adopted = False
+                if adopted and not self._file_checked:
+                    log.info("checkpoints after this one are written straight from the weights snapshot")
+                self._file_checked = True
+                if not adopted:
+                    log.info("the checkpoint writer did not reproduce Keras' save; every checkpoint is saved by Keras")
+                    self._file = None
+        finally:
+            path.unlink(missing_ok=True)
 
     def _compatible(self, shadow: Any) -> bool:
         """The copy must hold exactly the live model's variables, optimizer state included."""
