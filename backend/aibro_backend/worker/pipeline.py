@@ -41,7 +41,6 @@ class EpochPipeline:
         `upload_checkpoint(path, epoch)` uploads one saved checkpoint; `scratch` is a private directory for the
         files while they are written and uploaded; `direct=False` keeps Keras' save for every checkpoint (for
         benchmarks that compare the two)."""
-        cache_keras_save_walk()
         self.outbox = outbox
         self.model = model
         self.upload_checkpoint = upload_checkpoint
@@ -107,6 +106,7 @@ class EpochPipeline:
 
     # -- the background thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        cache_keras_save_walk()  # here, not on the training thread: it builds a few throwaway Keras objects
         if self._load_shadow is not None:
             try:
                 self._shadow = self._load_shadow()
