@@ -24,6 +24,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ def local_fit(x: np.ndarray, y: np.ndarray, epochs: int, batch: int) -> dict[str
         "epoch_s": timer.seconds,
         "loss": hist.history["loss"][-1],
         "split": split(timer.spans, wall0, wall0 + fit_s),
+        "cpu": fit_cpu(SAMPLER, wall0, wall0 + fit_s, os.getpid()) if SAMPLER else None,
     }
 
 
@@ -124,6 +126,81 @@ def split(spans: list[tuple[float, float]], start: float, end: float) -> dict[st
         "gap_ms": statistics.mean(gaps) * 1000 if gaps else 0.0,
         "after_s": end - spans[-1][1],
     }
+
+
+class CpuSampler(threading.Thread):
+    """CPU seconds of this benchmark's processes (this one, the embedded backend, its workers) read from /proc
+    every 0.1 s, so a fit's CPU can be taken over exactly its span: the in-process fit's, and the worker's from the
+    job timeline. Wall-clock ratios on a shared 2-core machine swing by ±30 % from minute to minute; the CPU a fit
+    needs moves far less, so it shows whether a remote fit does more work, where the wall clock cannot."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(name="cpu-sampler", daemon=True)
+        self.home = home
+        self.samples: list[tuple[float, dict[int, float]]] = []
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        pids: list[int] = []
+        rounds = 0
+        while not self._stop.wait(0.1):
+            if rounds % 10 == 0:
+                pids = self._ours()
+            rounds += 1
+            now = {pid: cpu for pid in pids if (cpu := self._cpu(pid)) is not None}
+            self.samples.append((time.time(), now))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def between(self, start: float, end: float) -> dict[int, float]:
+        """CPU seconds of each process from `start` to `end` (wall clock), interpolated between samples."""
+        while not self.samples or self.samples[-1][0] < end:
+            time.sleep(0.05)
+        pids = set().union(*(cpu for _, cpu in self.samples))
+        return {pid: self._at(pid, end) - self._at(pid, start) for pid in pids}
+
+    def _at(self, pid: int, when: float) -> float:
+        points = [(t, cpu[pid]) for t, cpu in self.samples if pid in cpu]
+        if not points or when <= points[0][0]:
+            return points[0][1] if points else 0.0
+        for (t0, c0), (t1, c1) in zip(points, points[1:]):
+            if t0 <= when <= t1:
+                return c0 + (c1 - c0) * (when - t0) / (t1 - t0) if t1 > t0 else c1
+        return points[-1][1]
+
+    def _ours(self) -> list[int]:
+        found = [os.getpid()]
+        marks = (f"AIBRO_WORKER_DIR={self.home}".encode(), f"--home\0{self.home}".encode())
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                seen = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(mark in seen for mark in marks):
+                found.append(int(proc.name))
+        return found
+
+    def _cpu(self, pid: int) -> float | None:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self._tick
+
+
+def fit_cpu(sampler: CpuSampler, start: float, end: float, trainer: int | None) -> tuple[float, float]:
+    """(CPU s of the process that trained, CPU s of all the others) over a fit's span; `trainer` None: the
+    process that used the most (the worker that ran the job)."""
+    used = sampler.between(start, end)
+    pid = trainer if trainer is not None else max(used, key=lambda p: used[p])
+    return used.get(pid, 0.0), sum(v for p, v in used.items() if p != pid)
+
+
+SAMPLER: CpuSampler | None = None
 
 
 # -- backend helpers -----------------------------------------------------------------------------
@@ -201,6 +278,7 @@ def remote_fit(client: BackendClient, x: np.ndarray, y: np.ndarray, epochs: int,
         "epoch_s": epoch_s,
         "loss": hist.history["loss"][-1],
         "split": split(spans, ts_of(job, "TRAINING", "TRAINING"), ts_of(job, "RETURNING")),
+        "cpu": fit_cpu(SAMPLER, ts_of(job, "TRAINING", "TRAINING"), ts_of(job, "RETURNING"), None) if SAMPLER else None,
     }
 
 
@@ -243,6 +321,21 @@ def in_pairs(rounds: int, run_local: Any, run_remote: Any) -> tuple[list[Any], l
 
 def pair_ratios(local: list[dict[str, Any]], remote: list[dict[str, Any]]) -> list[float]:
     return [r["fit_s"] / loc["fit_s"] for loc, r in zip(local, remote)]
+
+
+def cpu_rows(local: list[dict[str, Any]], remote: list[dict[str, Any]]) -> list[Row]:
+    """The CPU the fits used: the training process's, remote over local in each pair, and everything else's."""
+    if not all(r["cpu"] for r in local + remote):
+        return []
+    ratios = [r["cpu"][0] / loc["cpu"][0] for loc, r in zip(local, remote)]
+    others = (statistics.median(r["cpu"][1] for r in local), statistics.median(r["cpu"][1] for r in remote))
+    return [
+        Row("  CPU s of the training process, remote / in-process (median pair)", f"{statistics.median(ratios):.3f}"),
+        Row("    per pair", " ".join(f"{r:.3f}" for r in ratios)),
+        Row(
+            "  CPU s of the other processes in the fit, in-process / remote runs", f"{others[0]:.2f} / {others[1]:.2f}"
+        ),
+    ]
 
 
 def say(msg: str = "") -> None:
@@ -337,6 +430,7 @@ def section_a(client: BackendClient, quick: bool, rounds: int) -> list[Row]:
         Row("  remote/local time inside epochs", f"{rem_in / loc_in:.3f}"),
         Row("  remote/local fastest epoch", f"{fastest:.3f}"),
         Row("  remote extra time between epochs ms/epoch", f"{outside_ms:.0f}"),
+        *cpu_rows(local, remote),
         Row(f"online_fit wall s (best of {rounds})", f"{best_e2e:.2f}"),
         Row("online_fit wall / in-process fit", f"{e2e_ratio:.3f}", "<= 1.10", e2e_ratio <= 1.10),
         Row("  online_fit return after COMPLETED s (worst)", f"{tail:.2f}", "<= 1", tail <= 1),
@@ -495,6 +589,7 @@ def section_e(client: BackendClient, quick: bool, rounds: int) -> list[Row]:
         Row("  remote extra time outside epochs ms/epoch", f"{outside_ms:.0f}"),
         Row("    of which per gap between epochs ms", f"{gap_ms:.1f}", "<= 10", gap_ms <= 10),
         Row("    of which once per fit (before 1st + after last) s", f"{fixed_s:.2f}"),
+        *cpu_rows(local, remote),
     ]
 
 
@@ -590,6 +685,7 @@ def first_job_gear_up(spare: bool, settle_s: float) -> tuple[float, float]:
         job = run_job(client, build_model(SEED), xs, ys, epochs=1, batch_size=BATCH)
         return gear_up_s(job), rss
     finally:
+        SAMPLER.stop()
         config.stop_embedded()
         kill_workers(home)
         shutil.rmtree(home, ignore_errors=True)
@@ -648,6 +744,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs, keras {keras.__version__}"
     )
     rows: list[Row] = []
+    global SAMPLER
+    SAMPLER = CpuSampler(home)
+    SAMPLER.start()
     try:
         target = config.resolve()
         client = BackendClient(target.url, target.token)
@@ -669,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         if "d" in only:
             rows += section_d(warm, args.quick)
     finally:
+        SAMPLER.stop()
         config.stop_embedded()
         kill_workers(home)
         if args.keep:
