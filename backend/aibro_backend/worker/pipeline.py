@@ -112,9 +112,11 @@ class EpochPipeline:
                 self._shadow = self._load_shadow()
             except Exception:  # noqa: BLE001 - fall back to saving the live model
                 log.exception("could not build the checkpoint copy; checkpoints are saved on the training thread")
+            if self._shadow is not None:
+                self._build_optimizer(self._shadow)
+            self._shadow_ready.set()  # the training thread only reads the copy's shapes from here on
             if self._shadow is not None and self._direct:
                 self._learn_layout()
-            self._shadow_ready.set()
         while True:
             kind, item = self._queue.get()
             if kind == "stop":
@@ -139,14 +141,21 @@ class EpochPipeline:
             except BaseException as exc:  # noqa: BLE001 - reported on the training thread
                 self._error = exc
 
-    def _learn_layout(self) -> None:
-        """Learn where each variable lives in the checkpoint file, while the first epoch trains and before the
-        training thread looks at the copy (`_shadow_ready`); any failure leaves Keras' save in charge."""
+    @staticmethod
+    def _build_optimizer(shadow: Any) -> None:
+        """The copy's optimizer variables, which a model saved before its first step does not have yet."""
         try:
-            opt = self._shadow.optimizer
-            if opt is not None:
-                if not opt.built:
-                    opt.build(self._shadow.trainable_variables)
+            opt = shadow.optimizer
+            if opt is not None and not opt.built:
+                opt.build(shadow.trainable_variables)
+        except Exception:  # noqa: BLE001 - `_compatible` then finds the copy unusable
+            log.exception("could not build the checkpoint copy's optimizer")
+
+    def _learn_layout(self) -> None:
+        """Learn where each variable lives in the checkpoint file (while the first epoch trains; the first
+        checkpoint waits for it on this thread); any failure leaves Keras' save in charge."""
+        try:
+            if self._shadow.optimizer is not None and self._shadow.optimizer.built:
                 self._file = CheckpointFile.learn(self._shadow, self.scratch)
         except Exception:  # noqa: BLE001 - only speed depends on it
             log.exception("could not learn the checkpoint layout; every checkpoint is saved by Keras")
