@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import pytest
 
+from aibro_backend.worker import checkpointfile
 from aibro_backend.worker.callbacks import EventCallback
 from aibro_backend.worker.checkpointfile import CheckpointFile
 from aibro_backend.worker.pipeline import EpochPipeline, shadow_loader
@@ -222,3 +223,29 @@ def test_a_new_learning_rate_reaches_the_checkpoints_config(tmp_path: Path) -> N
         want = 0.001 if epoch < 2 else 0.0001
         assert saved_rate(path) == pytest.approx(want)
         assert float(keras.saving.load_model(path).optimizer.learning_rate) == pytest.approx(want)
+
+
+def test_without_the_writer_every_checkpoint_is_keras_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model the writer declines (here: over its memory bound) still gets a correct checkpoint every epoch."""
+    monkeypatch.setattr(checkpointfile, "MAX_TEMPLATE_BYTES", 64)
+    model, x, y = dense_adam()
+    model.fit(x[:16], y[:16], epochs=1, verbose=0)
+    model.save(tmp_path / "model.keras")
+    kept, scratch = tmp_path / "kept", tmp_path / "scratch"
+    kept.mkdir()
+    scratch.mkdir()
+    uploads = Uploads(kept)
+    loader = shadow_loader(keras, tmp_path / "model.keras", True)
+    pipeline = EpochPipeline(uploads, model, loader, uploads.upload, scratch)  # type: ignore[arg-type]
+    recorder = Recorder()
+    try:
+        callbacks = [EventCallback(uploads, pipeline, 3, len(x)), recorder]  # type: ignore[arg-type]
+        model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=callbacks)
+        pipeline.drain()
+        assert not pipeline.writes_directly
+    finally:
+        pipeline.close()
+    for epoch in range(3):
+        loaded = snapshot(keras.saving.load_model(kept / f"epoch-{epoch + 1}.keras"))
+        for a, b in zip(loaded, recorder.at[epoch]):
+            np.testing.assert_array_equal(a, b)

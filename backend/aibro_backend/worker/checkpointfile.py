@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import sys
 import time
 import zipfile
@@ -33,6 +34,9 @@ WEIGHTS = "model.weights.h5"
 METADATA = "metadata.json"
 MEMBERS = frozenset({METADATA, "config.json", WEIGHTS})
 ZIP64_FROM = (1 << 31) - 1
+# The writer keeps a template of the weights file in memory. Above this a Keras save is mostly writing bytes
+# anyway, and the worker already holds the model twice (the live one and the checkpoint copy).
+MAX_TEMPLATE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class CheckpointFile:
         Overwrites `copy`'s variables (with sentinels): the caller assigns the next snapshot before using it.
         It writes nothing until it has adopted a Keras save (`adopt`)."""
         variables = list(copy.weights) + list(copy.optimizer.variables)
+        size = sum(math.prod(var.shape) * np.dtype(_dtype_name(var)).itemsize for var in variables)
+        if size > MAX_TEMPLATE_BYTES:
+            return _refuse(f"the variables take {size / 2**20:.0f} MiB (the writer keeps a copy in memory)")
         for i, var in enumerate(variables):
             dtype = np.dtype(_dtype_name(var))
             sentinel = np.full(tuple(var.shape), i + 1, dtype=dtype) if dtype.kind in "fiu" else None
