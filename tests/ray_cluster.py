@@ -69,8 +69,10 @@ class RayCluster:
         self.client_address = ""
         self.timings: dict[str, float] = {}
         # The raylets' environment is what actors inherit: a backend secret in it must never reach a worker.
+        # CUDA_VISIBLE_DEVICES is left out: Ray maps a node's GPU ids through it, and a runner's "-1" (no GPU
+        # here) would turn the fake GPU node's "0" into "-1".
         self.env = {
-            **os.environ,
+            **{k: val for k, val in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
             "RAY_TMPDIR": self.tmp,
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_raylet_start_wait_time_s": "150",  # a loaded 2-core box: a node registers slowly (default 10 s)

@@ -9,14 +9,11 @@ state included, at that epoch, for several kinds of model.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import zipfile
 from pathlib import Path
 from typing import Any
-
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 
 import keras
 import numpy as np
