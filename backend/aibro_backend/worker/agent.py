@@ -25,6 +25,7 @@ from aibro_core.files import write_private
 from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
+from . import heap
 from .outbox import Outbox
 from .spot import SpotWatch, spot_watch_from_env
 
@@ -107,6 +108,7 @@ class Worker:
                 return
             if a["action"] == "train":
                 self.run_job(a)
+                heap.settle()  # the job's garbage goes now, not inside the next job's fit
                 if self.interrupted():
                     log.info("leaving: this spot machine is being reclaimed")
                     return

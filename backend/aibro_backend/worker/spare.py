@@ -15,7 +15,9 @@ import sys
 def main() -> None:
     import keras  # noqa: F401  the import a spare exists to have done already
 
-    from . import agent
+    from . import agent, heap
+
+    heap.settle()  # while nobody waits: the first job's collections then skip what the imports made
 
     line = sys.stdin.readline()
     if not line.strip():
