@@ -190,10 +190,8 @@ class Worker:
         events = EventCallback(
             outbox, pipeline, int(fit.get("epochs", 1)), _samples(x), self.spot.notice if self.spot else None
         )
-        callbacks = [
-            events,
-            EpochTensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0),
-        ]
+        tensorboard = EpochTensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0)
+        callbacks = [events, tensorboard]
         for cb in spec.get("callbacks", []):
             callbacks.append(getattr(keras.callbacks, cb["class"])(**cb.get("config", {})))
         try:
@@ -205,6 +203,7 @@ class Worker:
                 pass
             pipeline.drain()
         finally:
+            tensorboard.close()  # a fit that raised never reached on_train_end
             pipeline.close()
             shutil.rmtree(scratch, ignore_errors=True)
         if outbox.cancel.is_set():
