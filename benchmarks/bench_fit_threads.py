@@ -44,7 +44,6 @@ import bench_foundation as bf  # noqa: E402
 from aibro_jupyter import config  # noqa: E402
 from aibro_jupyter.client import BackendClient  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 GROUPS = {
     "MainThread": "training loop (main thread, with the callbacks' batch and epoch hooks)",
     "aibro-epoch-pipeline": "checkpoints (epoch pipeline)",
@@ -58,18 +57,16 @@ def thread_cpu(pid: int) -> dict[str, tuple[str, float]]:
     """{tid: (comm, CPU seconds)} of every thread of `pid` now."""
     out: dict[str, tuple[str, float]] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        out[tid] = (stat[stat.index("(") + 1 : stat.rindex(")")], (int(fields[11]) + int(fields[12])) / TICK)
+        if (stat := bf.read_stat(Path(f"/proc/{pid}/task/{tid}/stat"))) is not None:
+            out[tid] = stat
     return out
 
 
 def process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    stat = bf.read_stat(Path(f"/proc/{pid}/stat"))
+    if stat is None:
+        raise SystemExit(f"process {pid} is gone")
+    return stat[1]
 
 
 def python_thread_names(pid: int) -> dict[str, str]:
@@ -159,31 +156,21 @@ def local_round(x: np.ndarray, y: np.ndarray, epochs: int) -> tuple[float, dict[
 
 
 def worker_pid(home: Path) -> int:
-    """The worker process (the one with the most threads: TensorFlow's pools) of this benchmark's home."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env, cmd = (proc / "environ").read_bytes(), (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if f"AIBRO_WORKER_DIR={home}".encode() in env and b"python" in cmd.split(b"\0")[0]:
-            found.append(int(proc.name))
-    return max(found, key=lambda pid: len(os.listdir(f"/proc/{pid}/task")))
+    """The worker that ran the warm-up job: of this home's Python worker processes (the spare beside it too), the
+    one with the most threads (TensorFlow starts its pools at the first op)."""
+    workers = [
+        pid for pid, argv in bf.our_processes(home).items() if any(a.startswith(b"aibro_backend.worker") for a in argv)
+    ]
+    if not workers:
+        raise SystemExit("no worker process of this benchmark was found")
+    return max(workers, key=lambda pid: len(os.listdir(f"/proc/{pid}/task")))
 
 
 def backend_pid(home: Path) -> int:
-    """The embedded backend of this benchmark's home (`python -m aibro_backend`)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env, cmd = (proc / "environ").read_bytes(), (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"AIBRO_HOME={home}".encode() in env and b"aibro_backend" in cmd:
-            return int(proc.name)
+    """The embedded backend of this benchmark's home (`python -m aibro_backend --home HOME`)."""
+    for pid, argv in bf.our_processes(home).items():
+        if b"aibro_backend" in argv:
+            return pid
     raise SystemExit("the embedded backend's process was not found")
 
 

@@ -45,6 +45,7 @@ N_FIT = 20000
 REMOTE_FIT_TARGET = 1.02
 DATASET_STEPS_TARGET = 0.98
 FINAL = ("COMPLETED", "CANCELED")
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -128,6 +129,34 @@ def split(spans: list[tuple[float, float]], start: float, end: float) -> dict[st
     }
 
 
+def read_stat(path: Path) -> tuple[str, float] | None:
+    """(comm, CPU seconds: user + system) from a /proc stat file of a process or a thread; None once it is gone."""
+    try:
+        stat = path.read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return stat[stat.index("(") + 1 : stat.rindex(")")], (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+
+
+def our_processes(home: Path) -> dict[int, list[bytes]]:
+    """{pid: argv} of the processes this benchmark's home started (the embedded backend, its workers and their
+    sandboxes), found by the worker directory in their environment or `--home HOME` on their command line."""
+    found: dict[int, list[bytes]] = {}
+    marks = (f"AIBRO_WORKER_DIR={home}".encode(), f"--home\0{home}".encode())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            seen = (proc / "environ").read_bytes() + cmdline
+        except OSError:
+            continue
+        if any(mark in seen for mark in marks):
+            found[int(proc.name)] = cmdline.split(b"\0")
+    return found
+
+
 class CpuSampler(threading.Thread):
     """CPU seconds of this benchmark's processes (this one, the embedded backend, its workers) read from /proc
     every 0.1 s, so a fit's CPU can be taken over exactly its span: the in-process fit's, and the worker's from the
@@ -138,7 +167,6 @@ class CpuSampler(threading.Thread):
         super().__init__(name="cpu-sampler", daemon=True)
         self.home = home
         self.samples: list[tuple[float, dict[int, float]]] = []
-        self._tick = os.sysconf("SC_CLK_TCK")
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -146,9 +174,9 @@ class CpuSampler(threading.Thread):
         rounds = 0
         while not self._stop.wait(0.1):
             if rounds % 10 == 0:
-                pids = self._ours()
+                pids = [os.getpid(), *our_processes(self.home)]
             rounds += 1
-            now = {pid: cpu for pid in pids if (cpu := self._cpu(pid)) is not None}
+            now = {pid: stat[1] for pid in pids if (stat := read_stat(Path(f"/proc/{pid}/stat"))) is not None}
             self.samples.append((time.time(), now))
 
     def stop(self) -> None:
@@ -169,27 +197,6 @@ class CpuSampler(threading.Thread):
             if t0 <= when <= t1:
                 return c0 + (c1 - c0) * (when - t0) / (t1 - t0) if t1 > t0 else c1
         return points[-1][1]
-
-    def _ours(self) -> list[int]:
-        found = [os.getpid()]
-        marks = (f"AIBRO_WORKER_DIR={self.home}".encode(), f"--home\0{self.home}".encode())
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
-                continue
-            try:
-                seen = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if any(mark in seen for mark in marks):
-                found.append(int(proc.name))
-        return found
-
-    def _cpu(self, pid: int) -> float | None:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / self._tick
 
 
 def fit_cpu(sampler: CpuSampler, start: float, end: float, trainer: int | None) -> tuple[float, float]:
@@ -284,16 +291,10 @@ def remote_fit(client: BackendClient, x: np.ndarray, y: np.ndarray, epochs: int,
 
 def kill_workers(home: Path) -> None:
     """SIGKILL any worker process whose work directory lives under `home`."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"AIBRO_WORKER_DIR={home}".encode() in env:
+    for pid, argv in our_processes(home).items():
+        if b"aibro_backend" not in argv:  # the backend itself is stopped by config.stop_embedded
             try:
-                os.kill(int(proc.name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
 
