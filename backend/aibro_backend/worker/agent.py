@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -74,6 +75,7 @@ class Worker:
         self._active_env = False
         self.backend_lost = False
         self._outbox: Outbox | None = None
+        self._releasing: threading.Thread | None = None  # the last fit's locals being freed (fitframe.py)
         self.spot: SpotWatch | None = spot_watch_from_env(os.environ, self._rebalance_recommended)
 
     def _rebalance_recommended(self, detail: dict[str, Any]) -> None:
@@ -108,6 +110,9 @@ class Worker:
                 return
             if a["action"] == "train":
                 self.run_job(a)
+                if self._releasing is not None:
+                    self._releasing.join(timeout=60)
+                    self._releasing = None
                 heap.settle()  # the job's garbage goes now, not inside the next job's fit
                 if self.interrupted():
                     log.info("leaving: this spot machine is being reclaimed")
@@ -181,6 +186,7 @@ class Worker:
             self._put_artifact(job_id, attempt, v.checkpoint_name(epoch), path)
 
         from .callbacks import EpochTensorBoard, EventCallback, Interrupted
+        from .fitframe import KeepFitFrame
         from .pipeline import EpochPipeline, shadow_loader
 
         multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
@@ -194,11 +200,14 @@ class Worker:
         callbacks = [events, tensorboard]
         for cb in spec.get("callbacks", []):
             callbacks.append(getattr(keras.callbacks, cb["class"])(**cb.get("config", {})))
+        keep = KeepFitFrame()
+        callbacks.append(keep)
         try:
             try:
                 model.fit(
                     x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit
                 )
+                self._releasing = keep.release_in_background()
             except Interrupted:
                 pass
             pipeline.drain()
