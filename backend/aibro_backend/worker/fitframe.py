@@ -4,10 +4,9 @@ When `fit` returns, Python frees its locals, and with them the epoch iterator: t
 pipeline's threads. On this box that sometimes sleeps 0.4 to 1.1 s (no thread of the worker uses any CPU
 meanwhile), in about one fit in four on a warm worker, and every second of it lies between the last epoch and
 the trained model going back. `KeepFitFrame` holds on to fit's frame from `on_train_end`, so its locals outlive
-the return, and the validation iterator Keras keeps on the model between epochs (fit deletes it just before
-`on_train_end`); `release_in_background` then drops them on a thread of their own while the worker uploads the
-model.
-The worker joins that thread before it settles its heap for the next job, so no job's iterator outlives it.
+the return, and to the validation iterator Keras keeps on the model between epochs (fit deletes it just before
+`on_train_end`). `release_in_background` then drops both on a thread of their own while the worker uploads the
+model; the worker joins that thread before it settles its heap for the next job, so no job's iterator outlives it.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ class KeepFitFrame(keras.callbacks.Callback):
         self.validation: Any = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self.validation = getattr(self.model, "_eval_epoch_iterator", None) or self.validation
+        iterator = getattr(self.model, "_eval_epoch_iterator", None)
+        if iterator is not None:
+            self.validation = iterator
 
     def on_train_end(self, logs: dict | None = None) -> None:
         frame = sys._getframe(1)
