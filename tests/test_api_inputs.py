@@ -22,6 +22,8 @@ from aibro_jupyter.progress import JobView
 from conftest import make_model
 from helpers import backend_db, instance_pid, slow_data, wait_for, worker_process
 
+pytestmark = pytest.mark.fast
+
 SHA = secrets.token_hex(32)  # a digest nobody uploaded: a spec that passes validation stops at "not uploaded"
 BASE = {"model": SHA, "data": {"x": {"blob": SHA}}, "fit": {"epochs": 1}, "machines": ["local-cpu"]}
 

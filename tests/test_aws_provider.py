@@ -46,6 +46,8 @@ from aibro_backend.providers.aws_config import (  # noqa: E402
     validate,
 )
 
+pytestmark = pytest.mark.fast
+
 REGION = "us-east-1"
 ENROLL = "aibro_e_" + "x" * 40
 WORKER_TOKEN = "aibro_w_secret-long-lived-token-0123456789"

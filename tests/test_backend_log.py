@@ -12,6 +12,8 @@ import pytest
 import requests
 from backend_proc import own_backend
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_missing_blob_head_is_not_a_warning_but_a_bad_token_is(tmp_path: Path) -> None:
     home = tmp_path / "quiet"

@@ -16,6 +16,8 @@ from aibro_core.errors import ApiError
 from aibro_jupyter import client as client_mod
 from aibro_jupyter.client import BackendClient
 
+pytestmark = pytest.mark.fast
+
 
 def _put(client: BackendClient, sha: str, offset: int, total: int, data: bytes) -> dict[str, Any]:
     return client.t.json("PUT", f"/blobs/{sha}", params={"offset": offset, "total": total}, data=data)

@@ -19,6 +19,8 @@ from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def tmpdir_of_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

@@ -11,6 +11,8 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from aibro_jupyter.cellwait import awaitable_magics, run_async, run_sync, until
 
+pytestmark = pytest.mark.fast
+
 
 def _transform(cell: str) -> str:
     tm = TransformerManager()

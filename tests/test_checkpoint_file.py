@@ -24,6 +24,8 @@ from aibro_backend.worker.callbacks import EventCallback
 from aibro_backend.worker.checkpointfile import CheckpointFile
 from aibro_backend.worker.pipeline import EpochPipeline, shadow_loader
 
+pytestmark = pytest.mark.fast
+
 
 def dense_adam() -> tuple[keras.Model, np.ndarray, np.ndarray]:
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])

@@ -13,6 +13,8 @@ from aibro_backend.providers.aws_catalog import offers
 from aibro_backend.store import Store
 from aibro_core import vocabulary as v
 
+pytestmark = pytest.mark.fast
+
 L, E, C, X = v.LAUNCHING, v.EXECUTING, v.COOLING, v.CLOSING
 SPOT = next(o for o in offers("us-east-1") if o["machine_id"] == "g4dn.xlarge")
 OD = next(o for o in offers("us-east-1") if o["machine_id"] == "g4dn.xlarge.od")

@@ -14,6 +14,8 @@ import pytest
 
 from helpers import backend_db, run_as_user
 
+pytestmark = pytest.mark.fast
+
 PROBE = "from aibro_jupyter import config; t = config.resolve(); print(t.url)"
 
 

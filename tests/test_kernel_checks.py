@@ -26,6 +26,8 @@ from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
 
+pytestmark = pytest.mark.fast
+
 
 def _submit(client: BackendClient, model: Any, x: Any, y: Any, **kw: Any) -> dict[str, Any]:
     kw.setdefault("machine_ids", "local-cpu")

@@ -6,6 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_STACK = ("aibro_jupyter", "IPython", "ipywidgets", "bqplot", "jupyter_server", "jupyterlab", "ipykernel")
 

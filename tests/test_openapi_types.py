@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "labextension" / "scripts"
 TSC = ROOT / "node_modules" / ".bin" / "tsc"

@@ -19,6 +19,8 @@ from aibro_backend import recent
 from aibro_backend.groupcommit import GroupCommit
 from aibro_backend.store import EventBatch, NewEvent, NoSuchJob, Store, _Checkpointer
 
+pytestmark = pytest.mark.fast
+
 SPEC = {"machines": ["local-cpu"], "fit": {"epochs": 1000}}
 
 

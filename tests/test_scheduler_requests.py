@@ -15,6 +15,8 @@ from aibro_backend.scheduler import Scheduler
 from aibro_backend.store import Store
 from aibro_core import vocabulary as v
 
+pytestmark = pytest.mark.fast
+
 
 class ScriptedProvider:
     """Offers two machines; `boots` says which ones ever get ready (the scheduler only sees LAUNCHING)."""

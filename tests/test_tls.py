@@ -30,7 +30,7 @@ from conftest import make_model
 from helpers import slow_data, user_env, wait_for
 
 # a client refused on purpose: the backend's TLS layer notes the handshake its client broke off
-pytestmark = pytest.mark.backend_log(r"SSL Error on \d+ .*TLSV1_ALERT_UNKNOWN_CA")
+pytestmark = [pytest.mark.fast, pytest.mark.backend_log(r"SSL Error on \d+ .*TLSV1_ALERT_UNKNOWN_CA")]
 
 
 def _pem_files(d: Path) -> dict[str, Path]:

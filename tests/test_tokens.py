@@ -20,6 +20,8 @@ from aibro_jupyter.client import BackendClient
 
 from helpers import aibro_cli
 
+pytestmark = pytest.mark.fast
+
 CAP = 6
 
 

@@ -26,6 +26,8 @@ from aibro_jupyter.training import connect
 from conftest import kill_workers
 from helpers import aibro_cli
 
+pytestmark = pytest.mark.fast
+
 MIB = 1 << 20
 
 

@@ -31,6 +31,8 @@ from aibro_jupyter.client import BackendClient
 from conftest import kill_workers, make_model
 from helpers import wait_for
 
+pytestmark = pytest.mark.fast
+
 Arrays = tuple[np.ndarray, np.ndarray]
 TRIPWIRE = "no-such-machine"  # refused before any upload, whatever else is wrong
 

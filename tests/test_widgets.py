@@ -18,6 +18,8 @@ from aibro_jupyter.widgets.timeline import durations, timeline_chart
 
 from conftest import make_model
 
+pytestmark = pytest.mark.fast
+
 EPOCHS = 3
 
 

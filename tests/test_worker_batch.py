@@ -8,12 +8,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aibro_backend.api.models import WorkerEvents
 from aibro_backend.api.workerbatch import read_fast
 from aibro_backend.worker.callbacks import clean_logs
+
+pytestmark = pytest.mark.fast
 
 ODD_VALUES = st.one_of(
     st.none(),

@@ -13,6 +13,8 @@ from aibro_backend.worker.fitframe import KeepFitFrame
 
 from conftest import make_model
 
+pytestmark = pytest.mark.fast
+
 
 def digits_like(n: int = 256) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)

@@ -7,6 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 SCRIPT = textwrap.dedent(
     """
     import gc, weakref

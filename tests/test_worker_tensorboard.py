@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from aibro_backend.worker.callbacks import EpochTensorBoard
 
+pytestmark = pytest.mark.fast
+
 
 def scalars(folder: Path, tag: str) -> dict[int, float]:
     """{step: value} of one scalar tag across the event files in `folder`."""
