@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
-
 from .blobsource import ArraySource, ByteSource, FileSource
+from .checks import check_branch
 from .dataset_blob import check_dataset, is_dataset, save_dataset
 from .errors import ValidationError
 
@@ -126,7 +125,9 @@ def check_model(model: Any, safe_mode: bool = True) -> list[Any]:
 
 
 def _custom_objects(model: Any) -> list[tuple[str, Any]]:
-    """The model, its layers, its optimizer and its compile-time losses and metrics: all must rebuild remotely."""
+    """The model, its layers, its optimizer and its compile-time losses and metrics, and everything the model's
+    saved config names anywhere (functions in layer arguments, initializers, schedules...): all must rebuild
+    remotely."""
     found: list[tuple[str, Any]] = [("model class", model)]
     found += [("layer", layer) for layer in _all_layers(model)]
     found.append(("optimizer class", model.optimizer))
@@ -135,7 +136,51 @@ def _custom_objects(model: Any) -> list[tuple[str, Any]]:
         for item in _flatten(config.get(key)):
             if item is not None and not isinstance(item, str):
                 found.append(({"loss": "loss", "metrics": "metric"}.get(key, "weighted metric"), item))
+    return found + _config_references(model)
+
+
+def _config_references(model: Any) -> list[tuple[str, Any]]:
+    """The registered classes and functions named in the model's saved config, wherever they sit, as Keras writes
+    them: a function as {"class_name": "function", "config": "<registered name>"}, a class by its registered_name.
+    A function Keras does not know by name cannot be rebuilt anywhere: refused here, naming where it is used."""
+    import keras
+
+    found: list[tuple[str, Any]] = []
+    for where, node in _config_nodes(keras.saving.serialize_keras_object(model), "model"):
+        function = node.get("class_name") == "function"
+        name = node.get("config") if function else node.get("registered_name")
+        if not isinstance(name, str) or str(node.get("module") or "").startswith("keras"):
+            continue
+        obj = keras.saving.get_registered_object(name)
+        if obj is not None:
+            found.append((where, obj))
+        elif function:
+            raise ValidationError(
+                f"{where} is the function {name}, which is not registered, so neither the worker nor Keras' own "
+                f"load_model can find it by name: decorate `def {name}` with "
+                "@keras.saving.register_keras_serializable(package='...')"
+            )
     return found
+
+
+def _config_nodes(config: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every serialized object in a Keras config, with words for where it sits (the layer and argument)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(config, list):
+        for item in config:
+            out += _config_nodes(item, where)
+    elif isinstance(config, dict):
+        inner = config.get("config")
+        owner = where
+        if "class_name" in config and isinstance(inner, dict) and isinstance(inner.get("name"), str):
+            owner = f"{config['class_name']} '{inner['name']}'"
+        if "class_name" in config:
+            out.append((where, config))
+        for key, value in config.items():
+            if isinstance(value, (dict, list)):
+                child = owner if key in ("config", "layers", "compile_config") else f"{owner} argument '{key}'"
+                out += _config_nodes(value, child)
+    return out
 
 
 def _flatten(value: Any) -> list[Any]:
@@ -150,7 +195,7 @@ def _custom_object(what: str, obj: Any) -> Any:
     """None for Keras' own objects; the class (or function) of a registered custom one; an error otherwise."""
     import keras
 
-    cls = obj if _is_function(obj) else type(obj)
+    cls = obj if _is_function(obj) or isinstance(obj, type) else type(obj)
     module = getattr(cls, "__module__", "") or ""
     if module.startswith("keras") or module.startswith("tensorflow"):
         return None
@@ -208,15 +253,62 @@ def _first_sample(x: Any) -> Any:
     return None
 
 
-def save_model(model: Any, bundle: Bundle) -> str:
+def save_model(model: Any, bundle: Bundle, safe_mode: bool = True) -> str:
     path = bundle.workdir / "model.keras"
     optimizer = model.optimizer
     if optimizer is not None and not optimizer.built and model.built and model.trainable_variables:
         optimizer.build(model.trainable_variables)  # so the worker loads every optimizer variable, silently
     model.save(path)
     canonicalize_keras(path)
+    check_reloads(model, path, safe_mode)
     bundle.model_sha = bundle.add_file(path)
     return bundle.model_sha
+
+
+def check_reloads(model: Any, path: Path, safe_mode: bool = True) -> None:
+    """Load the saved model back here, as the worker will (`keras.saving.load_model`), so that a model Keras
+    cannot rebuild (a custom layer whose __init__ refuses its own get_config) fails in the cell, before any upload,
+    with Keras' own reason first; and the weights it loads must be the ones saved."""
+    import keras
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            loaded = keras.saving.load_model(path, safe_mode=safe_mode)
+        except Exception as exc:  # noqa: BLE001 - whatever Keras raises, the user needs its reason
+            raise ValidationError(_reload_failure(exc, model)) from None
+    for w in caught:
+        if not str(w.message).startswith("Skipping variable loading for optimizer"):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    saved, back = model.weights, loaded.weights
+    differ = len(saved) != len(back) or any(
+        tuple(a.shape) != tuple(b.shape) or not np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(saved, back)
+    )
+    del loaded
+    if differ:
+        raise ValidationError(
+            f"model '{model.name}' does not load back with its weights (saved {len(saved)} variables, Keras loads "
+            f"{len(back)} or other values), so the worker would train other weights than yours: give each custom "
+            "layer a build() that creates its weights, and a get_config() with every constructor argument"
+        )
+
+
+def _reload_failure(exc: BaseException, model: Any) -> str:
+    """Keras wraps the reason a layer cannot be rebuilt in several layers of 'could not be deserialized' text with
+    whole configs; the innermost 'Exception encountered:' is the reason. That first, then the fix."""
+    reason = str(exc).split("Exception encountered:")[-1].strip() or type(exc).__name__
+    reason = reason.splitlines()[0] if len(reason) > 600 else reason
+    fix = "fix the class Keras names so that from_config(get_config()) rebuilds it"
+    if "unexpected keyword argument" in reason:
+        fix = (
+            "let the custom class's __init__ take **kwargs and pass them on (super().__init__(**kwargs)): Keras "
+            "rebuilds it from get_config(), which holds name, trainable and dtype too"
+        )
+    return (
+        f"{reason} (Keras cannot load model '{model.name}' back from its saved form, and the worker loads it that "
+        f"way): {fix}"
+    )
 
 
 def canonicalize_keras(path: Path) -> None:
@@ -296,30 +388,16 @@ def encode_tree(value: Any, name: str, bundle: Bundle, depth: int = 1) -> tuple[
     if value is None:
         return None, None
     if isinstance(value, dict):
-        _check_branch(value, name, depth)
+        check_branch(value, name, depth)
         items = {str(k): encode_tree(val, f"{name}[{k!r}]", bundle, depth + 1) for k, val in value.items()}
         return {"dict": {k: t for k, (t, _) in items.items()}}, _same_len(name, [n for _, n in items.values()])
     if isinstance(value, (list, tuple)) and value and all(hasattr(v, "shape") for v in value):
-        _check_branch(value, name, depth)
+        check_branch(value, name, depth)
         items_l = [encode_tree(val, f"{name}[{i}]", bundle, depth + 1) for i, val in enumerate(value)]
         return {"list": [t for t, _ in items_l]}, _same_len(name, [n for _, n in items_l])
     arr = as_array(value, name)
     sha = bundle.add(ArraySource(arr, name))
     return {"blob": sha, "shape": list(arr.shape), "dtype": str(arr.dtype)}, int(arr.shape[0])
-
-
-def _check_branch(value: dict | list | tuple, name: str, depth: int) -> None:
-    """The backend's limits on a data tree, met here so that nothing is uploaded for a spec it would refuse."""
-    if depth >= MAX_TREE_DEPTH:
-        raise ValidationError(
-            f"{name} nests lists and dicts more than {MAX_TREE_DEPTH} levels deep: pass a flatter structure "
-            "(a dict of arrays, or a list of arrays)"
-        )
-    if len(value) > MAX_TREE_ITEMS:
-        raise ValidationError(f"{name} holds {len(value)} entries, over {MAX_TREE_ITEMS}: concatenate the arrays")
-    long_key = next((str(k) for k in value if len(str(k)) > MAX_KEY_CHARS), None) if isinstance(value, dict) else None
-    if long_key is not None:
-        raise ValidationError(f"{name} has a key over {MAX_KEY_CHARS} characters ({long_key[:40]}...): shorten it")
 
 
 def _same_len(name: str, lengths: list[int | None]) -> int | None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
+
 from .dataset_blob import is_dataset
 from .errors import ValidationError
 
@@ -143,6 +145,30 @@ def _show(value: Any) -> str:
     text = repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return f"{text} ({type(value).__name__})"
+
+
+# -- structure ----------------------------------------------------------------------------------------------
+def check_tree(value: Any, name: str, depth: int = 1) -> None:
+    """The backend's limits on a data tree (depth, entries, key length), met before anything is read or sent."""
+    if isinstance(value, dict) or _is_input_list(value):
+        check_branch(value, name, depth)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            check_tree(item, f"{name}[{key!r}]", depth + 1)
+
+
+def check_branch(value: dict | list | tuple, name: str, depth: int) -> None:
+    """One dict or list of a data tree against the backend's limits."""
+    if depth >= MAX_TREE_DEPTH:
+        raise ValidationError(
+            f"{name} nests lists and dicts more than {MAX_TREE_DEPTH} levels deep: pass a flatter structure "
+            "(a dict of arrays, or a list of arrays)"
+        )
+    if len(value) > MAX_TREE_ITEMS:
+        raise ValidationError(f"{name} holds {len(value)} entries, over {MAX_TREE_ITEMS}: concatenate the arrays")
+    long_key = next((str(k) for k in value if len(str(k)) > MAX_KEY_CHARS), None) if isinstance(value, dict) else None
+    if long_key is not None:
+        raise ValidationError(f"{name} has a key over {MAX_KEY_CHARS} characters ({long_key[:40]}...): shorten it")
 
 
 # -- size ------------------------------------------------------------------------------------------------
@@ -284,21 +310,20 @@ def check_fit_data(
                     f"{vname}[{i}] (the validation {what}) is None: pass {vname}=(x_val, y_val) with both parts, "
                     f"or leave {vname} out (a tf.data.Dataset yielding (inputs, targets) works too)"
                 )
+    for value, name in ((x, n["train_X"]), (y, n["train_Y"]), (vx, f"{vname}[0]"), (vy, f"{vname}[1]")):
+        _refuse_python_list(value, name)
     if not is_dataset(x):
         _check_inputs(model, x, n["train_X"])
     if vx is not None and not is_dataset(vx):
         _check_inputs(model, vx, f"{vname}[0]")
     for value, name in ((y, n["train_Y"]), (vy, f"{vname}[1]")):
         _check_targets(model, value, name)
-    for value, name in ((sample_weight, n["sample_weight"]), (vw, f"{vname}[2]")):
-        for leaf, where in _leaves(value, name):
-            bad = _scan(leaf).bad
-            if bad:
-                raise ValidationError(
-                    f"{where} holds {bad.count} NaN or inf value(s) (first in row {bad.row}): sample weights must "
-                    f"be finite numbers: fill them, e.g. np.nan_to_num({where}, nan=0.0), or drop those rows"
-                )
-    for value, name in ((x, n["train_X"]), (vx, f"{vname}[0]")):
+    for value, name in (
+        (x, n["train_X"]),
+        (vx, f"{vname}[0]"),
+        (sample_weight, n["sample_weight"]),
+        (vw, f"{vname}[2]"),
+    ):
         if is_dataset(value):
             continue
         for leaf, where in _leaves(value, name):
@@ -350,8 +375,14 @@ def _check_inputs(model: Any, x: Any, name: str) -> None:
     if isinstance(x, dict):
         missing = [k for k in expected if k not in x]
         extra = [str(k) for k in x if k not in expected]
+        if _is_sequential(model):
+            raise ValidationError(
+                f"{name} is a dict (keys {sorted(map(str, x))[:5]}), but model '{model.name}' is a Sequential, whose "
+                f"one input has no name to match a key, so Keras' fit refuses it: pass the array itself "
+                f"({name}={name}[{next(iter(x))!r}]), or build a functional model with keras.Input(..., name=...)"
+            )
         if kind == "single" and (missing or extra):
-            return  # one unnamed input (a Sequential): Keras decides what a dict means there
+            return  # one input of another name: Keras decides what the dict means there
         if missing or extra:
             raise ValidationError(
                 f"{name} is a dict whose keys do not match the model's inputs {expected}: "
@@ -390,6 +421,31 @@ def _check_inputs(model: Any, x: Any, name: str) -> None:
     value = x[0] if _is_input_list(x) else x
     input_name, shape, dtype = inputs[0]
     _check_shape(value, name, input_name, shape, dtype, model)
+
+
+def _refuse_python_list(value: Any, name: str) -> None:
+    """A Python list of samples (numbers or nested lists) is data Keras' fit does not take ("Unrecognized data
+    type"); a list of arrays is one array per input, which it does."""
+    if isinstance(value, (list, tuple)) and value and not _is_input_list(value):
+        if all(isinstance(v, dict) for v in value):
+            return
+        try:
+            np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise ValidationError(
+                f"{name} is a ragged Python {type(value).__name__} ({exc}), which Keras' fit does not take: pad the "
+                "sequences to one length (keras.utils.pad_sequences) and pass np.asarray(..., dtype='int32')"
+            ) from None
+        raise ValidationError(
+            f"{name} is a Python {type(value).__name__} of {len(value)} samples, which Keras' fit does not take "
+            f"(it takes arrays, one per input): pass np.asarray({name}, dtype='float32') (or the dtype it holds)"
+        )
+
+
+def _is_sequential(model: Any) -> bool:
+    import keras
+
+    return isinstance(model, keras.Sequential)
 
 
 def _shape_of(value: Any) -> tuple[Any, ...] | None:
@@ -670,6 +726,10 @@ def check_before_upload(
             f"{names['cool_down_period_s']}={cool_down_period_s:g} is over this backend's cap of {cap:g} s (a warm "
             f"machine is held at most that long): use at most {_example(names['cool_down_period_s'], f'{cap:g}')}"
         )
+    for value, name in ((x, names["train_X"]), (y, names["train_Y"]), (sample_weight, names["sample_weight"])):
+        check_tree(value, name)
+    for i, part in enumerate(_validation_parts(validation_data)):
+        check_tree(part, f"{names['validation_data']}[{i}]")
     parts = data_sizes(x, y, sample_weight, validation_data, names)
     check_size(sum(parts.values()), int(limits["max_job_bytes"]), names, parts)
     check_fit_data(model, x, y, sample_weight, validation_data, names)

@@ -42,18 +42,36 @@ def check_dataset(ds: Any, name: str, model: Any = None) -> None:
         )
     inputs = getattr(model, "inputs", None) if model is not None else None
     x_spec = spec[0]
-    if inputs and len(inputs) == 1 and isinstance(x_spec, tf.TensorSpec) and x_spec.shape.rank is not None:
-        if x_spec.shape.rank == len(inputs[0].shape) - 1:
-            raise ValidationError(
-                f"{name} yields single samples of shape {tuple(x_spec.shape)}, not batches (the model expects "
-                f"{tuple(inputs[0].shape)}): add .batch(batch_size) to the dataset"
-            )
+    if inputs and len(inputs) == 1 and isinstance(x_spec, tf.TensorSpec) and _one_sample(x_spec, inputs[0]):
+        raise ValidationError(
+            f"{name} yields single samples of shape {tuple(x_spec.shape)}, not batches (the model expects "
+            f"{tuple(inputs[0].shape)}): add .batch(batch_size) to the dataset"
+        )
     if _shuffles(ds):
         warnings.warn(
             f"{name} shuffles in its pipeline; it travels as one saved pass, so every remote epoch sees the same "
             "order. Pass numpy arrays instead to have fit reshuffle every epoch.",
             stacklevel=4,
         )
+
+
+def _one_sample(x_spec: Any, model_input: Any) -> bool:
+    """Whether the dataset yields single samples rather than batches: its element has the model's input shape
+    without the batch axis, and a known first dimension (a batch's is unknown unless drop_remainder=True). A
+    batch of shape (None,) for an input of shape (None, 1) is a batch: Keras adds the trailing axis itself."""
+    if x_spec.shape.rank is None:
+        return False
+    have = tuple(x_spec.shape)
+    want = tuple(model_input.shape)
+    if len(have) != len(want) - 1 or not have or have[0] is None:
+        return False
+    if want[-1] == 1 and _dims_match(have, want[:-1]):
+        return False
+    return _dims_match(have, want[1:])
+
+
+def _dims_match(have: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
+    return len(have) == len(want) and all(h is None or w is None or h == w for h, w in zip(have, want))
 
 
 def _describe(spec: Any) -> str:

@@ -112,6 +112,56 @@ class Training:
 
         `argnames` maps these Python argument names to what the user typed (`--cool-down` in %%cloud_fit), so
         errors name the argument the user knows."""
+        bundle, spec = self.prepare(
+            model,
+            train_X,
+            train_Y,
+            machine_ids,
+            batch_size,
+            epochs,
+            validation_data,
+            description,
+            cool_down_period_s,
+            fit_kwargs,
+            wait_request_s,
+            wait_new_job_create_s,
+            wait_new_job_create_interval,
+            record,
+            safe_mode,
+            meta,
+            requirements,
+            argnames,
+        )
+        try:
+            bundle.upload(self.client)
+            spec.update(model=bundle.model_sha, data=bundle.data)
+            return self._create(spec, wait_new_job_create_s, wait_new_job_create_interval)
+        finally:
+            shutil.rmtree(bundle.workdir, ignore_errors=True)
+
+    def prepare(
+        self,
+        model: Any,
+        train_X: Any,
+        train_Y: Any = None,
+        machine_ids: str | list[str] | None = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        validation_data: Any = None,
+        description: str = "",
+        cool_down_period_s: float = 0,
+        fit_kwargs: dict[str, Any] | None = None,
+        wait_request_s: float = 60,
+        wait_new_job_create_s: float = 0,
+        wait_new_job_create_interval: float = 5,
+        record: bool = True,
+        safe_mode: bool = True,
+        meta: dict[str, str] | None = None,
+        requirements: list[str] | str | None = None,
+        argnames: dict[str, str] | None = None,
+    ) -> tuple[b.Bundle, dict[str, Any]]:
+        """Every check and everything written locally (the saved model, datasets, the code blob), nothing sent:
+        the bundle to upload and the job spec that names it. The caller removes `bundle.workdir`."""
         fit_kwargs = dict(fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
         check_before_upload(  # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
@@ -143,9 +193,8 @@ class Training:
         reqs = requirements_from(requirements, (argnames or {}).get("requirements", "requirements"))
         code = plan_code(objects)
         warn_missing_requirements(code, reqs)
-        client = self.client
-        machines = _machine_list(machine_ids, client.machines())
-        limit = client.policy()["max_job_bytes"]
+        machines = _machine_list(machine_ids, self.client.machines())
+        limit = self.client.policy()["max_job_bytes"]
         bundle = b.new_bundle()
         try:
             b.encode_data(bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data, model)
@@ -160,7 +209,7 @@ class Training:
                     "train on a sample, or use lower precision (float32/uint8)"
                 )
             b.build_from_data(model, train_X)
-            b.save_model(model, bundle)
+            b.save_model(model, bundle, safe_mode)
             code_spec = None
             if code.files:
                 code_spec = {"blob": bundle.add(BytesSource(code.blob(), "code")), "modules": code.modules}
@@ -170,30 +219,30 @@ class Training:
                     f"this job's model and data are {bundle.total_bytes} bytes, over the {limit}-byte limit per job: "
                     "use a smaller model or less data, or raise the limit (AIBRO_MAX_JOB_BYTES) on the backend"
                 )
-            bundle.upload(client)
-            fit = {"epochs": epochs, **fit_kwargs}
-            if batch_size is not None:
-                fit["batch_size"] = batch_size
-            spec = {
-                "model": bundle.model_sha,
-                "safe_mode": safe_mode,
-                "custom_modules": sorted(code.installed),
-                "code": code_spec,
-                "requirements": reqs,
-                "versions": runtime_versions(),
-                "data": bundle.data,
-                "fit": fit,
-                "callbacks": callbacks,
-                "machines": machines,
-                "description": description,
-                "cool_down_s": cool_down_period_s,
-                "wait_request_s": wait_request_s,
-                "record": record,
-                "meta": meta or {},
-            }
-            return self._create(spec, wait_new_job_create_s, wait_new_job_create_interval)
-        finally:
+        except BaseException:
             shutil.rmtree(bundle.workdir, ignore_errors=True)
+            raise
+        fit = {"epochs": epochs, **fit_kwargs}
+        if batch_size is not None:
+            fit["batch_size"] = batch_size
+        spec = {
+            "model": bundle.model_sha,
+            "safe_mode": safe_mode,
+            "custom_modules": sorted(code.installed),
+            "code": code_spec,
+            "requirements": reqs,
+            "versions": runtime_versions(),
+            "data": bundle.data,
+            "fit": fit,
+            "callbacks": callbacks,
+            "machines": machines,
+            "description": description,
+            "cool_down_s": cool_down_period_s,
+            "wait_request_s": wait_request_s,
+            "record": record,
+            "meta": meta or {},
+        }
+        return bundle, spec
 
     def _create(self, spec: dict[str, Any], wait_s: float, interval: float) -> dict[str, Any]:
         deadline = time.monotonic() + max(0.0, wait_s)

@@ -390,3 +390,70 @@ def test_cloud_fit_names_the_flag(kernel: Any, client: BackendClient, flags: str
     assert message in shown, shown
     assert "cool_down_period_s" not in shown and "cool_down_s" not in shown and "Traceback" not in shown, shown
     assert (client.counters().get("blob_bytes_received", 0), len(client.jobs())) == before
+
+
+# -- what Keras itself would fail to load, found in the kernel (issue 23 items 4 and 7) ----------------------
+def _unregistered_relu(x: Any) -> Any:
+    return keras.ops.relu(x)
+
+
+@pytest.mark.usefixtures("nothing_uploaded")
+def test_an_unregistered_function_in_a_layer_argument_is_refused(client: BackendClient) -> None:
+    x, y = fresh_data()
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation=_unregistered_relu)])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    with pytest.raises(
+        ValidationError,
+        match=r"Dense 'dense\w*' argument 'activation' is the function _unregistered_relu, which is not registered.*"
+        r"register_keras_serializable",
+    ):
+        _submit(client, model, x, y)
+
+
+@keras.saving.register_keras_serializable(package="kernel_checks")
+class NoKwargs(keras.layers.Layer):
+    """As several published examples print it: get_config() extends the base config, __init__ takes no **kwargs."""
+
+    def __init__(self, units: int) -> None:
+        super().__init__()
+        self.units = units
+        self.dense = keras.layers.Dense(units)
+
+    def call(self, x: Any) -> Any:
+        return self.dense(x)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "units": self.units}
+
+
+@pytest.mark.usefixtures("nothing_uploaded")
+def test_a_layer_keras_cannot_load_back_is_refused_with_keras_reason_first(client: BackendClient) -> None:
+    x, y = fresh_data()
+    model = keras.Sequential([keras.Input((64,)), NoKwargs(10)])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    with pytest.raises(ValidationError) as err:
+        _submit(client, model, x, y)
+    message = str(err.value)
+    assert message.startswith("NoKwargs.__init__() got an unexpected keyword argument"), message
+    assert "super().__init__(**kwargs)" in message and len(message) < 800, message
+
+
+@pytest.mark.usefixtures("nothing_uploaded")
+def test_a_sequential_given_a_dict_is_refused(client: BackendClient) -> None:
+    x, y = fresh_data()
+    with pytest.raises(ValidationError, match=r"train_X is a dict .* is a Sequential.*train_X=train_X\['features'\]"):
+        _submit(client, make_model(), {"features": x}, y)
+
+
+def test_functions_in_layer_arguments_are_found_wherever_they_sit() -> None:
+    from aibro_jupyter.bundle import check_model
+
+    @keras.saving.register_keras_serializable(package="kernel_checks")
+    def shout(text: Any) -> Any:
+        return text
+
+    vec = keras.layers.TextVectorization(max_tokens=10, standardize=shout)
+    inp = keras.Input((1,), dtype="string")
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Embedding(10, 2)(vec(inp))))
+    model.compile("adam", "mse")
+    assert shout in check_model(model)

@@ -187,9 +187,11 @@ def test_data_nested_past_the_limit_is_refused_before_upload(client: BackendClie
     deep: Any = x
     for _ in range(8):
         deep = {"inputs": deep}
-    with pytest.raises(ValidationError, match=r"^x\['inputs'\].* more than 8 levels deep: pass a flatter structure"):
+    with pytest.raises(
+        ValidationError, match=r"^train_X\['inputs'\].* more than 8 levels deep: pass a flatter structure"
+    ):
         _submit(client, make_model(), deep, y)
-    with pytest.raises(ValidationError, match=r"x holds 300 entries, over 256: concatenate"):
+    with pytest.raises(ValidationError, match=r"train_X holds 300 entries, over 256: concatenate"):
         _submit(client, make_model(), {f"f{i}": x for i in range(300)}, y)
 
 
@@ -207,7 +209,7 @@ def test_ragged_python_list(client: BackendClient, nothing_uploaded: None) -> No
     with pytest.raises(ValidationError) as err:
         _submit(client, make_model(), x, [[1, 2], [3]] * 128)
     message = str(err.value)
-    assert message.startswith("y ") and "inhomogeneous" in message  # the problem, in numpy's words
+    assert message.startswith("train_Y ") and "inhomogeneous" in message  # the problem, in numpy's words
     assert "pad" in message or "dtype=" in message, f"no fix named: {message}"
 
 

@@ -158,17 +158,9 @@ class Worker:
         self._status(outbox, v.GEARING_UP_ENV)
         keras = self._gear_up(outbox, job_id, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
-        from .datatree import load_tree
+        from .datatree import fit_data
 
-        data = spec["data"]
-        x = load_tree(data.get("x"), self.fetch_blob)
-        y = load_tree(data.get("y"), self.fetch_blob)
-        sw = load_tree(data.get("sample_weight"), self.fetch_blob)
-        val = data.get("validation")
-        validation_data = None
-        if val:
-            parts = [load_tree(val.get(k), self.fetch_blob) for k in ("x", "y", "sample_weight")]
-            validation_data = tuple(p for p in parts if p is not None)
+        x, y, sw, validation_data = fit_data(spec["data"], self.fetch_blob)
         fit = dict(spec["fit"])
         if resume:
             model_path = self.fetch_artifact(job_id, resume["checkpoint"])
@@ -197,11 +189,11 @@ class Worker:
             outbox, pipeline, int(fit.get("epochs", 1)), _samples(x), self.spot.notice if self.spot else None
         )
         tensorboard = EpochTensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0)
-        callbacks = [events, tensorboard]
-        for cb in spec.get("callbacks", []):
-            callbacks.append(getattr(keras.callbacks, cb["class"])(**cb.get("config", {})))
+        # The user's callbacks first, ours after them: an epoch's logs are reported once every callback has written
+        # its keys into them (ReduceLROnPlateau's learning_rate), as the kernel's History, which Keras runs last, sees.
+        callbacks = [getattr(keras.callbacks, cb["class"])(**cb.get("config", {})) for cb in spec.get("callbacks", [])]
         keep = KeepFitFrame()
-        callbacks.append(keep)
+        callbacks += [tensorboard, events, keep]
         try:
             try:
                 model.fit(

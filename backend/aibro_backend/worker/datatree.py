@@ -20,13 +20,28 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
     if "blob" in tree:
         arr = np.load(fetch(tree["blob"]), allow_pickle=False)
         if arr.dtype.kind in "US":  # text travels as a unicode array; Keras trains on Python strings (as given)
-            return arr.astype(object)
+            if arr.ndim == 1:
+                return arr.astype(object)
+            import tensorflow as tf
+
+            return tf.constant(arr)  # Keras takes text of more than one axis as a string tensor, not as objects
         return arr
     if "dataset" in tree:
         return load_dataset(fetch(tree["dataset"]))
     if "list" in tree:
         return [load_tree(t, fetch) for t in tree["list"]]
     return {k: load_tree(t, fetch) for k, t in tree["dict"].items()}
+
+
+def fit_data(data: dict[str, Any], fetch: Callable[[str], Path]) -> tuple[Any, Any, Any, Any]:
+    """A job spec's `data` → (x, y, sample_weight, validation_data) as the worker hands them to `model.fit`."""
+    x, y, sw = (load_tree(data.get(k), fetch) for k in ("x", "y", "sample_weight"))
+    val = data.get("validation")
+    validation_data = None
+    if val:
+        parts = [load_tree(val.get(k), fetch) for k in ("x", "y", "sample_weight")]
+        validation_data = tuple(p for p in parts if p is not None)
+    return x, y, sw, validation_data
 
 
 def load_dataset(blob: Path) -> Any:
