@@ -19,20 +19,6 @@ from .checks import check_branch
 from .dataset_blob import check_dataset, is_dataset, save_dataset
 from .errors import ValidationError
 
-TRAVELLING_CALLBACKS = {
-    "EarlyStopping": (
-        "monitor",
-        "min_delta",
-        "patience",
-        "mode",
-        "baseline",
-        "restore_best_weights",
-        "start_from_epoch",
-    ),
-    "ReduceLROnPlateau": ("monitor", "factor", "patience", "mode", "min_delta", "cooldown", "min_lr"),
-    "TerminateOnNaN": (),
-}
-
 
 @dataclass
 class Bundle:
@@ -466,39 +452,6 @@ def _dataset_part(ds: Any, name: str, bundle: Bundle, model: Any) -> dict[str, A
     check_dataset(ds, name, model)
     path = save_dataset(ds, bundle.workdir / f"{name}-{len(bundle.sources)}.tar")
     return {"x": {"dataset": bundle.add_file(path)}, "y": None, "sample_weight": None}
-
-
-def encode_callbacks(callbacks: list[Any] | None) -> list[dict[str, Any]]:
-    """Callbacks that can be rebuilt on the worker travel; the rest are named in a warning."""
-    out, dropped = [], []
-    for cb in callbacks or []:
-        name = type(cb).__name__
-        if name in TRAVELLING_CALLBACKS and type(cb).__module__.startswith("keras"):
-            config = {}
-            for attr in TRAVELLING_CALLBACKS[name]:
-                if hasattr(cb, attr):
-                    val = getattr(cb, attr)
-                    config[attr] = val.item() if hasattr(val, "item") else val
-            if name == "ReduceLROnPlateau" and hasattr(cb, "min_delta"):
-                config["min_delta"] = float(cb.min_delta)
-            out.append({"class": name, "config": _jsonable(config)})
-        else:
-            dropped.append(name)
-    if dropped:
-        warnings.warn(
-            f"these callbacks cannot travel to the remote worker and will not run there: {', '.join(dropped)}. "
-            f"Callbacks that travel: {', '.join(TRAVELLING_CALLBACKS)}",
-            stacklevel=3,
-        )
-    return out
-
-
-def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
-    clean = {}
-    for k, val in config.items():
-        if isinstance(val, (bool, int, float, str)) or val is None:
-            clean[k] = val
-    return clean
 
 
 def new_bundle() -> Bundle:

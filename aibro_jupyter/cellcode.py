@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import builtins
 import cmath
+import hashlib
 import inspect
 import linecache
 import symtable
@@ -37,8 +38,53 @@ def is_cell_object(obj: Any) -> bool:
     return getattr(obj, "__module__", None) == "__main__"
 
 
+def is_lambda(obj: Any) -> bool:
+    return isinstance(obj, types.FunctionType) and obj.__name__ == "<lambda>"
+
+
+def travel_name(obj: Any, namespace: dict[str, Any] | None = None) -> str:
+    """The name a cell definition has in the travelling module: its own, or for a lambda the notebook variable
+    that holds it (`schedule = lambda epoch, lr: ...`), else a name made from its source."""
+    if not is_lambda(obj):
+        return str(obj.__name__)
+    ns = namespace if namespace is not None else vars(sys.modules["__main__"])
+    held = sorted(k for k, val in ns.items() if val is obj and k.isidentifier() and not k.startswith("_"))
+    if held:
+        return held[0]
+    digest = hashlib.sha256(lambda_source(obj).encode()).hexdigest()[:10]
+    return f"_lambda_{digest}"
+
+
+def lambda_source(obj: Any) -> str:
+    """The text of a lambda as written in its cell (`lambda epoch, lr: lr * 0.9`), found by its line and its
+    argument names; refused when two lambdas on that line take the same arguments."""
+    code = obj.__code__
+    params = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    text = "".join(linecache.getlines(code.co_filename))
+    found: list[str] = []
+    try:
+        tree = ast.parse(text) if text else None
+    except SyntaxError:
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Lambda) and node.lineno == code.co_firstlineno:
+            args = node.args
+            names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+            if names == params:
+                found.append(ast.get_source_segment(text, node) or ast.unparse(node))
+    if len(found) != 1:
+        where = "two lambdas with the same arguments on one line" if found else "no source for it"
+        raise ValidationError(
+            f"a lambda taking ({', '.join(params)}) defined in the notebook cannot travel ({where}): define it with "
+            "`def name(...):` in a cell instead"
+        )
+    return found[0]
+
+
 def definition_source(obj: Any) -> str:
     """The source of a class or function defined in a notebook cell (or a script run as __main__)."""
+    if is_lambda(obj):
+        return f"{travel_name(obj)} = {lambda_source(obj)}"
     name = obj.__name__
     for filename, lineno in _code_locations(obj):
         node = _find_def(linecache.getlines(filename), name, lineno)
@@ -130,10 +176,10 @@ def build_cell_module(objects: list[Any], namespace: dict[str, Any] | None = Non
     imported: list[str] = []
 
     def add(obj: Any, stack: tuple[str, ...]) -> None:
-        name = obj.__name__
+        name = travel_name(obj, ns)
         if name in done or name in stack:
             return
-        src = _dedent(definition_source(obj))
+        src = f"{name} = {lambda_source(obj)}" if is_lambda(obj) else _dedent(definition_source(obj))
         for g in sorted(_global_names(src)):
             if g == name:
                 continue
@@ -154,8 +200,8 @@ def build_cell_module(objects: list[Any], namespace: dict[str, Any] | None = Non
             imported.append(val.__name__)
         elif isinstance(val, (type, types.FunctionType)) and is_cell_object(val):
             add(val, stack)
-            if val.__name__ != g:
-                aliases[g] = f"{g} = {val.__name__}"
+            if travel_name(val, ns) != g:
+                aliases[g] = f"{g} = {travel_name(val, ns)}"
         elif isinstance(val, (type, types.FunctionType, types.BuiltinFunctionType)):
             module, qual = getattr(val, "__module__", None), getattr(val, "__qualname__", "")
             if not module or "<" in qual or "." in qual:

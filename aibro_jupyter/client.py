@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import sys
@@ -334,9 +335,14 @@ class BackendClient:
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         resp = self.t.request("GET", f"/jobs/{job_id}/artifacts/{name}", stream=True)
-        with open(dest, "wb") as f:
-            for chunk in resp.iter_content(1 << 20):
-                f.write(chunk)
+        part = dest.with_name(f".{dest.name}.aibro-part")
+        try:
+            with open(part, "wb") as f:
+                for chunk in resp.iter_content(1 << 20):
+                    f.write(chunk)
+            os.replace(part, dest)  # whoever reads dest (the next cell's load_model) never sees half a file
+        finally:
+            part.unlink(missing_ok=True)
         return dest
 
     # -- instances --------------------------------------------------------------------------------

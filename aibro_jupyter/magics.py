@@ -19,7 +19,7 @@ from IPython.display import display
 from .cellsplit import SplitCell, split_cell
 from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
-from .progress import JobView, TextProgress, local_notice, worker_note
+from .progress import JobView, TextProgress, local_notice, printed, worker_note
 from .timeline_table import format_timelines
 from .training import Training, format_machines
 
@@ -186,7 +186,8 @@ class CloudMagics(Magics):
                     asked[0] = now  # at most one job fetch per 10 s of epochs: a replay of 200 epochs asks once
                     view.cost = self._cost(job_id, view.cost)
                 panel.update(view, ev)
-                if local_notice(ev) or (not quiet and (ev["type"] in ("epoch", "error") or worker_note(ev))):
+                shown = ev["type"] in ("epoch", "error") or worker_note(ev)
+                if local_notice(ev) or printed(ev) is not None or (not quiet and shown):
                     text(view, ev)  # a notice ("backend unreachable, restarting…") shows even with --quiet
 
             try:

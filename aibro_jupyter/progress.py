@@ -45,6 +45,12 @@ def worker_note(ev: dict[str, Any]) -> str | None:
     return None
 
 
+def printed(ev: dict[str, Any]) -> str | None:
+    """A line the job's own code printed on the worker (a callback's print), shown as it would be locally."""
+    d = ev.get("data") or {}
+    return str(d.get("message", "")) if ev.get("type") == v.EV_LOG and d.get("stream") == "stdout" else None
+
+
 def format_logs(logs: dict[str, Any]) -> str:
     return " - ".join(f"{k}: {val:.4f}" if isinstance(val, float) else f"{k}: {val}" for k, val in logs.items())
 
@@ -68,6 +74,8 @@ class TextProgress:
             )
         elif ev["type"] == v.EV_ERROR and d.get("message"):
             print(f"[{view.job_id}] error: {d['message']}", file=self.out, flush=True)
+        elif printed(ev) is not None:
+            print(printed(ev), file=self.out, flush=True)
         elif local_notice(ev):
             print(f"[{view.job_id}] {local_notice(ev)}", file=self.out, flush=True)
         elif worker_note(ev):

@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,13 @@ from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
 from .blobsource import BytesSource
+from .callbackplan import plan_callbacks
 from .checks import check_before_upload
 from .client import BackendClient
 from .config import resolve, start_embedded
 from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
+from .filereturn import FilesBack
 from .progress import JobView, TextProgress
 from .travel import plan_code, requirements_from, warn_missing_requirements
 
@@ -191,14 +194,16 @@ class Training:
                 raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
             batch_size = int(batch_size)
         reqs = requirements_from(requirements, (argnames or {}).get("requirements", "requirements"))
-        code = plan_code(objects)
+        travelling = plan_callbacks(fit_kwargs.pop("callbacks", None))
+        for note in travelling.notes:
+            warnings.warn(note, stacklevel=3)
+        code = plan_code(objects + travelling.objects)
         warn_missing_requirements(code, reqs)
         machines = _machine_list(machine_ids, self.client.machines())
         limit = self.client.policy()["max_job_bytes"]
         bundle = b.new_bundle()
         try:
             b.encode_data(bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data, model)
-            callbacks = b.encode_callbacks(fit_kwargs.pop("callbacks", None))
             fit_kwargs.pop("verbose", None)
             if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:
                 fit_kwargs["class_weight"] = {int(k): float(w) for k, w in fit_kwargs["class_weight"].items()}
@@ -234,7 +239,7 @@ class Training:
             "versions": runtime_versions(),
             "data": bundle.data,
             "fit": fit,
-            "callbacks": callbacks,
+            "callbacks": travelling.specs,
             "machines": machines,
             "description": description,
             "cool_down_s": cool_down_period_s,
@@ -259,8 +264,10 @@ class Training:
     def watch(self, job_id: str, watchers: list[Watcher] | None = None, after: int = 0) -> JobView:
         """Follow a job's events from `after` until it is final, feeding each to the watchers."""
         view = JobView(job_id)
+        files = FilesBack(self.client, job_id)  # what the job's callbacks write comes back as it is written
         for ev in self.client.follow(job_id, after):
             view.apply(ev)
+            files(view, ev)
             for w in watchers or []:
                 w(view, ev)
         return view

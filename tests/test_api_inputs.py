@@ -170,7 +170,7 @@ def test_event_query_limits_that_fit(client: BackendClient) -> None:
         ({"data": {"x": {"blob": SHA, "shape": [-1]}}}, r"data.x.shape must be a list of at most 32 non-negative"),
         ({"callbacks": [{"class": "EarlyStopping", "config": {"patience": "3"}}]}, r"EarlyStopping config: 'patience'"),
         ({"callbacks": [{"class": "ReduceLROnPlateau", "config": {"factor": 2.0}}]}, r"ReduceLROnPlateau config"),
-        ({"callbacks": [{"class": "CSVLogger"}]}, r"callbacks that can travel"),
+        ({"callbacks": [{"class": "RemoteMonitor"}]}, r"Keras callbacks that can travel"),
         ({"requirements": "numpy"}, r"'requirements' must be a list of requirement strings"),
         ({"requirements": ["--index-url=http://x"]}, r"'requirements'"),
         ({"code": {"blob": SHA, "files": [{"path": "../up.py", "bytes": 1, "sha256": SHA}]}}, r"'code.files'"),

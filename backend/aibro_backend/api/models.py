@@ -9,15 +9,20 @@ fields added later, so an older client keeps working.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    JsonValue,
+    Tag,
     ValidationError,
     ValidationInfo,
     WrapValidator,
@@ -315,8 +320,12 @@ class FitArgs(Request):
         return self
 
 
+Verbosity = Annotated[int, Field(ge=0, le=2), INTEGRAL]
+
+
 class EarlyStoppingConfig(Request):
     monitor: ShortText = "val_loss"
+    verbose: Verbosity = 0
     min_delta: FiniteNumber = 0.0
     patience: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL] = 0
     mode: Literal["auto", "min", "max"] = "auto"
@@ -327,6 +336,7 @@ class EarlyStoppingConfig(Request):
 
 class ReduceLROnPlateauConfig(Request):
     monitor: ShortText = "val_loss"
+    verbose: Verbosity = 0
     factor: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
     patience: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL] = 10
     mode: Literal["auto", "min", "max"] = "auto"
@@ -336,7 +346,7 @@ class ReduceLROnPlateauConfig(Request):
 
 
 class TerminateOnNaNConfig(Request):
-    pass
+    raise_error: bool = False
 
 
 CALLBACK_CONFIGS: dict[str, type[Request]] = {  # what the worker hands to keras.callbacks.CLASS(**config)
@@ -346,19 +356,35 @@ CALLBACK_CONFIGS: dict[str, type[Request]] = {  # what the worker hands to keras
 }
 
 
+# Keras callbacks the kernel sends by class name (aibro_jupyter/callbackplan.py); the user's own name a module.
+KERAS_CALLBACKS = (
+    *CALLBACK_CONFIGS,
+    "LearningRateScheduler",
+    "LambdaCallback",
+    "ModelCheckpoint",
+    "CSVLogger",
+    "TensorBoard",
+    "SwapEMAWeights",
+)
+MAX_CALLBACK_CONFIG_CHARS = 64 * 1024
+
+
 def _callback(value: Any, handler: Any) -> Any:
     """One sentence for a bad callback: an unknown class, or the first problem of its config."""
-    if not isinstance(value, dict) or value.get("class") not in CALLBACK_CONFIGS:
-        raise _fail(f"callbacks that can travel: {list(CALLBACK_CONFIGS)}")
+    if not isinstance(value, dict) or not isinstance(value.get("class"), str):
+        raise _fail("a callback must be an object {class, config, module?}")
+    if not value.get("module") and value["class"] not in KERAS_CALLBACKS:
+        raise _fail(f"Keras callbacks that can travel: {list(KERAS_CALLBACKS)}; a class of your own names its module")
     if not isinstance(value.get("config", {}), dict):
         raise _fail("a callback's config must be an object")
     try:
         return handler(value)
     except ValidationError as exc:
-        try:
-            CALLBACK_CONFIGS[value["class"]].model_validate(value.get("config", {}))
-        except ValidationError as inner:
-            raise _fail(f"{value['class']} config: {explain(inner, 'the config')}") from None
+        if value["class"] in CALLBACK_CONFIGS and not value.get("module"):
+            try:
+                CALLBACK_CONFIGS[value["class"]].model_validate(value.get("config", {}))
+            except ValidationError as inner:
+                raise _fail(f"{value['class']} config: {explain(inner, 'the config')}") from None
         raise _fail(f"a callback {explain(exc, 'callback')}") from None
 
 
@@ -377,9 +403,46 @@ class TerminateOnNaNCallback(Request):
     config: TerminateOnNaNConfig = Field(default_factory=TerminateOnNaNConfig)
 
 
+def _bounded_json(value: dict[str, Any]) -> dict[str, Any]:
+    """Arguments are plain JSON with three marked forms ({"__path__"}, {"__function__"}, {"__float__"}); the worker
+    rebuilds the callback from them. Bounded here: 64 KiB and 8 levels."""
+    if len(json.dumps(value)) > MAX_CALLBACK_CONFIG_CHARS:
+        raise ValueError(f"is over {MAX_CALLBACK_CONFIG_CHARS} characters as JSON")
+
+    def depth(v: Any) -> int:
+        if isinstance(v, dict):
+            return 1 + max((depth(x) for x in v.values()), default=0)
+        if isinstance(v, list):
+            return 1 + max((depth(x) for x in v), default=0)
+        return 0
+
+    if depth(value) > 10:
+        raise ValueError("nests more than 10 levels deep")
+    return value
+
+
+class TravellingCallback(Request):
+    """Any other callback: a Keras class by name, or the user's own from `module` (travelling code)."""
+
+    cls: Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = Field(alias="class")
+    module: Annotated[str, Field(max_length=200, pattern=MODULE_PATTERN)] | None = None
+    config: Annotated[
+        dict[Annotated[str, Field(max_length=200)], JsonValue], Field(max_length=64), AfterValidator(_bounded_json)
+    ] = Field(default_factory=dict)
+
+
+def _callback_kind(value: Any) -> str:
+    if isinstance(value, dict) and not value.get("module") and value.get("class") in CALLBACK_CONFIGS:
+        return str(value["class"])
+    return "other"
+
+
 Callback = Annotated[
-    EarlyStoppingCallback | ReduceLROnPlateauCallback | TerminateOnNaNCallback,
-    Field(discriminator="cls"),
+    Annotated[EarlyStoppingCallback, Tag("EarlyStopping")]
+    | Annotated[ReduceLROnPlateauCallback, Tag("ReduceLROnPlateau")]
+    | Annotated[TerminateOnNaNCallback, Tag("TerminateOnNaN")]
+    | Annotated[TravellingCallback, Tag("other")],
+    Discriminator(_callback_kind),
     WrapValidator(_callback),
 ]
 
@@ -582,11 +645,24 @@ class BatchData(Request):
     logs: Logs = Field(default_factory=dict)
 
 
+def _relative_path(value: str) -> str:
+    if value.startswith("/") or "\x00" in value or ".." in value.split("/"):
+        raise ValueError("must be a relative path inside its folder (no leading '/', no '..')")
+    return value
+
+
 class LogData(Request):
     message: Message
     stage: Literal["GEARING UP ENV"] | None = None
     warning: Message | None = None
     versions: Annotated[dict[ShortText, ShortText], Field(max_length=16)] | None = None
+    stream: Literal["stdout"] | None = Field(None, description="a line the job's own code printed")
+    file: Annotated[str, Field(pattern=ARTIFACT_NAME_PATTERN)] | None = Field(
+        None, description="the artifact files/<callback>/<argument>/... a callback's file came back as"
+    )
+    path: Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_relative_path)] | None = Field(
+        None, description="that file's path under the kernel-side folder of its callback argument"
+    )
 
 
 class ErrorData(Request):
@@ -863,6 +939,14 @@ class CodeListing(Response):
     sha256: str
 
 
+class CallbackFiles(Response):
+    """Where the files a callback argument names come back to in the kernel (the worker sends files/<slot>/...)."""
+
+    slot: str = Field(description="'<callback index>/<argument>'")
+    kind: Literal["file", "dir"]
+    kernel: str = Field(description="the kernel-side path as the job was submitted: a file name pattern or a folder")
+
+
 class Job(Response):
     """What a client sees of a job: states, progress, timeline and cost."""
 
@@ -886,6 +970,7 @@ class Job(Response):
     meta: dict[str, str]
     code: list[CodeListing]
     requirements: list[str]
+    files: list[CallbackFiles] = Field(default_factory=list)
     cost: float = Field(
         description="USD: the seconds its instances held it at their start price, plus the 60 s minimum of a start "
         "it caused; cooling afterwards is the instance's (costs.py)"

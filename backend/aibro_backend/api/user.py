@@ -52,11 +52,28 @@ def job_view(job: dict[str, Any], store: Any, costs: dict[str, float] | None = N
         "meta": spec.get("meta") or {},
         "code": code.get("files") or [],
         "requirements": spec.get("requirements") or [],
+        "files": callback_files(spec),
         "cost": costs.get(job["id"], 0.0),
         "timeline": picture.timeline,
         "history": picture.history_rows(),
         "error": picture.error,
     }
+
+
+def callback_files(spec: dict[str, Any]) -> list[dict[str, str]]:
+    """The callback arguments that name a file or folder, and the kernel-side path each stands for."""
+    out = []
+    callbacks = spec.get("callbacks") if isinstance(spec.get("callbacks"), list) else []
+    for i, cb in enumerate(callbacks):
+        config = cb.get("config") if isinstance(cb, dict) and isinstance(cb.get("config"), dict) else {}
+        for arg, value in config.items():
+            if (
+                isinstance(value, dict)
+                and value.get("__path__") in ("file", "dir")
+                and isinstance(value.get("kernel"), str)
+            ):
+                out.append({"slot": f"{i}/{arg}", "kind": value["__path__"], "kernel": value["kernel"]})
+    return out
 
 
 class HealthHandler(UserHandler):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import logging
@@ -38,6 +39,7 @@ BACKEND_GONE_S = float(os.environ.get("AIBRO_BACKEND_GONE_S") or 900.0)
 UPLOAD_CHUNK = 8 * 1024 * 1024  # one PUT of an artifact upload (the backend takes up to 64 MiB per request)
 DOWNLOAD_TRIES = 5
 UPLOAD_TRIES = 10  # chunks in a row that fail before an upload gives up
+MAX_LINE = 4000  # a line the job's code printed, as one log event
 
 
 def retrying(fn: Callable[[], Any], what: str) -> Any:
@@ -180,28 +182,56 @@ class Worker:
         from .callbacks import EpochTensorBoard, EventCallback, Interrupted
         from .fitframe import KeepFitFrame
         from .pipeline import EpochPipeline, shadow_loader
+        from .usercallbacks import FileReturn, LineWriter, build_callbacks, snapshot
 
         multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
         loader = None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"])
         scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
         pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint, scratch)
+        files = FileReturn(scratch / "files")
+
+        def send_files() -> None:
+            """What the user's callbacks wrote since the last epoch goes back, before that epoch is reported."""
+            for path, artifact, rel in files.changed():
+                copy = snapshot(path, scratch / "outgoing")
+
+                def upload(copy: Path = copy, artifact: str = artifact) -> None:
+                    try:
+                        self._put_artifact(job_id, attempt, artifact, copy)
+                    finally:
+                        copy.unlink(missing_ok=True)
+
+                pipeline.call(upload)
+                pipeline.event(v.EV_LOG, {"message": f"wrote {rel}", "file": artifact, "path": rel})
+
         events = EventCallback(
-            outbox, pipeline, int(fit.get("epochs", 1)), _samples(x), self.spot.notice if self.spot else None
+            outbox,
+            pipeline,
+            int(fit.get("epochs", 1)),
+            _samples(x),
+            self.spot.notice if self.spot else None,
+            at_epoch_end=send_files,
         )
         tensorboard = EpochTensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0)
         # The user's callbacks first, ours after them: an epoch's logs are reported once every callback has written
         # its keys into them (ReduceLROnPlateau's learning_rate), as the kernel's History, which Keras runs last, sees.
-        callbacks = [getattr(keras.callbacks, cb["class"])(**cb.get("config", {})) for cb in spec.get("callbacks", [])]
+        callbacks = build_callbacks(spec.get("callbacks", []), files)
         keep = KeepFitFrame()
         callbacks += [tensorboard, events, keep]
+        printed = LineWriter(
+            lambda line: pipeline.event(v.EV_LOG, {"message": files.to_kernel(line)[:MAX_LINE], "stream": "stdout"})
+        )
         try:
             try:
-                model.fit(
-                    x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit
-                )
+                with contextlib.redirect_stdout(printed):
+                    model.fit(
+                        x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit
+                    )
                 self._releasing = keep.release_in_background()
             except Interrupted:
                 pass
+            printed.flush()
+            send_files()  # what was written as training ended (on_train_end)
             pipeline.drain()
         finally:
             tensorboard.close()  # a fit that raised never reached on_train_end

@@ -6,6 +6,7 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -60,8 +61,12 @@ class EventCallback(keras.callbacks.Callback):
         epochs: int,
         samples: int | None,
         interrupt: threading.Event | None = None,
+        at_epoch_end: Callable[[], None] | None = None,
     ) -> None:
+        """`at_epoch_end` runs after every other callback's epoch end and before the epoch is reported (the
+        files the user's callbacks wrote go back then, so the epoch line comes after them)."""
         super().__init__()
+        self.at_epoch_end = at_epoch_end
         self.interrupt = interrupt or threading.Event()
         self.cut_short: int | None = None  # the epoch an interruption stopped part-way
         self.resume_at: int | None = None  # where the job must resume after an interruption stopped it early
@@ -109,6 +114,8 @@ class EventCallback(keras.callbacks.Callback):
             "samples_per_s": round(self.samples / seconds, 2) if self.samples and seconds > 0 else None,
             "ended": ended,
         }
+        if self.at_epoch_end is not None:
+            self.at_epoch_end()
         self.pipeline.epoch_end(epoch, data)
         if self.interrupt.is_set() and epoch + 1 < self.epochs:
             self.resume_at = epoch + 1

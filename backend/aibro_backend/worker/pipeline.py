@@ -64,6 +64,11 @@ class EpochPipeline:
         self._raise_if_failed()
         self._queue.put(("event", (type_, data, time.time())))
 
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the pipeline thread, in order with the events and checkpoints (a file to upload)."""
+        self._raise_if_failed()
+        self._queue.put(("call", fn))
+
     def epoch_end(self, epoch: int, data: dict[str, Any]) -> None:
         """Checkpoint `epoch`, then emit its event; blocks only when checkpoints pile up faster than they upload."""
         self._raise_if_failed()
@@ -131,6 +136,8 @@ class EpochPipeline:
             try:
                 if kind == "event":
                     self.outbox.put(*item)
+                elif kind == "call":
+                    item()
                 else:
                     epoch, (weights, opt_vars), data = item
                     try:
@@ -207,7 +214,7 @@ class EpochPipeline:
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"saving a checkpoint failed: {self._error}") from self._error
+            raise RuntimeError(f"saving a checkpoint or sending a file back failed: {self._error}") from self._error
 
 
 def shadow_loader(keras: Any, path: Path, safe_mode: bool) -> Callable[[], Any]:

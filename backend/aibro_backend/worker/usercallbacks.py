@@ -1,0 +1,125 @@
+"""The job's callbacks, rebuilt on the worker from the spec the kernel wrote (aibro_jupyter/callbackplan.py): a
+Keras class or the user's own from the travelling code, its arguments decoded (functions imported from the
+travelling code, file and folder arguments pointed into this job's folder), plus what comes back while it trains:
+the files they write, uploaded as artifacts `files/...` each epoch, and the lines they print."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass
+class FileReturn:
+    """The folders the callbacks write into, and what of them was already sent back."""
+
+    root: Path
+    bases: dict[str, str] = field(default_factory=dict)  # worker folder → the kernel-side folder it stands for
+    _sent: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    def changed(self) -> list[tuple[Path, str, str]]:
+        """Files written or rewritten since the last call: (path, artifact name, path under its kernel folder)."""
+        out = []
+        for folder in sorted(self.bases):
+            base = Path(folder)
+            for path in sorted(p for p in base.rglob("*") if p.is_file()):
+                stat = path.stat()
+                key = (stat.st_size, stat.st_mtime_ns)
+                if self._sent.get(path) == key:
+                    continue
+                self._sent[path] = key
+                rel = path.relative_to(base).as_posix()
+                slot = base.relative_to(self.root).as_posix()
+                parts = [_safe(part) for part in rel.split("/")]
+                if len(parts) <= 5:  # an artifact name has at most 8 parts: files/<callback>/<argument>/...
+                    out.append((path, "/".join(["files", slot, *parts]), rel))
+        return out
+
+    def to_kernel(self, text: str) -> str:
+        """A printed line with this worker's folders replaced by the kernel-side paths they stand for."""
+        for folder, kernel in self.bases.items():
+            text = text.replace(folder, kernel)
+        return text
+
+
+def _safe(part: str) -> str:
+    """One part of a file's path as an artifact name allows it: letters, digits, '.', '_', '-', not leading '.'."""
+    part = SAFE_CHARS.sub("_", part)[:128]
+    return part if part[:1].isalnum() or part[:1] == "_" else "_" + part[:127]
+
+
+def build_callbacks(specs: list[dict[str, Any]], files: FileReturn) -> list[Any]:
+    import keras
+
+    built = []
+    for i, spec in enumerate(specs):
+        module = spec.get("module")
+        source = importlib.import_module(module) if module else keras.callbacks
+        cls = getattr(source, spec["class"])
+        kwargs = {k: _decode(v, files, f"{i}/{k}") for k, v in (spec.get("config") or {}).items()}
+        built.append(cls(**kwargs))
+    return built
+
+
+def _decode(value: Any, files: FileReturn, slot: str) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, files, slot) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__path__" in value:
+        folder = files.root / slot
+        folder.mkdir(parents=True, exist_ok=True)
+        kernel = str(value["kernel"])
+        if value["__path__"] == "dir":
+            files.bases[str(folder)] = kernel
+            return str(folder)
+        files.bases[str(folder)] = str(Path(kernel).parent)
+        return str(folder / Path(kernel).name)
+    if "__function__" in value:
+        module, _, name = str(value["__function__"]).partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+    if "__float__" in value:
+        return float(value["__float__"])
+    return {k: _decode(v, files, slot) for k, v in value.items()}
+
+
+class LineWriter(io.TextIOBase):
+    """A stdout that hands on each complete line (what the user's callbacks print), in order."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit = emit
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self.emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.emit(self._partial)
+            self._partial = ""
+
+
+def snapshot(path: Path, scratch: Path) -> Path:
+    """A copy of a file a callback wrote, so a rewrite next epoch cannot race its upload."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    copy = scratch / f"{len(list(scratch.iterdir()))}-{path.name}"
+    shutil.copyfile(path, copy)
+    return copy
