@@ -4,10 +4,12 @@ Every check here runs before anything is uploaded, and each error names the prob
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,7 +259,7 @@ def check_reloads(model: Any, path: Path, safe_mode: bool = True) -> None:
     with Keras' own reason first; and the weights it loads must be the ones saved."""
     import keras
 
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, random_state_kept():
         warnings.simplefilter("always")
         try:
             loaded = keras.saving.load_model(path, safe_mode=safe_mode)
@@ -278,6 +280,44 @@ def check_reloads(model: Any, path: Path, safe_mode: bool = True) -> None:
             f"{len(back)} or other values), so the worker would train other weights than yours: give each custom "
             "layer a build() that creates its weights, and a get_config() with every constructor argument"
         )
+
+
+@contextlib.contextmanager
+def random_state_kept() -> Iterator[None]:
+    """Whatever random numbers the block draws (rebuilding layers draws default seeds and runs initializers), the
+    kernel's own generators are where they were: a seeded notebook draws the same numbers with or without a
+    remote fit in between. Python's and NumPy's, Keras' global seed generator and TensorFlow's eager op seeds."""
+    import random
+
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    py, npy = random.getstate(), np.random.get_state()
+    keras_gen = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    keras_state = None if keras_gen is None else np.asarray(keras_gen.state)
+    tf_rng = _tf_op_seeds()
+    tf_state = tf_rng.getstate() if tf_rng is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, keras_gen)
+        if keras_gen is not None:
+            keras_gen.state.assign(keras_state)
+        if tf_rng is not None and tf_state is not None:
+            tf_rng.setstate(tf_state)
+
+
+def _tf_op_seeds() -> Any:
+    """TensorFlow's eager context draws each unseeded op's seed from this Random (None where it has none)."""
+    try:
+        from tensorflow.python.eager import context
+
+        rng = getattr(context.context(), "_rng", None)
+    except Exception:  # noqa: BLE001 - another TensorFlow layout: nothing to keep
+        return None
+    return rng if hasattr(rng, "getstate") else None
 
 
 def _reload_failure(exc: BaseException, model: Any) -> str:

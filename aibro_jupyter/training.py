@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from aibro_core import vocabulary as v
 from aibro_core.requirements import runtime_versions
 
@@ -65,11 +67,31 @@ def _check_fit_kwargs(fit_kwargs: dict[str, Any]) -> None:
         raise ValidationError(f"fit arguments {bad} are not supported remotely; supported: {sorted(allowed)}")
 
 
+def _plain(value: Any) -> Any:
+    """A fit argument as JSON carries it: NumPy's integers and floats (np.int64(5) steps) as Python's."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(val) for val in value]
+    if isinstance(value, dict):
+        return {k: _plain(val) for k, val in value.items()}
+    return value
+
+
+def kernel_seed() -> int | None:
+    """The seed of the kernel's keras.utils.set_random_seed, if it was called: the worker sets it again just before
+    fit, so fit's shuffling draws what it draws here (the weights, dropout's state included, travel in the model)."""
+    from keras.src.utils.rng_utils import get_random_seed  # Keras 3 exports set_random_seed but not its getter
+
+    seed = get_random_seed()
+    return seed if isinstance(seed, int) and 0 <= seed < 2**32 else None
+
+
 def history_from(view: JobView, params: dict[str, Any], model: Any = None) -> Any:
     import keras
 
     hist = keras.callbacks.History()
-    hist.history = view.history_dict()
+    hist.history = view.keras_lists()
     hist.epoch = sorted(view.history)
     hist.params = params
     if model is not None:
@@ -227,7 +249,7 @@ class Training:
         except BaseException:
             shutil.rmtree(bundle.workdir, ignore_errors=True)
             raise
-        fit = {"epochs": epochs, **fit_kwargs}
+        fit = {"epochs": epochs, **{k: _plain(val) for k, val in fit_kwargs.items()}}
         if batch_size is not None:
             fit["batch_size"] = batch_size
         spec = {
@@ -246,6 +268,7 @@ class Training:
             "wait_request_s": wait_request_s,
             "record": record,
             "meta": meta or {},
+            "seed": kernel_seed(),
         }
         return bundle, spec
 

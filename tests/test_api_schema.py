@@ -105,6 +105,13 @@ def _run_generated(operation: Any, mode: GenerationMode, seen: Counter[str], ser
         if mode is GenerationMode.POSITIVE:
             raise
         # an operation that takes nothing (GET /health): there is no invalid request to make of it
+    except schemathesis.errors.InvalidSchema as exc:
+        if mode is GenerationMode.POSITIVE:
+            raise
+        # schemathesis' own negative generator gives up on some valid documents (seen on POST /jobs with 4.32.5:
+        # "Cannot generate an array with 1 demanded elements", upstream schemathesis#4282/#4440); the invalid
+        # bodies of that route are replayed one by one in tests/test_api_inputs.py
+        print(f"[schemathesis] no invalid cases for {operation.label}: {exc}")
 
 
 def _error(response: Any) -> str:

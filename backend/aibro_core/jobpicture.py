@@ -114,6 +114,16 @@ class JobPicture:
         logs = self.epoch_logs()
         return {k: [logs[e].get(k) for e in logs] for k in self.history_keys()}
 
+    def keras_lists(self) -> dict[str, list[float]]:
+        """Keras' own `History.history`: each epoch appends the keys its logs hold (validation metrics only on the
+        epochs `validation_freq` ran it), and a value that was not finite (sent as null) is NaN again."""
+        out: dict[str, list[float]] = {}
+        for logs in self.epoch_logs().values():
+            for k, x in logs.items():
+                if k != "epoch":
+                    out.setdefault(k, []).append(float("nan") if x is None else x)
+        return out
+
     def history_rows(self) -> list[dict[str, Any]]:
         """One row per epoch, numbered from 1, with its logs: what the job view lists."""
         return [

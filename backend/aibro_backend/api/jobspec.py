@@ -39,6 +39,7 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
         "cool_down_s": float(job.cool_down_s),
         "wait_request_s": float(job.wait_request_s or 0),
         "record": job.record,
+        "seed": job.seed,
     }
 
 

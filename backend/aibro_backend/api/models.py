@@ -557,6 +557,11 @@ class JobSpec(Request):
     ) = None
     safe_mode: described(bool, "'safe_mode' must be true or false", False) = True
     record: described(bool, "'record' must be true or false", False) = True
+    seed: described(
+        Annotated[int, Field(ge=0, le=2**32 - 1), INTEGRAL] | None,
+        "'seed' must be the kernel's keras.utils.set_random_seed value, an integer from 0 to 2**32-1, or null",
+        False,
+    ) = Field(None, description="the worker calls keras.utils.set_random_seed(seed) before fit, as the kernel did")
 
     @field_validator("callbacks", mode="before")
     @classmethod

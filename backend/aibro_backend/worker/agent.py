@@ -164,6 +164,8 @@ class Worker:
 
         x, y, sw, validation_data = fit_data(spec["data"], self.fetch_blob)
         fit = dict(spec["fit"])
+        if isinstance(fit.get("class_weight"), dict):  # JSON keys are text; Keras looks classes up by integer
+            fit["class_weight"] = {int(k): float(w) for k, w in fit["class_weight"].items()}
         if resume:
             model_path = self.fetch_artifact(job_id, resume["checkpoint"])
             fit["initial_epoch"] = resume["epoch"]
@@ -172,6 +174,10 @@ class Worker:
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
             model_path.symlink_to(self.fetch_blob(spec["model"]))
+        if spec.get("seed") is not None:
+            # As the kernel did before it built the model: the layers drawing default seeds as they are rebuilt
+            # (Dropout's) and fit's shuffling then draw what they drew there.
+            keras.utils.set_random_seed(int(spec["seed"]))
         model = self._load_model(keras, model_path, spec["safe_mode"])
         self._status(outbox, v.SUB_TRAINING)
         tb_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=self.workdir))

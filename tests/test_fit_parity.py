@@ -1,0 +1,108 @@
+"""A remote fit repeats the local one (issue 23 items 5 and 8): after keras.utils.set_random_seed(s), the same
+History and the same final weights as the local fit on this CPU and TensorFlow; and fit's arguments, given as any
+integer type, behave remotely as in the kernel."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from kernel_helpers import run_cell, start_kernel
+
+SETUP = """
+import os, json
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import numpy as np, keras, tensorflow as tf
+from sklearn.datasets import load_digits
+d = load_digits()
+x = (d.data / 16.0).astype("float32"); y = d.target.astype("int32")
+x_train, y_train, x_val, y_val = x[:900], y[:900], x[900:1100], y[900:1100]
+def build():
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dropout(0.3),
+                          keras.layers.Dense(10, activation="softmax")])
+    m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+def same(a, b):
+    return all(np.array_equal(p, q) for p, q in zip(a.get_weights(), b.get_weights()))
+%load_ext aibro_jupyter
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(aibro_home: Path):  # noqa: ANN001
+    km, kc = start_kernel({"AIBRO_HOME": str(aibro_home)})
+    res = run_cell(kc, SETUP, timeout=180)
+    assert not res.error, res.error
+    yield kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def test_a_seeded_notebook_gets_the_local_history_and_weights_remotely(kernel, client) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        """keras.utils.set_random_seed(7)
+local_model = build()
+local = local_model.fit(x_train, y_train, epochs=3, batch_size=50, validation_data=(x_val, y_val), verbose=0)
+keras.utils.set_random_seed(7)
+model = build()
+""",
+    )
+    assert not res.error, res.error
+    res = run_cell(
+        kernel,
+        """%%cloud_fit --machine local-cpu --quiet --description "seeded"
+history = model.fit(x_train, y_train, epochs=3, batch_size=50, validation_data=(x_val, y_val))
+print("HISTORY", json.dumps(history.history == local.history), json.dumps(history.history), json.dumps(local.history))
+print("WEIGHTS", same(model, local_model))
+""",
+    )
+    assert not res.error, res.stdout[-3000:] + res.error
+    assert "HISTORY true" in res.stdout, res.stdout
+    assert "WEIGHTS True" in res.stdout, res.stdout
+
+
+def test_an_unseeded_notebook_leaves_the_worker_unseeded(kernel, client) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        "from aibro_jupyter.training import kernel_seed\n"
+        "keras.utils.set_random_seed(11)\nprint('SEED', kernel_seed())\n",
+    )
+    assert "SEED 11" in res.stdout, res.stdout + res.error
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "epochs=np.int64(2), batch_size=np.int32(100), steps_per_epoch=np.int16(4)",
+        "epochs=3, initial_epoch=np.int64(1), validation_data=(x_val, y_val), validation_freq=2",
+        "epochs=2, class_weight={np.int64(k): 1.0 + k / 10 for k in range(10)}",
+        "epochs=2, sample_weight=np.linspace(0.5, 1.5, 900), shuffle=False",
+    ],
+    ids=["numpy-ints", "initial-epoch", "class-weight", "sample-weight"],
+)
+def test_fit_arguments_of_any_integer_type_behave_as_in_the_kernel(kernel, client, args: str) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        f"""keras.utils.set_random_seed(3)
+local_model = build()
+local = local_model.fit(x_train, y_train, {args}, verbose=0)
+keras.utils.set_random_seed(3)
+model = build()
+""",
+    )
+    assert not res.error, res.error
+    res = run_cell(
+        kernel,
+        f"""%%cloud_fit --machine local-cpu --quiet
+history = model.fit(x_train, y_train, {args})
+print("SAME", history.history == local.history, history.epoch == local.epoch, same(model, local_model))
+print("KEYS", json.dumps(sorted(history.history)), json.dumps(sorted(local.history)))
+""",
+    )
+    assert not res.error, res.stdout[-3000:] + res.error
+    assert "SAME True True True" in res.stdout, res.stdout
+    keys = re.search(r"KEYS (\[.*?\]) (\[.*?\])", res.stdout)
+    assert keys and json.loads(keys.group(1)) == json.loads(keys.group(2)), res.stdout
