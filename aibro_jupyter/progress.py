@@ -42,6 +42,8 @@ def worker_note(ev: dict[str, Any]) -> str | None:
         return f"warning: {d['warning']}"
     if d.get("stage"):
         return f"{d['stage']}: {d.get('message', '')}"
+    if d.get("replicas"):
+        return str(d.get("message", ""))
     return None
 
 

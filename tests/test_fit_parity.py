@@ -5,7 +5,10 @@ integer type, behave remotely as in the kernel."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,27 @@ def build():
 def same(a, b):
     return all(np.array_equal(p, q) for p, q in zip(a.get_weights(), b.get_weights()))
 %load_ext aibro_jupyter
+"""
+
+
+# The same fit under MirroredStrategy over 2 logical CPU devices, in a process of its own (a process that already
+# started TensorFlow cannot split its CPU any more).
+MIRRORED_REFERENCE = """
+import json, os, sys
+import numpy as np
+from aibro_backend.worker.agent import split_cpu, training_devices
+split_cpu(os.environ)
+import tensorflow as tf
+from conftest import make_model
+d = sys.argv[1]
+x, y = np.load(d + "/x.npy"), np.load(d + "/y.npy")
+start = np.load(d + "/start.npz")
+with tf.distribute.MirroredStrategy(devices=training_devices()).scope():
+    model = make_model()
+model.set_weights([start[f"arr_{i}"] for i in range(len(start.files))])
+history = model.fit(x, y, epochs=2, batch_size=64, shuffle=False, verbose=0)
+np.savez(d + "/end.npz", *model.get_weights())
+print(json.dumps(history.history))
 """
 
 
@@ -106,3 +130,56 @@ print("KEYS", json.dumps(sorted(history.history)), json.dumps(sorted(local.histo
     assert "SAME True True True" in res.stdout, res.stdout
     keys = re.search(r"KEYS (\[.*?\]) (\[.*?\])", res.stdout)
     assert keys and json.loads(keys.group(1)) == json.loads(keys.group(2)), res.stdout
+
+
+def test_two_devices_train_under_mirrored_strategy(tmp_path: Path) -> None:
+    """A worker with 2 logical CPU devices (AIBRO_CPU_DEVICES=2, what a 2-GPU machine looks like to the agent)
+    trains under MirroredStrategy: it says so with the per-device batch, and the History and the returned weights
+    are those of the same fit under MirroredStrategy in this process."""
+    import numpy as np
+    from backend_proc import own_backend
+
+    from aibro_jupyter import Training
+    from aibro_jupyter.progress import JobView, worker_note
+
+    from conftest import make_model
+
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(512, 64)).astype("float32"), rng.integers(0, 10, 512).astype("int32")
+    notes: list[str] = []
+
+    def note(view: JobView, ev: dict) -> None:
+        if worker_note(ev) and ev["data"].get("replicas"):
+            notes.append(worker_note(ev) or "")
+
+    with own_backend(tmp_path / "home", AIBRO_CPU_DEVICES="2") as backend:
+        trainer = Training(backend.client())
+        model = make_model()
+        start = model.get_weights()
+        job = trainer.submit(
+            model, x, y, machine_ids="local-cpu", epochs=2, batch_size=64, fit_kwargs={"shuffle": False}
+        )
+        view = trainer.watch(job["job_id"], [note])
+        trained, history = trainer.collect(view, model)
+    assert view.status == "COMPLETED", view.errors
+    assert notes and "MirroredStrategy over 2 devices (CPU:0, CPU:1)" in notes[0] and "32 per device" in notes[0]
+
+    np.save(tmp_path / "x.npy", x), np.save(tmp_path / "y.npy", y)
+    np.savez(tmp_path / "start.npz", *start)
+    ran = subprocess.run(
+        [sys.executable, "-c", MIRRORED_REFERENCE, str(tmp_path)],
+        cwd=Path(__file__).parent,  # beside conftest.py, whose make_model it builds
+        env={**os.environ, "AIBRO_CPU_DEVICES": "2", "TF_CPP_MIN_LOG_LEVEL": "3"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    expected = json.loads(ran.stdout.strip().splitlines()[-1])
+    want = np.load(tmp_path / "end.npz")
+    local_weights = [want[f"arr_{i}"] for i in range(len(want.files))]
+    assert sorted(history.history) == sorted(expected)
+    for key, values in expected.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5)
+    for got, expect in zip(trained.get_weights(), local_weights):
+        np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-6)

@@ -59,6 +59,7 @@ class ProgressPanel(w.VBox):
         self.result = w.HTML()
         self.result.add_class("aibro-nb-result")
         self.cost = w.Label("cost $0.00 · elapsed 0s")
+        self.placement = w.HTML("")  # the devices a multi-device fit trains on, and the batch each one gets
         self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop")
         self.detach_button = w.Button(description="Detach", icon="unlink")
         self.cancel_button.on_click(lambda _b: self._cancel())
@@ -75,6 +76,7 @@ class ProgressPanel(w.VBox):
                 self.header,
                 self.state,
                 self.stepper,
+                self.placement,
                 self.notice,
                 w.HBox([self.epoch_bar, self.epoch_label]),
                 w.HBox([self.batch_bar, self.batch_label]),
@@ -178,6 +180,8 @@ class ProgressPanel(w.VBox):
             return
         self.status, self.substatus = view.status, view.substatus
         self._render_stepper()
+        if ev is not None and ev["type"] == v.EV_LOG and (ev.get("data") or {}).get("replicas"):
+            self.placement.value = f"<small>{html.escape(str(ev['data'].get('message', '')))}</small>"
         if ev is not None and local_notice(ev):
             cls = text_class("warn" if ev["data"].get("level") == "warning" else "ok")
             self.notice.value = f'<small class="{cls}">{html.escape(local_notice(ev) or "")}</small>'

@@ -49,6 +49,7 @@ MAX_WAIT_REQUEST_S = 30 * 24 * 3600
 MAX_EPOCHS = 1_000_000
 MAX_EVENT_BATCH = 500
 MAX_MESSAGE = 8000
+MAX_BATCH_SIZE = 1 << 24  # samples in one batch (a bigger one is no batch)
 MAX_LOG_KEYS = 256
 MAX_LOG_KEY_CHARS = 200
 MAX_TIMESTAMP = 1e11  # seconds since 1970: year 5138, so a timestamp in ms (or garbage) is refused
@@ -662,6 +663,12 @@ class LogData(Request):
     warning: Message | None = None
     versions: Annotated[dict[ShortText, ShortText], Field(max_length=16)] | None = None
     stream: Literal["stdout"] | None = Field(None, description="a line the job's own code printed")
+    replicas: Annotated[int, Field(ge=2, le=1024), INTEGRAL] | None = Field(
+        None, description="the devices a multi-device fit trains on (MirroredStrategy)"
+    )
+    replica_batch: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE), INTEGRAL] | None = Field(
+        None, description="the samples of each batch one device trains on"
+    )
     file: Annotated[str, Field(pattern=ARTIFACT_NAME_PATTERN)] | None = Field(
         None, description="the artifact files/<callback>/<argument>/... a callback's file came back as"
     )

@@ -25,6 +25,7 @@ _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 INHERITED = frozenset(
     {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "TF_CPP_MIN_LOG_LEVEL", "LD_LIBRARY_PATH", "OMP_NUM_THREADS"}
     | {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
+    | {"AIBRO_CPU_DEVICES"}  # the worker splits its CPU into this many devices (MirroredStrategy with no GPU)
     | {*_PROXIES, *(p.lower() for p in _PROXIES)}
 )
 INHERITED_PREFIXES = ("TF_", "CUDA_", "NVIDIA_", "XLA_")

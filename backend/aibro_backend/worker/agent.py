@@ -180,6 +180,10 @@ class Worker:
             keras.utils.set_random_seed(int(spec["seed"]))
         model = self._load_model(keras, model_path, spec["safe_mode"])
         self._status(outbox, v.SUB_TRAINING)
+        replicas = _replicas(model) if getattr(model, "distribute_strategy", None) is not None else 1
+        if replicas > 1:
+            batch = int(fit.get("batch_size") or 32)
+            outbox.put(v.EV_LOG, placement_note(training_devices(), batch, x))
         tb_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=self.workdir))
 
         def upload_checkpoint(path: Path, epoch: int) -> None:
@@ -326,12 +330,13 @@ class Worker:
             self._active_env = False
 
     def _load_model(self, keras: Any, path: Path, safe_mode: bool) -> Any:
-        import tensorflow as tf
+        """The model, under MirroredStrategy when this machine has several devices: its GPUs, or the logical CPU
+        devices AIBRO_CPU_DEVICES made (see `split_cpu`)."""
+        devices = training_devices()
+        if len(devices) > 1:
+            import tensorflow as tf
 
-        gpus = tf.config.list_physical_devices("GPU")
-        if len(gpus) > 1:
-            strategy = tf.distribute.MirroredStrategy()
-            with strategy.scope():
+            with tf.distribute.MirroredStrategy(devices=devices).scope():
                 return keras.saving.load_model(path, safe_mode=safe_mode)
         return keras.saving.load_model(path, safe_mode=safe_mode)
 
@@ -417,6 +422,45 @@ class Worker:
                 offset, failures = int(reply["received"]), 0
 
 
+def split_cpu(env: dict[str, str] | os._Environ) -> None:
+    """AIBRO_CPU_DEVICES=N (N > 1) splits the CPU into N logical devices before TensorFlow starts, so a machine with
+    no GPU trains under MirroredStrategy as one with N GPUs does (how the suite proves the multi-device path)."""
+    try:
+        count = int(env.get("AIBRO_CPU_DEVICES") or 0)
+    except ValueError:
+        count = 0
+    if count > 1:
+        import tensorflow as tf
+
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+
+
+def placement_note(devices: list[str], batch: int, x: Any) -> dict[str, Any]:
+    """What the user sees of a multi-device fit: the devices, and how each batch splits across them."""
+    names = ", ".join(d.rsplit("/", 1)[-1].replace("device:", "") for d in devices)
+    n = len(devices)
+    if hasattr(x, "element_spec"):  # a dataset: its own batches split
+        return {
+            "message": f"MirroredStrategy over {n} devices ({names}): each batch of the dataset splits {n} ways",
+            "replicas": n,
+        }
+    return {
+        "message": f"MirroredStrategy over {n} devices ({names}): each batch of {batch} splits into "
+        f"{batch // n} per device",
+        "replicas": n,
+        "replica_batch": batch // n,
+    }
+
+
+def training_devices() -> list[str]:
+    """The devices one job trains on: every GPU, else every logical CPU device (one unless split_cpu split it)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+
+
 def _replicas(model: Any) -> int:
     return int(getattr(model.distribute_strategy, "num_replicas_in_sync", 1))
 
@@ -468,6 +512,7 @@ def main() -> None:
         log.error("cannot enroll: %s", exc)
         shutdown_if_asked()
         raise SystemExit(4) from None
+    split_cpu(os.environ)
     worker = Worker(url, token, instance_id, workdir)
     worker.run()
     if worker.backend_lost:
