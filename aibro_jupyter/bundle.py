@@ -18,7 +18,7 @@ import numpy as np
 
 from .blobsource import ArraySource, ByteSource, FileSource
 from .checks import check_branch
-from .dataset_blob import check_dataset, is_dataset, save_dataset
+from .dataset_blob import check_dataset, is_dataset, save_dataset, travelling_pass
 from .errors import ValidationError
 
 
@@ -133,8 +133,15 @@ def _config_references(model: Any) -> list[tuple[str, Any]]:
     A function Keras does not know by name cannot be rebuilt anywhere: refused here, naming where it is used."""
     import keras
 
+    return registered_in(keras.saving.serialize_keras_object(model), "model")
+
+
+def registered_in(config: Any, owner: str) -> list[tuple[str, Any]]:
+    """The registered classes and functions a serialized Keras config names (see _config_references)."""
+    import keras
+
     found: list[tuple[str, Any]] = []
-    for where, node in _config_nodes(keras.saving.serialize_keras_object(model), "model"):
+    for where, node in _config_nodes(config, owner):
         function = node.get("class_name") == "function"
         name = node.get("config") if function else node.get("registered_name")
         if not isinstance(name, str) or str(node.get("module") or "").startswith("keras"):
@@ -253,6 +260,11 @@ def save_model(model: Any, bundle: Bundle, safe_mode: bool = True) -> str:
     return bundle.model_sha
 
 
+# What Keras says while loading that the worker deals with itself: an optimizer built after the save, and a
+# custom compile() it calls again with the model's own arguments (rebuildplan.plan_compile).
+KERAS_LOAD_NOTES = ("Skipping variable loading for optimizer", "`compile()` was not called as part of model loading")
+
+
 def check_reloads(model: Any, path: Path, safe_mode: bool = True) -> None:
     """Load the saved model back here, as the worker will (`keras.saving.load_model`), so that a model Keras
     cannot rebuild (a custom layer whose __init__ refuses its own get_config) fails in the cell, before any upload,
@@ -266,7 +278,7 @@ def check_reloads(model: Any, path: Path, safe_mode: bool = True) -> None:
         except Exception as exc:  # noqa: BLE001 - whatever Keras raises, the user needs its reason
             raise ValidationError(_reload_failure(exc, model)) from None
     for w in caught:
-        if not str(w.message).startswith("Skipping variable loading for optimizer"):
+        if not str(w.message).startswith(KERAS_LOAD_NOTES):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     saved, back = model.weights, loaded.weights
     differ = len(saved) != len(back) or any(
@@ -440,8 +452,11 @@ def encode_data(
     sample_weight: Any = None,
     validation_data: Any = None,
     model: Any = None,
+    steps: tuple[int | None, int | None] = (None, None),
+    epochs: int = 1,
 ) -> dict[str, Any]:
-    """The job spec's `data`: numpy trees, or tf.data datasets that yield (inputs, targets[, weights])."""
+    """The job spec's `data`: numpy trees, or tf.data datasets that yield (inputs, targets[, weights]). `steps` is
+    (steps_per_epoch, validation_steps) and `epochs` the epochs left to train: they bound an endless dataset."""
     if x is None:
         raise ValidationError("train_X is None: pass the training inputs")
     if is_dataset(x):
@@ -451,10 +466,10 @@ def encode_data(
                     f"x is a tf.data.Dataset, so {label} must come from the dataset, not be passed beside it: "
                     "make the dataset yield (inputs, targets) or (inputs, targets, sample_weights)"
                 )
-        train = _dataset_part(x, "x", bundle, model)
+        train = _dataset_part(x, "x", bundle, model, steps[0], epochs)
     else:
         train = _array_part(x, y, sample_weight, bundle)
-    bundle.data = {**train, "validation": _validation_part(validation_data, bundle, model)}
+    bundle.data = {**train, "validation": _validation_part(validation_data, bundle, model, steps[1], epochs)}
     return bundle.data
 
 
@@ -470,11 +485,13 @@ def _array_part(x: Any, y: Any, sample_weight: Any, bundle: Bundle) -> dict[str,
     return {"x": tx, "y": ty, "sample_weight": tw}
 
 
-def _validation_part(validation_data: Any, bundle: Bundle, model: Any) -> dict[str, Any] | None:
+def _validation_part(
+    validation_data: Any, bundle: Bundle, model: Any, steps: int | None, epochs: int
+) -> dict[str, Any] | None:
     if validation_data is None:
         return None
     if is_dataset(validation_data):
-        return _dataset_part(validation_data, "validation_data", bundle, model)
+        return _dataset_part(validation_data, "validation_data", bundle, model, steps, epochs)
     if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
         raise ValidationError(
             "validation_data must be a tuple (x_val, y_val) or (x_val, y_val, sample_weight), or a tf.data.Dataset"
@@ -488,10 +505,14 @@ def _validation_part(validation_data: Any, bundle: Bundle, model: Any) -> dict[s
     return {"x": vx, "y": vy, "sample_weight": vw}
 
 
-def _dataset_part(ds: Any, name: str, bundle: Bundle, model: Any) -> dict[str, Any]:
-    check_dataset(ds, name, model)
-    path = save_dataset(ds, bundle.workdir / f"{name}-{len(bundle.sources)}.tar")
-    return {"x": {"dataset": bundle.add_file(path)}, "y": None, "sample_weight": None}
+def _dataset_part(ds: Any, name: str, bundle: Bundle, model: Any, steps: int | None, epochs: int) -> dict[str, Any]:
+    check_dataset(ds, name, model, steps)
+    one_pass, repeat = travelling_pass(ds, steps, epochs)
+    path = save_dataset(one_pass, bundle.workdir / f"{name}-{len(bundle.sources)}.tar")
+    node: dict[str, Any] = {"dataset": bundle.add_file(path)}
+    if repeat:
+        node["repeat"] = True
+    return {"x": node, "y": None, "sample_weight": None}
 
 
 def new_bundle() -> Bundle:

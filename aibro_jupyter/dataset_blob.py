@@ -22,26 +22,29 @@ def is_dataset(value: Any) -> bool:
     return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
 
 
-def check_dataset(ds: Any, name: str, model: Any = None) -> None:
-    """Refuse a dataset that cannot travel or cannot train, naming the fix, before anything is saved."""
+def check_dataset(ds: Any, name: str, model: Any = None, steps: int | None = None) -> None:
+    """Refuse a dataset that cannot travel or cannot train, naming the fix, before anything is saved. `steps` is
+    what bounds an epoch of it (steps_per_epoch, or validation_steps for validation data)."""
     import tensorflow as tf
 
     cardinality = int(ds.cardinality())
-    if cardinality == int(tf.data.INFINITE_CARDINALITY):
+    if cardinality == int(tf.data.INFINITE_CARDINALITY) and not steps:
+        what = "steps_per_epoch" if name == "x" else "validation_steps"
         raise ValidationError(
-            f"{name} is an infinite tf.data.Dataset (.repeat() with no count), which cannot be saved to travel: "
-            "drop .repeat() (fit goes over the dataset once per epoch) or bound it with .take(n)"
+            f"{name} is an infinite tf.data.Dataset (.repeat() with no count), so an epoch of it never ends: pass "
+            f"{what}=N (as fit needs for it in the kernel too), or drop .repeat() (fit goes over the dataset once "
+            "per epoch), or bound it with .take(n)"
         )
     if cardinality == 0:
         raise ValidationError(f"{name} is an empty tf.data.Dataset: it yields no batches to train on")
     spec = ds.element_spec
-    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+    if (not isinstance(spec, tuple) or len(spec) not in (2, 3)) and not _own_train_step(model):
         raise ValidationError(
             f"{name} yields {_describe(spec)}, but model.fit needs (inputs, targets) or (inputs, targets, "
             "sample_weights) from a dataset: build it from a pair, e.g. Dataset.from_tensor_slices((x, y)).batch(64)"
         )
     inputs = getattr(model, "inputs", None) if model is not None else None
-    x_spec = spec[0]
+    x_spec = spec[0] if isinstance(spec, tuple) else spec
     if inputs and len(inputs) == 1 and isinstance(x_spec, tf.TensorSpec) and _one_sample(x_spec, inputs[0]):
         raise ValidationError(
             f"{name} yields single samples of shape {tuple(x_spec.shape)}, not batches (the model expects "
@@ -53,6 +56,34 @@ def check_dataset(ds: Any, name: str, model: Any = None) -> None:
             "order. Pass numpy arrays instead to have fit reshuffle every epoch.",
             stacklevel=4,
         )
+
+
+def _own_train_step(model: Any) -> bool:
+    """Whether the model's class brings its own train_step, which decides itself what a batch holds (an autoencoder
+    or a GAN trains on inputs alone)."""
+    import keras
+
+    if not isinstance(model, keras.Model):
+        return False
+    step = getattr(type(model), "train_step", None)
+    return step is not None and not str(getattr(step, "__module__", "")).startswith("keras")
+
+
+def travelling_pass(ds: Any, steps: int | None, epochs: int) -> tuple[Any, bool]:
+    """What of `ds` travels, and whether the worker repeats it: a finite dataset as it is; `.repeat()` of a finite
+    one as that one, repeated again there; any other endless one as the batches fit will draw, `steps` per epoch."""
+    import tensorflow as tf
+
+    if int(ds.cardinality()) != int(tf.data.INFINITE_CARDINALITY):
+        return ds, False
+    node = ds
+    while type(node).__name__ in ("PrefetchDataset", "_OptionsDataset"):  # dropped: the worker prefetches itself
+        node = node._input_dataset
+    if type(node).__name__ == "RepeatDataset" and int(node._count) == -1:
+        inner = node._input_dataset
+        if int(inner.cardinality()) >= 0:
+            return inner, True
+    return ds.take(int(steps or 0) * epochs), False
 
 
 def _one_sample(x_spec: Any, model_input: Any) -> bool:

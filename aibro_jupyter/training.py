@@ -20,7 +20,6 @@ from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
 from .blobsource import BytesSource
-from .callbackplan import plan_callbacks
 from .checks import check_before_upload
 from .client import BackendClient
 from .config import resolve, start_embedded
@@ -28,6 +27,7 @@ from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
 from .filereturn import FilesBack
 from .progress import JobView, TextProgress
+from .rebuildplan import plan_callbacks, plan_compile
 from .travel import plan_code, requirements_from, warn_missing_requirements
 
 Watcher = Callable[[JobView, dict[str, Any]], None]
@@ -65,6 +65,10 @@ def _check_fit_kwargs(fit_kwargs: dict[str, Any]) -> None:
     bad = sorted(set(fit_kwargs) - allowed)
     if bad:
         raise ValidationError(f"fit arguments {bad} are not supported remotely; supported: {sorted(allowed)}")
+
+
+def _steps(value: Any) -> int | None:
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0 else None
 
 
 def _plain(value: Any) -> Any:
@@ -217,6 +221,7 @@ class Training:
             batch_size = int(batch_size)
         reqs = requirements_from(requirements, (argnames or {}).get("requirements", "requirements"))
         travelling = plan_callbacks(fit_kwargs.pop("callbacks", None))
+        compile_args = plan_compile(model, travelling)
         for note in travelling.notes:
             warnings.warn(note, stacklevel=3)
         code = plan_code(objects + travelling.objects)
@@ -225,7 +230,16 @@ class Training:
         limit = self.client.policy()["max_job_bytes"]
         bundle = b.new_bundle()
         try:
-            b.encode_data(bundle, train_X, train_Y, fit_kwargs.pop("sample_weight", None), validation_data, model)
+            b.encode_data(
+                bundle,
+                train_X,
+                train_Y,
+                fit_kwargs.pop("sample_weight", None),
+                validation_data,
+                model,
+                (_steps(fit_kwargs.get("steps_per_epoch")), _steps(fit_kwargs.get("validation_steps"))),
+                epochs - int(fit_kwargs.get("initial_epoch") or 0),
+            )
             fit_kwargs.pop("verbose", None)
             if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:
                 fit_kwargs["class_weight"] = {int(k): float(w) for k, w in fit_kwargs["class_weight"].items()}
@@ -269,6 +283,7 @@ class Training:
             "record": record,
             "meta": meta or {},
             "seed": kernel_seed(),
+            "compile": compile_args,
         }
         return bundle, spec
 

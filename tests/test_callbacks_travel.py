@@ -213,7 +213,7 @@ def test_a_callback_argument_that_cannot_travel_is_named(client: BackendClient) 
         Training(client).prepare(
             make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [Holds(1)]}
         )
-    from aibro_jupyter.callbackplan import CallbackPlan, _encode
+    from aibro_jupyter.rebuildplan import CallbackPlan, _encode
 
     with pytest.raises(ValidationError, match=r"argument 'data' is a numpy.ndarray, which cannot travel"):
         _encode(np.zeros(3), "callback Holds's argument 'data'", CallbackPlan(), None, 0)

@@ -40,6 +40,7 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
         "wait_request_s": float(job.wait_request_s or 0),
         "record": job.record,
         "seed": job.seed,
+        "compile": job.compile,
     }
 
 

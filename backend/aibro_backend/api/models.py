@@ -213,6 +213,9 @@ class DataTop(DataNode):
     )
 
     dataset: Sha256 = None
+    repeat: described(bool | None, "must be true or false") = Field(
+        None, description="the dataset repeats without end (the kernel's .repeat()); steps_per_epoch bounds an epoch"
+    )
 
     def blobs(self) -> list[str]:
         return [self.dataset] if self.dataset is not None else super().blobs()
@@ -357,7 +360,7 @@ CALLBACK_CONFIGS: dict[str, type[Request]] = {  # what the worker hands to keras
 }
 
 
-# Keras callbacks the kernel sends by class name (aibro_jupyter/callbackplan.py); the user's own name a module.
+# Keras callbacks the kernel sends by class name (aibro_jupyter/rebuildplan.py); the user's own name a module.
 KERAS_CALLBACKS = (
     *CALLBACK_CONFIGS,
     "LearningRateScheduler",
@@ -558,6 +561,12 @@ class JobSpec(Request):
     ) = None
     safe_mode: described(bool, "'safe_mode' must be true or false", False) = True
     record: described(bool, "'record' must be true or false", False) = True
+    compile: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=200)], JsonValue], Field(max_length=32), AfterValidator(_bounded_json)
+        ]
+        | None
+    ) = Field(None, description="arguments for a compile() the model's class overrides, called again on the worker")
     seed: described(
         Annotated[int, Field(ge=0, le=2**32 - 1), INTEGRAL] | None,
         "'seed' must be the kernel's keras.utils.set_random_seed value, an integer from 0 to 2**32-1, or null",

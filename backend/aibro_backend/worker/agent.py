@@ -161,6 +161,7 @@ class Worker:
         keras = self._gear_up(outbox, job_id, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
         from .datatree import fit_data
+        from .usercallbacks import compile_again
 
         x, y, sw, validation_data = fit_data(spec["data"], self.fetch_blob)
         fit = dict(spec["fit"])
@@ -179,6 +180,8 @@ class Worker:
             # (Dropout's) and fit's shuffling then draw what they drew there.
             keras.utils.set_random_seed(int(spec["seed"]))
         model = self._load_model(keras, model_path, spec["safe_mode"])
+        if spec.get("compile") is not None:
+            compile_again(model, spec["compile"])
         self._status(outbox, v.SUB_TRAINING)
         replicas = _replicas(model) if getattr(model, "distribute_strategy", None) is not None else 1
         if replicas > 1:
@@ -195,7 +198,7 @@ class Worker:
         from .usercallbacks import FileReturn, LineWriter, build_callbacks, snapshot
 
         multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
-        loader = None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"])
+        loader = None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"], spec.get("compile"))
         scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
         pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint, scratch)
         files = FileReturn(scratch / "files")

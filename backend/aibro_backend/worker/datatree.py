@@ -27,7 +27,8 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
             return tf.constant(arr)  # Keras takes text of more than one axis as a string tensor, not as objects
         return arr
     if "dataset" in tree:
-        return load_dataset(fetch(tree["dataset"]))
+        ds = load_dataset(fetch(tree["dataset"]))
+        return ds.repeat() if tree.get("repeat") else ds
     if "list" in tree:
         return [load_tree(t, fetch) for t in tree["list"]]
     return {k: load_tree(t, fetch) for k, t in tree["dict"].items()}

@@ -217,6 +217,17 @@ class EpochPipeline:
             raise RuntimeError(f"saving a checkpoint or sending a file back failed: {self._error}") from self._error
 
 
-def shadow_loader(keras: Any, path: Path, safe_mode: bool) -> Callable[[], Any]:
-    """A loader for the checkpoint copy: the same file the live model came from."""
-    return lambda: keras.saving.load_model(path, safe_mode=safe_mode)
+def shadow_loader(
+    keras: Any, path: Path, safe_mode: bool, compile_args: dict[str, Any] | None = None
+) -> Callable[[], Any]:
+    """A loader for the checkpoint copy: the same file the live model came from, compiled as the live one was."""
+
+    def load() -> Any:
+        model = keras.saving.load_model(path, safe_mode=safe_mode)
+        if compile_args is not None:
+            from .usercallbacks import compile_again
+
+            compile_again(model, compile_args)
+        return model
+
+    return load

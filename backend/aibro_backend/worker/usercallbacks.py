@@ -1,4 +1,4 @@
-"""The job's callbacks, rebuilt on the worker from the spec the kernel wrote (aibro_jupyter/callbackplan.py): a
+"""The job's callbacks, rebuilt on the worker from the spec the kernel wrote (aibro_jupyter/rebuildplan.py): a
 Keras class or the user's own from the travelling code, its arguments decoded (functions imported from the
 travelling code, file and folder arguments pointed into this job's folder), plus what comes back while it trains:
 the files they write, uploaded as artifacts `files/...` each epoch, and the lines they print."""
@@ -69,12 +69,20 @@ def build_callbacks(specs: list[dict[str, Any]], files: FileReturn) -> list[Any]
     return built
 
 
-def _decode(value: Any, files: FileReturn, slot: str) -> Any:
+def compile_again(model: Any, args: dict[str, Any]) -> Any:
+    """A model whose class overrides compile() gets its own arguments again (Keras' load skipped that compile)."""
+    model.compile(**{k: _decode(val, None, f"compile/{k}") for k, val in args.items()})
+    return model
+
+
+def _decode(value: Any, files: FileReturn | None, slot: str) -> Any:
     if isinstance(value, list):
         return [_decode(v, files, slot) for v in value]
     if not isinstance(value, dict):
         return value
     if "__path__" in value:
+        if files is None:
+            raise ValueError(f"{slot}: only a callback's argument may name a file")
         folder = files.root / slot
         folder.mkdir(parents=True, exist_ok=True)
         kernel = str(value["kernel"])
@@ -91,6 +99,10 @@ def _decode(value: Any, files: FileReturn, slot: str) -> Any:
         return obj
     if "__float__" in value:
         return float(value["__float__"])
+    if "__keras__" in value:
+        import keras
+
+        return keras.saving.deserialize_keras_object(value["__keras__"])
     return {k: _decode(v, files, slot) for k, v in value.items()}
 
 

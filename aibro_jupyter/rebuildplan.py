@@ -1,11 +1,14 @@
-"""The fit's callbacks → what the worker rebuilds, decided before anything is uploaded.
+"""What the worker rebuilds from arguments, decided before anything is uploaded: the fit's callbacks, and the
+arguments of a model's own compile().
 
 Every callback is rebuilt on the worker from its class and its constructor arguments, read back from the object
 (Keras' callbacks and most users' keep each argument as an attribute of the same name). Keras' own classes come
 from Keras; the user's own Callback subclasses travel as source, as custom layers do, and so do the functions a
 callback is given (a LearningRateScheduler's schedule, a LambdaCallback's hooks, lambdas included). A file or
 folder argument (ModelCheckpoint's filepath, CSVLogger's filename, TensorBoard's log_dir) is written on the worker
-and comes back to the kernel-side path while the job runs. Nothing is pickled."""
+and comes back to the kernel-side path while the job runs. A subclassed model whose compile() takes arguments of
+its own (a GAN's two optimizers and its loss function) is compiled again on the worker with them: Keras' saved
+model does not keep them. Keras objects travel as their Keras config; nothing is pickled."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .bundle import registered_in
 from .cellcode import MAIN_MODULE, is_cell_object, is_lambda, travel_name
 from .errors import ValidationError
 
@@ -142,6 +146,12 @@ def _encode(value: Any, where: str, plan: CallbackPlan, namespace: dict[str, Any
         return [_encode(v, f"{where}[{i}]", plan, namespace, depth + 1) for i, v in enumerate(value)]
     if isinstance(value, dict) and len(value) <= MAX_ARG_ITEMS and all(isinstance(k, str) for k in value):
         return {k: _encode(v, f"{where}[{k!r}]", plan, namespace, depth + 1) for k, v in value.items()}
+    if _is_keras_object(value):
+        import keras
+
+        config = keras.saving.serialize_keras_object(value)
+        plan.objects += [obj for _, obj in registered_in(config, where)]
+        return {"__keras__": config}
     if isinstance(value, types.FunctionType):
         _check_importable(value, where)
         plan.objects.append(value)
@@ -151,6 +161,48 @@ def _encode(value: Any, where: str, plan: CallbackPlan, namespace: dict[str, Any
         "numbers, strings, lists, dicts or functions (defined in the notebook or a module next to it), and build "
         "anything else inside the callback"
     )
+
+
+def _is_keras_object(value: Any) -> bool:
+    """An optimizer, loss, metric, layer, initializer...: what Keras itself serializes to a config and back."""
+    import keras
+
+    kinds = (
+        keras.optimizers.Optimizer,
+        keras.losses.Loss,
+        keras.metrics.Metric,
+        keras.layers.Layer,
+        keras.initializers.Initializer,
+        keras.regularizers.Regularizer,
+        keras.constraints.Constraint,
+        keras.optimizers.schedules.LearningRateSchedule,
+    )
+    return isinstance(value, kinds)
+
+
+def plan_compile(model: Any, plan: CallbackPlan, namespace: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The arguments of a compile() the model's class overrides, read back from the model (each kept as an
+    attribute of the same name), for the worker to call it again; None when the model uses Keras' own compile."""
+    import keras
+
+    compile_fn = type(model).compile
+    if compile_fn is keras.Model.compile or getattr(compile_fn, "__module__", "").startswith("keras"):
+        return None
+    name = f"{type(model).__name__}.compile"
+    args: dict[str, Any] = {}
+    for param in list(inspect.signature(compile_fn).parameters.values())[1:]:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        value = getattr(model, param.name, inspect.Parameter.empty)
+        if value is inspect.Parameter.empty:
+            if param.default is inspect.Parameter.empty:
+                raise ValidationError(
+                    f"{name} takes the argument '{param.name}' but the model keeps no attribute of that name, so the "
+                    f"worker cannot compile it again: store it in compile() (self.{param.name} = {param.name})"
+                )
+            continue
+        args[param.name] = _encode(value, f"{name}'s argument '{param.name}'", plan, namespace, 0)
+    return args
 
 
 def _module_of(obj: Any) -> str:
