@@ -149,13 +149,26 @@ def registered_in(config: Any, owner: str) -> list[tuple[str, Any]]:
         obj = keras.saving.get_registered_object(name)
         if obj is not None:
             found.append((where, obj))
-        elif function:
+        elif function and not _keras_function(name):
             raise ValidationError(
                 f"{where} is the function {name}, which is not registered, so neither the worker nor Keras' own "
                 f"load_model can find it by name: decorate `def {name}` with "
                 "@keras.saving.register_keras_serializable(package='...')"
             )
     return found
+
+
+def _keras_function(name: str) -> bool:
+    """Whether Keras finds a function of this name itself (an activation, a loss), as its loader would."""
+    import keras
+
+    for finder in (keras.activations.get, keras.losses.get, keras.metrics.get):
+        try:
+            if finder(name) is not None:
+                return True
+        except (ValueError, TypeError):
+            continue
+    return False
 
 
 def _config_nodes(config: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
@@ -305,7 +318,8 @@ def random_state_kept() -> Iterator[None]:
     from keras.src.random import seed_generator
 
     py, npy = random.getstate(), np.random.get_state()
-    keras_gen = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    key = getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator")
+    keras_gen = global_state.get_global_attribute(key)
     keras_state = None if keras_gen is None else np.asarray(keras_gen.state)
     tf_rng = _tf_op_seeds()
     tf_state = tf_rng.getstate() if tf_rng is not None else None
@@ -314,7 +328,7 @@ def random_state_kept() -> Iterator[None]:
     finally:
         random.setstate(py)
         np.random.set_state(npy)
-        global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, keras_gen)
+        global_state.set_global_attribute(key, keras_gen)
         if keras_gen is not None:
             keras_gen.state.assign(keras_state)
         if tf_rng is not None and tf_state is not None:
@@ -338,7 +352,9 @@ def _reload_failure(exc: BaseException, model: Any) -> str:
     reason = str(exc).split("Exception encountered:")[-1].strip() or type(exc).__name__
     reason = reason.splitlines()[0] if len(reason) > 600 else reason
     fix = "fix the class Keras names so that from_config(get_config()) rebuilds it"
-    if "unexpected keyword argument" in reason:
+    if "Could not locate" in reason:
+        fix = "register what Keras names: @keras.saving.register_keras_serializable(package='...') on its def/class"
+    elif "unexpected keyword argument" in reason:
         fix = (
             "let the custom class's __init__ take **kwargs and pass them on (super().__init__(**kwargs)): Keras "
             "rebuilds it from get_config(), which holds name, trainable and dtype too"

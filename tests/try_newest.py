@@ -7,7 +7,7 @@ time to their locked versions to name the release that broke it.
 
     python tests/try_newest.py                  # newest of everything, the fast tier
     python tests/try_newest.py --tier all       # the whole suite
-    python tests/try_newest.py --lowest         # the lowest allowed direct dependencies, the fast tier
+    python tests/try_newest.py --lowest         # the runtime dependencies at their floors, the fast tier
 
 Exit status 0 when the tier passed, 1 when something broke. Then `bash requirements/lock.sh` moves the lock.
 """
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements" / "test-lock.txt"
 EXTRAS = "test,aws,ray"
 DRIFT_TEST = "tests/test_dependency_lock.py::test_this_run_is_in_the_environment_the_lock_describes"
+OPENAPI_TEST = "tests/test_openapi_types.py::test_the_committed_document_is_the_backends"
 
 
 def locked_versions() -> dict[str, str]:
@@ -49,6 +50,15 @@ def direct_dependencies() -> set[str]:
         *(r for extra in EXTRAS.split(",") for r in project["optional-dependencies"][extra]),
     ]
     return {canonicalize_name(Requirement(r).name) for r in names}
+
+
+def test_tools() -> set[str]:
+    """The test extra's own tools (pytest, ruff, moto...): kept at the lock's versions when the product's runtime
+    dependencies go down to their floors, so what is tested is the product, not an ancient test runner."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    test = {canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["test"]}
+    return test - runtime
 
 
 def run(cmd: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
@@ -70,32 +80,12 @@ def install(venv: Path, env: dict[str, str], lowest: bool, scratch: Path) -> Non
     pip = [py, "-m", "pip", "install", "-q"]
     if lowest:
         run([*pip, "uv"], env, check=True)
-        floor = scratch / "lowest.txt"
-        run(
-            [
-                py,
-                "-m",
-                "uv",
-                "pip",
-                "compile",
-                "pyproject.toml",
-                "--extra",
-                "test",
-                "--extra",
-                "aws",
-                "--extra",
-                "ray",
-                "--resolution",
-                "lowest-direct",
-                "--python-version",
-                "3.11",
-                "--quiet",
-                "-o",
-                str(floor),
-            ],
-            env,
-            check=True,
-        )
+        floor, tools = scratch / "lowest.txt", scratch / "tools.txt"
+        tools.write_text("\n".join(f"{n}=={v}" for n, v in locked_versions().items() if n in test_tools()) + "\n")
+        extras = [arg for extra in EXTRAS.split(",") for arg in ("--extra", extra)]
+        compile_floor = ["uv", "pip", "compile", "pyproject.toml", *extras, "--resolution", "lowest-direct"]
+        options = ["--python-version", "3.11", "--quiet", "-c", str(tools), "-o", str(floor)]
+        run([py, "-m", *compile_floor, *options], env, check=True)
         run([*pip, "-c", str(floor), "-e", f".[{EXTRAS}]"], env, check=True)
     else:
         run([*pip, "--upgrade", "-e", f".[{EXTRAS}]"], env, check=True)
@@ -183,6 +173,8 @@ def main() -> int:
 
         selection = ["-m", "fast", "tests"] if args.tier == "fast" else ["tests"]
         selection += ["--deselect", DRIFT_TEST]  # it fails here by design: this venv is not the lock's
+        if args.lowest:  # the committed document is written by the lock's pydantic; older ones word it otherwise
+            selection += ["--deselect", OPENAPI_TEST]
         failed = failing_tests(venv, env, selection, scratch / "report.xml")
         culprits = blame(venv, env, moved, failed or [], direct, scratch / "blame.xml") if failed else {}
 
