@@ -5,11 +5,14 @@ Keys are content-addressed under the config's prefix: `<prefix>/blobs/<sha>` for
 `<prefix>/jobs/<job>/<name>` for a job's checkpoints, TensorBoard logs and trained model. A client never gets a
 URL that writes `blobs/<sha>`: it uploads to its own staging key `<prefix>/uploads/<user>/<sha>` (one presigned
 PUT, or a multipart upload with one presigned URL per part when the data is over the part size), then asks the
-backend to finish. The backend has S3 compute the SHA-256 of the whole staged object (a server-side copy onto
-itself with ChecksumAlgorithm=SHA256, which works the same for single and multipart objects up to 5 GB and on
-moto), and only when it equals the name copies it (server-side) to `blobs/<sha>`. So whatever `blobs/<sha>`
-holds hashes to `<sha>`, and another user's upload of the same name can never replace it with other bytes. The
-single PUT is also signed with ChecksumSHA256, so real S3 already refuses wrong bytes there (moto does not).
+backend to finish. The backend copies the staged object to a key of its own that no URL was given for, having S3
+compute the SHA-256 of what it wrote (a server-side copy with ChecksumAlgorithm=SHA256, the same for single and
+multipart objects up to 5 GB, and on moto), and only when it equals the name copies that frozen copy to
+`blobs/<sha>`, again with S3's checksum kept beside it. So whatever `blobs/<sha>` holds hashes to `<sha>`: a
+second upload racing into the staging key cannot change the bytes that were verified, and a name whose stored
+checksum is not its name (written by hand, or by an older backend) is moved to `quarantine/` the next time
+someone asks whether it is held, so the next user with the real bytes uploads them again. The single PUT is also
+signed with ChecksumSHA256, so real S3 already refuses wrong bytes there (moto does not).
 
 Every call that reaches S3 is blocking: the handlers run them in this backing's own thread pool.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import os
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -125,15 +129,15 @@ class S3Backing:
             raise S3BlobError("nothing was uploaded to the URL(s) given: PUT the bytes there first, then finish")
         return size
 
-    def sha256(self, key: str, size: int) -> str:
-        """The SHA-256 of the whole object as S3 computes it: a copy of the object onto itself asking for a
-        SHA256 checksum (a full-object checksum, whatever the parts were)."""
+    def copy_verified(self, source: str, dest: str, size: int) -> str:
+        """Copy `source` to `dest` asking S3 for the SHA-256 of what it wrote (a full-object checksum, whatever
+        the parts were): the digest of exactly the bytes `dest` now holds, however `source` changes meanwhile."""
         if size > MAX_COPY_BYTES:
             raise S3BlobError(f"{size} bytes is over the 5 GB S3 can verify in one copy: split the data")
         answer = self.s3.copy_object(
             Bucket=self.bucket,
-            Key=key,
-            CopySource={"Bucket": self.bucket, "Key": key},
+            Key=dest,
+            CopySource={"Bucket": self.bucket, "Key": source},
             ChecksumAlgorithm="SHA256",
             MetadataDirective="REPLACE",
             ContentType="application/octet-stream",
@@ -143,19 +147,53 @@ class S3Backing:
             raise S3BlobError("S3 returned no SHA-256 for the uploaded object: cannot verify it")
         return base64.b64decode(got).hex()
 
-    def finish_blob(self, user_id: int, sha: str, upload_id: str | None, etags: list[dict[str, Any]]) -> int:
-        """Complete, verify and publish a user's staged upload of `sha`; returns its size. The staged copy is
-        deleted either way; `blobs/<sha>` is written only with bytes S3 hashed to `sha`."""
-        staging = self.staging_key(user_id, sha)
-        size = self.complete(staging, upload_id, etags)
+    def stored_sha(self, key: str) -> str | None:
+        """The SHA-256 S3 keeps with the object (written by copy_verified), or None when it has none or no object."""
         try:
-            digest = self.sha256(staging, size)
+            head = self.s3.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+        except self.s3.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        got = head.get("ChecksumSHA256")
+        return base64.b64decode(got).hex() if got else None
+
+    def verified_size(self, sha: str) -> int | None:
+        """The size of `blobs/<sha>` when S3's own checksum of it is `sha`; otherwise None, after moving whatever is
+        there to `quarantine/` (kept for whoever looks into it), so the next upload of the real bytes replaces it."""
+        key = self.blob_key(sha)
+        size = self.size(key)
+        if size is None:
+            return None
+        if self.stored_sha(key) == sha:
+            return size
+        hold = f"{self.prefix}quarantine/{sha}-{uuid.uuid4().hex[:8]}"
+        self.s3.copy_object(Bucket=self.bucket, Key=hold, CopySource={"Bucket": self.bucket, "Key": key})
+        self.s3.delete_object(Bucket=self.bucket, Key=key)
+        return None
+
+    def finish_blob(self, user_id: int, sha: str, upload_id: str | None, etags: list[dict[str, Any]]) -> int:
+        """Complete, verify and publish a user's staged upload of `sha`; returns its size. The staged bytes are
+        first copied to a key no URL was ever given for and verified there, and `blobs/<sha>` is written only from
+        that copy: a second upload racing into the staging key cannot change what was verified. The staged and
+        frozen copies are deleted either way."""
+        staging = self.staging_key(user_id, sha)
+        self.complete(staging, upload_id, etags)
+        frozen = f"{self.prefix}verify/{uuid.uuid4().hex}"
+        try:
+            size = self.size(staging)
+            if size is None:
+                raise S3BlobError("nothing was uploaded to the URL(s) given: PUT the bytes there first, then finish")
+            digest = self.copy_verified(staging, frozen, size)
             if digest != sha:
                 raise S3BlobError(f"upload digest {digest} does not match the name {sha}: upload it again")
-            if self.size(self.blob_key(sha)) is None:
-                src = {"Bucket": self.bucket, "Key": staging}
-                self.s3.copy_object(Bucket=self.bucket, Key=self.blob_key(sha), CopySource=src)
+            if self.verified_size(sha) is None:
+                written = self.copy_verified(frozen, self.blob_key(sha), size)
+                if written != sha:  # S3 copied other bytes than it verified: never leave them under the name
+                    self.s3.delete_object(Bucket=self.bucket, Key=self.blob_key(sha))
+                    raise S3BlobError(f"S3 stored digest {written} under {sha}: upload it again")
         finally:
+            self.s3.delete_object(Bucket=self.bucket, Key=frozen)
             self.s3.delete_object(Bucket=self.bucket, Key=staging)
         return size
 

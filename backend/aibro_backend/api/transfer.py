@@ -142,8 +142,8 @@ class BlobHandler(StreamedUpload, UserHandler):
         check = _sha(sha)
         size = self.backend.store.blob_size(check, self.uid)
         s3 = self.backend.blobs.s3
-        if s3 is not None:  # held = indexed for this user and its key in the bucket (HEAD on the key)
-            if size is not None and await _run(s3, s3.size, s3.blob_key(check)) is None:
+        if s3 is not None:  # held = indexed for this user, in the bucket, and S3's checksum of it is its name
+            if size is not None and await _run(s3, s3.verified_size, check) is None:
                 size = None
             self.set_header(VIA_S3, "s3")
         if size is not None:

@@ -353,7 +353,10 @@ class Worker:
         digest = self._download(f"/worker/blobs/{sha}", tmp, "blob")
         if digest != sha:
             tmp.unlink()
-            raise RuntimeError(f"blob {sha} arrived corrupted")
+            raise RuntimeError(
+                f"blob {sha} arrived corrupted (its bytes do not hash to its name): submit the job again; the "
+                "backend then asks for those bytes again"
+            )
         os.replace(tmp, dest)
         return dest
 
