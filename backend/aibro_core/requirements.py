@@ -5,14 +5,10 @@ A job may name extra packages (``online_fit(..., requirements=["cowsay==6.1"])``
 normalised list, so the list must be normalised identically on both sides: this module is the one place that
 does it.
 
-Only named packages from the package index are accepted (PEP 508 name, extras, version specifiers, marker).
-URLs, VCS links, local paths and pip options are refused: the worker cannot see the user's files, and options
-such as ``--index-url`` would let one job's environment depend on something the hash does not name.
-
-The validator is a small strict parser written here rather than ``packaging.requirements``: the core depends on
-nothing beyond the standard library, numpy and requests, and ``packaging`` is only importable where some other
-package happens to pull it in (pip vendors its own copy, which is not importable). The tests cross-check it
-against ``packaging`` where that is installed.
+Only named packages from the package index are accepted: a name, extras, version specifiers whose versions are
+versions (``packaging`` parses them; ``===``, which compares text, is refused) and a marker. URLs, VCS links, local
+paths, archive names and pip options are refused: the worker cannot see the user's files, and options such as
+``--index-url`` would let one job's environment depend on something the hash does not name.
 """
 
 from __future__ import annotations
@@ -22,6 +18,10 @@ import re
 import sys
 from collections.abc import Iterable
 from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from .errors import ValidationError
 
@@ -35,49 +35,9 @@ _FIX_INDEX = (
 )
 _FIX_OPTIONS = "Fix: remove the option and list only requirements, one per line, like cowsay==6.1."
 
-_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
-_NAME_RE = re.compile(_NAME)
-# PEP 440, as packaging writes it (case-insensitive).
-_VERSION = r"""
-    v?
-    (?:(?:[0-9]+)!)?
-    [0-9]+(?:\.[0-9]+)*
-    (?:[-_.]?(?:alpha|a|beta|b|preview|pre|c|rc)[-_.]?(?:[0-9]+)?)?
-    (?:(?:-[0-9]+)|(?:[-_.]?(?:post|rev|r)[-_.]?(?:[0-9]+)?))?
-    (?:[-_.]?dev[-_.]?(?:[0-9]+)?)?
-"""
-_LOCAL = r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)"
-_VERSION_RE = re.compile(rf"^{_VERSION}$", re.VERBOSE | re.IGNORECASE)
-_VERSION_LOCAL_RE = re.compile(rf"^{_VERSION}{_LOCAL}?$", re.VERBOSE | re.IGNORECASE)
-_PREFIX_RE = re.compile(r"^v?(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*\.\*$", re.IGNORECASE)
-_CLAUSE_RE = re.compile(r"^\s*(~=|===|==|!=|<=|>=|<|>)\s*([^\s,;()]+)\s*$")
-_ARCHIVE_RE = re.compile(r"\.(whl|zip|tar\.gz|tgz|tar\.bz2|tar\.xz|tar)$", re.IGNORECASE)
+_ARCHIVE_RE = re.compile(r"\.(whl|zip|tar\.gz|tgz|tar\.bz2|tar\.xz|tar|egg)(?![A-Za-z0-9])", re.IGNORECASE)
 _OPTION_IN_LINE_RE = re.compile(r"(^|\s)--?[A-Za-z]")
 _URLISH_RE = re.compile(r"^(git\+|hg\+|svn\+|bzr\+|file:|https?:|ftp:)|://|^[./~\\]|^[A-Za-z]:[\\/]", re.IGNORECASE)
-
-_MARKER_VARS = {
-    "python_version",
-    "python_full_version",
-    "os_name",
-    "sys_platform",
-    "platform_release",
-    "platform_system",
-    "platform_version",
-    "platform_machine",
-    "platform_python_implementation",
-    "implementation_name",
-    "implementation_version",
-    "extra",
-}
-_MARKER_TOKEN_RE = re.compile(
-    r"""\s*(?:
-        (?P<lp>\()|(?P<rp>\))
-        |(?P<str>'[^']*'|"[^"]*")
-        |(?P<op>===|==|!=|<=|>=|~=|<|>)
-        |(?P<word>[A-Za-z_][A-Za-z0-9_.]*)
-    )""",
-    re.VERBOSE,
-)
 
 
 class _Bad(Exception):
@@ -90,122 +50,37 @@ class _Bad(Exception):
 
 def canonical_name(name: str) -> str:
     """PEP 503 normalisation: `Foo_Bar.baz` and `foo-bar-baz` are one project, so they hash the same."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return canonicalize_name(name)
 
 
 def _check_clause(op: str, ver: str) -> str:
     if op == "===":
-        return op + ver
+        raise _Bad(f"'==={ver}' compares text, not versions (pip would take a file name there): use =={ver}")
     if ver.endswith(".*"):
-        if op not in ("==", "!=") or not _PREFIX_RE.match(ver):
+        if op not in ("==", "!="):
             raise _Bad(f"'{op}{ver}': a trailing .* is allowed only after == or != on a plain release like 1.2.*")
-        return op + ver
-    if op in ("==", "!="):
-        ok = _VERSION_LOCAL_RE.match(ver)
-    else:
-        ok = _VERSION_RE.match(ver)
-    if not ok:
-        raise _Bad(f"'{op}{ver}' is not a valid version specifier (PEP 440 versions look like 1.2, 1.2.3, 2.0rc1)")
-    release = re.match(r"^v?(?:[0-9]+!)?([0-9]+(?:\.[0-9]+)*)", ver, re.IGNORECASE)
-    if op == "~=" and (not release or "." not in release.group(1)):
-        raise _Bad(f"'~={ver}' needs at least two release numbers, like ~=1.2")
-    return op + ver
+        ver = ver[:-2]
+    try:
+        Version(ver)
+    except InvalidVersion:
+        raise _Bad(f"'{op}{ver}' is not a version (PEP 440 versions look like 1.2, 1.2.3, 2.0rc1)") from None
+    return ver
 
 
-def _check_specifiers(text: str) -> list[str]:
-    text = text.strip()
-    if text.startswith("(") and text.endswith(")"):
-        text = text[1:-1]
-    if not text.strip():
-        return []
-    clauses = []
-    for part in text.split(","):
-        m = _CLAUSE_RE.match(part)
-        if not m:
-            raise _Bad(
-                f"'{part.strip()}' is not a version specifier (one of ==, !=, >=, <=, >, <, ~=, === and a version)"
-            )
-        clauses.append(_check_clause(m.group(1), m.group(2)))
-    return sorted(set(clauses))
-
-
-def _marker_tokens(text: str) -> list[tuple[str, str]]:
-    tokens: list[tuple[str, str]] = []
-    pos = 0
-    text = text.rstrip()
-    while pos < len(text):
-        m = _MARKER_TOKEN_RE.match(text, pos)
-        if not m or m.end() == pos:
-            raise _Bad(f"cannot read the environment marker at '{text[pos:].strip()}'")
-        kind = m.lastgroup or ""
-        tokens.append((kind, m.group(kind)))
-        pos = m.end()
-    return tokens
-
-
-def _check_marker(text: str) -> str:
-    """Validate a PEP 508 environment marker; return it with normalised spacing and quotes."""
-    tokens = _marker_tokens(text)
-    out: list[str] = []
-    i = 0
-
-    def peek() -> tuple[str, str]:
-        return tokens[i] if i < len(tokens) else ("end", "")
-
-    def take() -> tuple[str, str]:
-        nonlocal i
-        tok = peek()
-        i += 1
-        return tok
-
-    def value() -> None:
-        kind, tok = take()
-        if kind == "str":
-            body = tok[1:-1]
-            out.append(f'"{body}"' if '"' not in body else f"'{body}'")
-        elif kind == "word" and tok in _MARKER_VARS:
-            out.append(tok)
-        else:
-            names = ", ".join(sorted(_MARKER_VARS))
-            raise _Bad(f"'{tok or 'end of marker'}' in the marker is neither a quoted string nor one of {names}")
-
-    def item() -> None:
-        value()
-        kind, tok = take()
-        if kind == "op":
-            out.append(tok)
-        elif kind == "word" and tok == "in":
-            out.append("in")
-        elif kind == "word" and tok == "not" and peek() == ("word", "in"):
-            take()
-            out.append("not in")
-        else:
-            raise _Bad(f"expected a comparison (==, <, in, not in, ...) in the marker, found '{tok or 'its end'}'")
-        value()
-
-    def atom() -> None:
-        if peek()[0] == "lp":
-            take()
-            out.append("(")
-            expr()
-            if take()[0] != "rp":
-                raise _Bad("the marker has an unclosed '('")
-            out.append(")")
-        else:
-            item()
-
-    def expr() -> None:
-        atom()
-        while peek() in (("word", "and"), ("word", "or")):
-            out.append(take()[1])
-            atom()
-
-    if not tokens:
-        raise _Bad("the environment marker after ';' is empty")
-    expr()
-    if i != len(tokens):
-        raise _Bad(f"unexpected '{tokens[i][1]}' in the environment marker")
-    return " ".join(out).replace("( ", "(").replace(" )", ")")
+def _explain(head: str, parser: str) -> str:
+    """What is wrong with the part before the marker, in words about versions where packaging's parser only says
+    what token it expected."""
+    name = re.match(r"\s*[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(\[[^\]]*\])?", head)
+    rest = head[name.end() :].strip() if name else ""
+    if name and rest and not rest.startswith(("(", "@", "[")):
+        for clause in rest.split(","):
+            m = re.match(r"^\s*(~=|===|==|!=|<=|>=|<|>)\s*(\S+)\s*$", clause)
+            if not m:
+                return f"'{clause.strip()}' after the name is not a version specifier (==, !=, >=, <=, >, <, ~=)"
+            _check_clause(m.group(1), m.group(2))
+            if m.group(1) == "~=" and "." not in m.group(2):
+                return f"'~={m.group(2)}' needs at least two release numbers, like ~=1.2"
+    return parser
 
 
 def _check_one(entry: str) -> str:
@@ -217,44 +92,31 @@ def _check_one(entry: str) -> str:
         raise _Bad(f"it is {len(text)} characters long, more than {MAX_REQUIREMENT_CHARS}")
     if text.startswith("-"):
         raise _Bad("pip options (-r, -c, -e, --index-url, --extra-index-url, ...) are not supported", _FIX_OPTIONS)
-    if _URLISH_RE.search(text) or _ARCHIVE_RE.search(text.split(";")[0].strip()):
+    head = text.split(";")[0]
+    if _URLISH_RE.search(text) or _ARCHIVE_RE.search(head) or "/" in head or "\\" in head:
         raise _Bad(
-            "URLs, VCS links and local paths are not supported: the worker installs only named packages from the "
-            "package index",
+            "URLs, VCS links, local paths and archive names are not supported: the worker installs only named "
+            "packages from the package index",
             _FIX_INDEX,
         )
-    if _OPTION_IN_LINE_RE.search(text.split(";")[0]):
+    if _OPTION_IN_LINE_RE.search(head):
         raise _Bad("per-requirement pip options (--hash, --config-settings, ...) are not supported", _FIX_OPTIONS)
     if "${" in text:
         raise _Bad("environment variables are not expanded on the worker")
-    m = _NAME_RE.match(text)
-    if not m:
-        raise _Bad("it does not start with a package name (letters, digits, '.', '-', '_')")
-    name = canonical_name(m.group(0))
-    rest = text[m.end() :].lstrip()
-    extras: list[str] = []
-    if rest.startswith("["):
-        close = rest.find("]")
-        if close < 0:
-            raise _Bad("the extras list has no closing ']'")
-        for extra in rest[1:close].split(","):
-            extra = extra.strip()
-            if not extra and rest[1:close].strip():
-                raise _Bad("the extras list has an empty entry")
-            if extra and not _NAME_RE.fullmatch(extra):
-                raise _Bad(f"'{extra}' is not a valid extra name")
-            if extra:
-                extras.append(canonical_name(extra))
-        rest = rest[close + 1 :].lstrip()
-    if rest.startswith("@"):
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        raise _Bad(_explain(head, str(exc).splitlines()[0])) from None
+    if req.url:
         raise _Bad("direct references (NAME @ URL) are not supported", _FIX_INDEX)
-    spec_text, semicolon, marker_text = rest.partition(";")
-    if spec_text.strip() and spec_text.strip()[0] not in "<>=!~(":
-        raise _Bad(f"'{spec_text.strip()}' after the name is not a version specifier")
-    clauses = _check_specifiers(spec_text)
-    marker = _check_marker(marker_text) if semicolon else ""
-    out = name + (f"[{','.join(sorted(set(extras)))}]" if extras else "") + ",".join(clauses)
-    return out + (f"; {marker}" if marker else "")
+    for spec in req.specifier:
+        _check_clause(spec.operator, spec.version)
+        if spec.operator == "~=" and "." not in spec.version.split("+")[0]:
+            raise _Bad(f"'~={spec.version}' needs at least two release numbers, like ~=1.2")
+    extras = sorted({canonicalize_name(e) for e in req.extras})
+    clauses = sorted({str(spec) for spec in req.specifier})
+    out = canonicalize_name(req.name) + (f"[{','.join(extras)}]" if extras else "") + ",".join(clauses)
+    return out + (f"; {req.marker}" if req.marker else "")
 
 
 def _finish(found: Iterable[str]) -> list[str]:

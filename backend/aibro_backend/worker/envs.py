@@ -43,6 +43,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import venv
@@ -106,12 +107,14 @@ def _run_pip(python: Path, reqs: list[str], label: str, report: Callable[[str], 
     env = {k: val for k, val in os.environ.items() if k not in _PIP_ENV_DROP}
     env["PYTHONUNBUFFERED"] = "1"
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    empty = tempfile.mkdtemp(prefix="pip-cwd-")  # pip reads no file of the job's: nothing where it starts
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=env,
+        cwd=empty,
         text=True,
         start_new_session=True,  # its own process group: a timeout also stops the build steps pip started
     )
@@ -149,6 +152,7 @@ def _run_pip(python: Path, reqs: list[str], label: str, report: Callable[[str], 
         if proc.poll() is None:
             kill()
             proc.wait()
+        shutil.rmtree(empty, ignore_errors=True)
     if last_line and not sent_last:
         report(f"{label}: {last_line}")
     if timed_out.is_set():
