@@ -82,4 +82,3 @@ def _get(backing: S3Backing, key: str) -> bytes | None:
         return backing.s3.get_object(Bucket=backing.bucket, Key=key)["Body"].read()
     except backing.s3.exceptions.NoSuchKey:
         return None
-
