@@ -18,8 +18,9 @@ from .errors import AibroError
 
 
 def _client() -> BackendClient:
-    target = config.resolve()
-    return BackendClient(target.url, target.token, ca_bundle=target.ca_bundle)
+    from .training import connect
+
+    return connect()
 
 
 def cmd_backend(args: argparse.Namespace) -> int:
@@ -46,7 +47,8 @@ def cmd_backend(args: argparse.Namespace) -> int:
         providers += ["--aws-config", args.aws_config] if args.aws_config else []
         providers += [a for pair in ray_opts for a in pair]
         home, port = str(config.home()), str(args.port)
-        _exec_backend("aibro_backend", "--home", home, "--host", args.host, "--port", port, *tls, *providers)
+        sandbox = ["--sandbox", args.sandbox] if args.sandbox else []
+        _exec_backend("aibro_backend", "--home", home, "--host", args.host, "--port", port, *tls, *providers, *sandbox)
     if args.action == "start":
         t = config.resolve()
         print(f"aibro backend running at {t.url}")
@@ -239,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--certfile", default=None, help="serve: HTTPS with this certificate (PEM)")
     be.add_argument("--keyfile", default=None, help="serve: the certificate's private key (PEM)")
     be.add_argument("--ca-bundle", default=None, metavar="FILE", help="serve: the CA (PEM) workers verify it with")
+    be.add_argument(
+        "--sandbox",
+        choices=["auto", "bwrap", "none"],
+        default=None,
+        help="serve: how local workers are confined (none: only if you accept that users' code runs unconfined)",
+    )
     be.add_argument(
         "--provider",
         action="append",

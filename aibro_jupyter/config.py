@@ -129,6 +129,21 @@ def start_embedded(timeout: float = 60.0) -> Target:
         raise BackendUnreachable(f"the embedded aibro backend did not start; see {h / 'backend.log'}")
 
 
+def say_once_unconfined() -> None:
+    """The embedded backend runs jobs unconfined where bubblewrap is missing: say so on screen, once per home."""
+    marker = home() / "unconfined-notice"
+    if marker.exists():
+        return
+    print(
+        "note: jobs on the embedded backend run unconfined, as your own user (bubblewrap is not installed). That "
+        "is fine for your own code on your own machine; to confine them: apt-get install bubblewrap, then "
+        "`aibro backend stop` (the next job starts it again, sandboxed).",
+        file=sys.stderr,
+        flush=True,
+    )
+    marker.write_text("shown\n")
+
+
 def resolve(start: bool = True) -> Target:
     """The backend every client uses: configured first, else the embedded daemon (started if needed)."""
     target = configured_target()

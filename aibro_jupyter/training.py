@@ -22,7 +22,7 @@ from . import bundle as b
 from .blobsource import BytesSource
 from .checks import check_before_upload
 from .client import BackendClient
-from .config import resolve, start_embedded
+from .config import resolve, say_once_unconfined, start_embedded
 from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
 from .filereturn import FilesBack
@@ -39,7 +39,9 @@ def connect() -> BackendClient:
     target = resolve()
     restart = start_embedded if target.embedded else None
     client = BackendClient(target.url, target.token, restart=restart, ca_bundle=target.ca_bundle)
-    client.health()
+    health = client.health()
+    if target.embedded and health.get("sandbox") == "none":
+        say_once_unconfined()
     return client
 
 

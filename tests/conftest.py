@@ -118,12 +118,13 @@ EXPECTED_BY_MODULE: dict[str, list[str]] = {
     "test_scheduler_requests.py": [r"aibro\.scheduler (ERROR|WARNING) "],
     "test_aws_backend.py": [r"aibro\.aws WARNING ", r"aibro\.scheduler WARNING "],
     "test_aws_provider.py": [r"aibro\.aws WARNING "],
+    "test_sandbox_policy.py": [r"aibro\.backend ERROR this backend has \d+ users"],
 }
 # Lines a user should act on wherever they come from: always allowed.
 ACTIONABLE = [
     r"tornado\.access WARNING 40[13] .* refused",  # a refused token: someone holds a wrong, expired or revoked one
     r"tornado\.general WARNING SSL Error",  # a client that does not trust the backend's certificate
-    r"aibro\.sandbox WARNING workers are NOT sandboxed",
+    r"aibro\.backend WARNING workers are NOT sandboxed",  # a backend serving unconfined says so on every start
     r"aibro\.backend WARNING (at the cap of|accept\(\) failed|AIBRO_MAX_CONNECTIONS)",
 ]
 _expected_patterns: set[str] = set(ACTIONABLE)

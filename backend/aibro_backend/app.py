@@ -48,6 +48,7 @@ from .bus import EventBus
 from .limits import Limits, limits_of
 from .policy import Policy
 from .providers.local import LocalProvider
+from .providers.sandbox import SandboxRequired, require_confinement
 from .s3blobs import s3_backing
 from .scheduler import Scheduler
 from .state import Backend
@@ -477,6 +478,23 @@ def sweep(backend: Backend) -> None:
         log.exception("sweep failed")
 
 
+def check_confinement(backend: Backend) -> None:
+    """A backend shared by several users does not run their code unconfined unless its operator said so
+    (`--sandbox none`); one that runs unconfined says so on every start and in GET /health."""
+    sandbox = backend.scheduler.providers["local"].sandbox
+    mode = (os.environ.get("AIBRO_SANDBOX") or "auto").lower()
+    try:
+        banner = require_confinement(sandbox.kind, backend.store.user_count(), mode)
+    except SandboxRequired as exc:
+        log.error("%s", exc)
+        print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    backend.extra["sandbox"] = sandbox.kind
+    if banner:
+        backend.extra["sandbox_warning"] = banner
+        log.warning("%s", banner)
+
+
 def ensure_local_user(backend: Backend) -> None:
     """The embedded backend's single user, whose token the clients read from ~/.aibro/credentials.json."""
     cred = backend.home / "credentials.json"
@@ -493,6 +511,7 @@ async def serve(
 ) -> None:
     backend = build_backend(home, extra_providers)
     ensure_local_user(backend)
+    check_confinement(backend)
     backend.scheduler.providers["local"].prime(backend.store.ensure_user("local"))  # the embedded user's spare
     limits = limits_of(backend)
     app = GuardedApplication(
@@ -705,7 +724,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--ray-node-resource", default=None, metavar="NAME", help="use only Ray nodes with this custom resource"
     )
+    parser.add_argument(
+        "--sandbox",
+        choices=["auto", "bwrap", "none"],
+        default=os.environ.get("AIBRO_SANDBOX") or "auto",
+        help="how local workers are confined: bwrap (bubblewrap), none (a backend of several users refuses it "
+        "unless named here), auto (bwrap where it works; default)",
+    )
     args = parser.parse_args(argv)
+    os.environ["AIBRO_SANDBOX"] = args.sandbox  # the local provider reads it (providers/sandbox.py)
     ray_opts = args.ray_address or args.ray_worker_url or args.ray_node_resource
     if "ray" in args.provider and not args.ray_address:
         parser.error("--provider ray needs --ray-address HOST:PORT (the address `ray start --head` printed)")

@@ -133,6 +133,9 @@ class Store:
                 self.db.execute(f"ALTER TABLE instances ADD COLUMN {col} {kind}")
 
     # -- users and tokens -------------------------------------------------------------------------
+    def user_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM users").fetchone()[0])
+
     def ensure_user(self, name: str) -> int:
         row = self.db.execute("SELECT id FROM users WHERE name=?", (name,)).fetchone()
         if row:

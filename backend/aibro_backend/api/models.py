@@ -832,6 +832,10 @@ class Health(Response):
     ok: bool
     user: str
     version: str
+    sandbox: Literal["bwrap", "none"] = Field(
+        "none", description="how this backend confines the workers that run users' code on its own host"
+    )
+    sandbox_warning: str | None = Field(None, description="present when workers run unconfined: what that means")
     events_port: int | None = Field(
         None,
         description="the port of this host where the event long-polls are also answered, at less CPU (absent: "

@@ -81,6 +81,9 @@ class HealthHandler(UserHandler):
         from .. import __version__
 
         health = {"ok": True, "user": self.user["name"], "version": __version__}
+        health["sandbox"] = self.backend.extra.get("sandbox", "none")
+        if self.backend.extra.get("sandbox_warning"):
+            health["sandbox_warning"] = self.backend.extra["sandbox_warning"]
         if self.backend.events_port:
             health["events_port"] = self.backend.events_port  # long-polls answered cheaper there (eventport.py)
         self.send(health)

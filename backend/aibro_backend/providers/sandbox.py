@@ -31,6 +31,30 @@ from pathlib import Path
 log = logging.getLogger("aibro.sandbox")
 
 UID_BASE = 200_000
+UNCONFINED = (
+    "workers are NOT sandboxed: every job's code runs as this backend's own user and can read its state, its "
+    "tokens and every other user's data; install bubblewrap (apt-get install bubblewrap) to confine them"
+)
+
+
+class SandboxRequired(RuntimeError):
+    """A backend several users share would run their code unconfined."""
+
+
+def require_confinement(kind: str, users: int, mode: str) -> str | None:
+    """Whether a backend may serve: refuse (SandboxRequired) when several users would share unconfined workers
+    and the operator did not say `--sandbox none`; the banner to show on every start when it runs unconfined."""
+    if kind != "none":
+        return None
+    if users > 1 and mode != "none":
+        raise SandboxRequired(
+            f"this backend has {users} users and its workers cannot be sandboxed here (bubblewrap is missing or does "
+            "not work), so one user's code could read another's data and tokens: install bubblewrap (apt-get "
+            "install bubblewrap), or start it with --sandbox none to accept that"
+        )
+    return UNCONFINED
+
+
 _PROBE = (
     "import json, os, sys, aibro_backend, aibro_core\n"
     "paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}\n"
@@ -61,7 +85,6 @@ class Sandbox:
         if shutil.which("bwrap") is None:
             if mode == "bwrap":
                 raise ValueError("AIBRO_SANDBOX=bwrap but bwrap is not installed: apt-get install bubblewrap")
-            log.warning("workers are NOT sandboxed: install bubblewrap (apt-get install bubblewrap) to confine them")
             return cls("none", python)
         try:
             readonly = _worker_paths(python)
@@ -70,7 +93,7 @@ class Sandbox:
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if mode == "bwrap":
                 raise ValueError(f"AIBRO_SANDBOX=bwrap but the sandbox does not work here: {exc}") from None
-            log.warning("workers are NOT sandboxed: bubblewrap does not work on this host (%s)", exc)
+            log.warning("bubblewrap does not work on this host (%s)", exc)
             return cls("none", python)
         log.info("workers run sandboxed (bubblewrap%s)", ", unprivileged uid" if box.drop_uid else "")
         return box
