@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..worker.jobprocs import descendants
 from .sandbox import Sandbox
 from .spare import MODULE as SPARE_MODULE
 from .spare import SPARE_DELAY_S, SPARE_MACHINE, Spare, SpareCrashes
@@ -282,6 +283,11 @@ class LocalProvider:
     def terminate(self, instance: dict[str, Any]) -> None:
         pid = instance.get("pid")
         if pid and pid_alive(pid):
+            for below in descendants(pid):  # a detached child of the job is no longer in the worker's group
+                try:
+                    os.kill(below, signal.SIGKILL)
+                except OSError:
+                    pass
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:

@@ -128,6 +128,8 @@ class Sandbox:
             cmd += ["--perms", "0755", "--dir", parent]
         for path, how in mounts:
             cmd += [how, path, path]
+        # No --die-with-parent: a worker outlives a backend that crashed, and the next start adopts it. Its own
+        # PID namespace ends with it (terminate() kills it), and the agent ends its jobs' processes (jobprocs.py).
         cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--chdir", str(workdir)]
         if uid is not None:
             cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]

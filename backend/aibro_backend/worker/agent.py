@@ -28,6 +28,7 @@ from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
 from . import heap
+from .jobprocs import become_subreaper, end_job_processes
 from .outbox import Outbox
 from .spot import SpotWatch, spot_watch_from_env
 
@@ -136,6 +137,7 @@ class Worker:
         finally:
             self._outbox = None
             self._gear_down()
+            end_job_processes()  # nothing the job started outlives it, detached or not
         if outbox.stale.is_set():
             outbox.close()
             return
@@ -519,6 +521,7 @@ def main() -> None:
         shutdown_if_asked()
         raise SystemExit(4) from None
     split_cpu(os.environ)
+    become_subreaper()
     worker = Worker(url, token, instance_id, workdir)
     worker.run()
     if worker.backend_lost:
