@@ -29,7 +29,7 @@ INHERITED = frozenset(
     | {"AIBRO_CPU_DEVICES"}  # the worker splits its CPU into this many devices (MirroredStrategy with no GPU)
     | {*_PROXIES, *(p.lower() for p in _PROXIES)}
 )
-INHERITED_PREFIXES = ("TF_", "CUDA_", "NVIDIA_", "XLA_")
+INHERITED_PREFIXES = ("TF_", "CUDA_", "NVIDIA_", "XLA_", "AIBRO_JOB_")  # AIBRO_JOB_MAX_*: worker/joblimits.py
 # What the scheduler may hand a worker in launch(env): where and how to reach the backend, its instance id, and
 # the per-hash environment cache.
 FROM_SCHEDULER = frozenset({"AIBRO_INSTANCE_ID", "AIBRO_ENV_CACHE", "AIBRO_ENROLL_TOKEN"})

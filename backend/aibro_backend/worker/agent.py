@@ -28,6 +28,7 @@ from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
 from . import heap
+from .joblimits import JobLimits
 from .jobprocs import become_subreaper, end_job_processes
 from .outbox import Outbox
 from .spot import SpotWatch, spot_watch_from_env
@@ -64,8 +65,9 @@ def retrying(fn: Callable[[], Any], what: str) -> Any:
 class Worker:
     _s3_uploads: bool | None = None  # whether artifacts go to S3 on presigned URLs (the backend's HEAD says)
 
-    def __init__(self, url: str, token: str, instance_id: str, workdir: Path) -> None:
+    def __init__(self, url: str, token: str, instance_id: str, workdir: Path, limits: JobLimits | None = None) -> None:
         self.t = Transport(url, token, timeout=60)
+        self.limits = limits or JobLimits()
         self.instance_id = instance_id
         self.workdir = workdir
         self.cache = workdir / "cache"
@@ -132,7 +134,7 @@ class Worker:
             outcome, error = self._train(outbox, job_id, attempt, spec, a.get("resume"), a.get("cancel"))
         except Exception as exc:  # noqa: BLE001 - any failure is reported to the user, the worker lives on
             log.exception("job %s failed", job_id)
-            outcome, error = v.OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
+            outcome, error = v.OUTCOME_FAILED, self.limits.explain(exc) or f"{type(exc).__name__}: {exc}"
             outbox.put(v.EV_LOG, {"message": traceback.format_exc()[-4000:]})
         finally:
             self._outbox = None
@@ -206,7 +208,9 @@ class Worker:
         files = FileReturn(scratch / "files")
 
         def send_files() -> None:
-            """What the user's callbacks wrote since the last epoch goes back, before that epoch is reported."""
+            """What the user's callbacks wrote since the last epoch goes back, before that epoch is reported; a job
+            whose folder grew past its disk limit stops here."""
+            self.limits.check_disk(self.workdir)
             for path, artifact, rel in files.changed():
                 copy = snapshot(path, scratch / "outgoing")
 
@@ -441,7 +445,10 @@ def split_cpu(env: dict[str, str] | os._Environ) -> None:
         import tensorflow as tf
 
         cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+        try:
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+        except RuntimeError as exc:  # TensorFlow already started (a spare worker warmed it up): one device then
+            log.warning("cannot split the CPU into %d devices: %s", count, exc)
 
 
 def placement_note(devices: list[str], batch: int, x: Any) -> dict[str, Any]:
@@ -522,7 +529,9 @@ def main() -> None:
         raise SystemExit(4) from None
     split_cpu(os.environ)
     become_subreaper()
-    worker = Worker(url, token, instance_id, workdir)
+    limits = JobLimits.from_env(os.environ)
+    limits.apply()
+    worker = Worker(url, token, instance_id, workdir, limits)
     worker.run()
     if worker.backend_lost:
         shutdown_if_asked()

@@ -1,0 +1,108 @@
+"""What one job may take of the machine it runs on, from the backend operator's settings (AIBRO_JOB_MAX_* in the
+backend's environment, handed to its workers): open files and the size of any one file as rlimits of the worker,
+processes as an rlimit of the sandbox's per-user uid, and the disk its folder holds, measured every epoch. A job
+that goes over one ends with a message naming the limit and where it is set. Memory is bounded by the machine."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+GiB = 1024**3
+
+
+class OverLimit(RuntimeError):
+    """The job went over one of its limits; the message names it."""
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    max_open_files: int = 4096
+    max_processes: int = 4096  # tasks of the job's uid: TensorFlow alone runs a hundred threads or more
+    max_disk_bytes: int = 20 * GiB
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobLimits:
+        def num(name: str, default: int) -> int:
+            raw = (env.get(name) or "").strip()
+            if not raw:
+                return default
+            if not raw.isdigit() or int(raw) <= 0:
+                raise ValueError(f"{name}={raw!r}: set a positive whole number")
+            return int(raw)
+
+        return cls(
+            max_open_files=num("AIBRO_JOB_MAX_OPEN_FILES", cls.max_open_files),
+            max_processes=num("AIBRO_JOB_MAX_PROCESSES", cls.max_processes),
+            max_disk_bytes=num("AIBRO_JOB_MAX_DISK_BYTES", cls.max_disk_bytes),
+        )
+
+    def apply(self) -> None:
+        """The rlimits of this worker process, inherited by everything it starts."""
+        _lower(resource.RLIMIT_NOFILE, self.max_open_files)
+        _lower(resource.RLIMIT_FSIZE, self.max_disk_bytes)
+        if os.getuid() != 0:  # the sandbox's per-user uid (root is exempt from it anyway)
+            _lower(resource.RLIMIT_NPROC, self.max_processes)
+
+    def check_disk(self, folder: Path, skip: tuple[str, ...] = ("cache",)) -> None:
+        """Raise OverLimit when the job's folder (its downloaded inputs in `cache` aside) holds more than allowed."""
+        used = folder_bytes(folder, skip)
+        if used > self.max_disk_bytes:
+            raise OverLimit(
+                f"the job's folder holds {_size(used)}, over its limit of {_size(self.max_disk_bytes)} "
+                "(AIBRO_JOB_MAX_DISK_BYTES where the backend runs): write less (fewer or smaller files and "
+                "checkpoints), or ask the backend's operator to raise it"
+            )
+
+    def explain(self, exc: BaseException) -> str | None:
+        """The limit behind an OSError the job's code met, in words; None for any other failure."""
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, OverLimit):
+                return str(seen)
+            if isinstance(seen, OSError) and seen.errno == errno.EMFILE:
+                return (
+                    f"the job opened more than {self.max_open_files} files at once, its limit "
+                    "(AIBRO_JOB_MAX_OPEN_FILES where the backend runs): close files when done with them"
+                )
+            if isinstance(seen, OSError) and seen.errno == errno.EFBIG:
+                return (
+                    f"the job wrote a file over {_size(self.max_disk_bytes)}, its disk limit "
+                    "(AIBRO_JOB_MAX_DISK_BYTES where the backend runs): write smaller files"
+                )
+            if isinstance(seen, BlockingIOError) or (isinstance(seen, OSError) and seen.errno == errno.EAGAIN):
+                return (
+                    f"the job could not start another process: its user may run at most {self.max_processes} "
+                    "(AIBRO_JOB_MAX_PROCESSES where the backend runs)"
+                )
+            seen = seen.__cause__ or seen.__context__
+        return None
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / (1 << 20):.1f} MiB"
+
+
+def folder_bytes(folder: Path, skip: tuple[str, ...] = ()) -> int:
+    total = 0
+    for root, dirs, files in os.walk(folder):
+        if Path(root) == folder:
+            dirs[:] = [d for d in dirs if d not in skip]
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _lower(which: int, value: int) -> None:
+    """Both limits down to `value` at most: the job's code cannot raise its soft limit past it again."""
+    soft, hard = resource.getrlimit(which)
+    new_hard = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    new_soft = new_hard if soft == resource.RLIM_INFINITY else min(soft, new_hard)
+    resource.setrlimit(which, (new_soft, new_hard))

@@ -1,0 +1,34 @@
+"""A layer that, built on a worker, takes more than a job may: open files, or disk (tests/test_job_limits.py). It
+travels to the worker as source, so it imports nothing of aibro's."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="job_limits")
+class Greedy(keras.layers.Layer):
+    """Passes its input through. On a worker: `files` opens that many files and keeps them; `write_mb` writes one
+    file of that size; `chunks_mb` writes that many files of 1 MB, one per call (so an epoch end finds them)."""
+
+    def __init__(self, files: int = 0, write_mb: int = 0, chunks_mb: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.files, self.write_mb, self.chunks_mb = files, write_mb, chunks_mb
+        if not os.environ.get("AIBRO_WORKER_DIR"):
+            return
+        self._held = [open(os.devnull) for _ in range(files)]  # noqa: SIM115 - held on purpose
+        if write_mb:
+            with open("big.bin", "wb") as f:
+                f.write(b"x" * (write_mb << 20))
+        for i in range(chunks_mb):
+            with open(f"chunk-{i}.bin", "wb") as f:
+                f.write(b"x" * (1 << 20))
+
+    def call(self, x: Any) -> Any:
+        return x
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "files": self.files, "write_mb": self.write_mb, "chunks_mb": self.chunks_mb}

@@ -1,0 +1,55 @@
+"""What one job may take (issue 24 item 3), replayed from the user's side against a backend whose operator set the
+limits (AIBRO_JOB_MAX_*): a layer that opens more files than allowed, one that writes a file over the disk limit,
+and one whose folder grows past it across files; each job ends with a message naming the limit and where it is set.
+"""
+
+from __future__ import annotations
+
+import keras
+import pytest
+from backend_proc import own_backend
+from greedy_layer import Greedy
+
+from aibro_jupyter import Training
+
+from conftest import make_model
+from helpers import slow_data
+
+LIMITS = {"AIBRO_JOB_MAX_OPEN_FILES": "256", "AIBRO_JOB_MAX_DISK_BYTES": str(8 << 20)}
+
+
+def greedy_model(**greed: int) -> keras.Model:
+    model = keras.Sequential([keras.Input((64,)), Greedy(**greed), *make_model().layers])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> Training:
+    with own_backend(tmp_path_factory.mktemp("limits") / "home", **LIMITS) as backend:
+        yield Training(backend.client())
+
+
+@pytest.mark.parametrize(
+    ("greed", "named"),
+    [
+        ({"files": 400}, r"more than 256 files at once.*AIBRO_JOB_MAX_OPEN_FILES"),
+        ({"write_mb": 12}, r"wrote a file over .*AIBRO_JOB_MAX_DISK_BYTES"),
+        ({"chunks_mb": 10}, r"folder holds .* over its limit .*AIBRO_JOB_MAX_DISK_BYTES"),
+    ],
+    ids=["open-files", "one-big-file", "folder"],
+)
+def test_a_job_over_its_limit_ends_naming_it(trainer: Training, greed: dict[str, int], named: str) -> None:
+    import re
+
+    x, y = slow_data(512)
+    job = trainer.submit(greedy_model(**greed), x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
+    view = trainer.watch(job["job_id"])
+    assert view.status == "CANCELED", "the job should have failed"
+    assert view.errors and re.search(named, view.errors[-1]), view.errors
+
+
+def test_a_job_within_its_limits_trains(trainer: Training) -> None:
+    x, y = slow_data(512)
+    job = trainer.submit(greedy_model(files=50, chunks_mb=2), x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
+    assert trainer.watch(job["job_id"]).status == "COMPLETED"
