@@ -11,14 +11,22 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from backend_proc import OwnBackend
+from backend_proc import OwnBackend, own_backend
 
+from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
+from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+
+from conftest import make_model
+from helpers import instance_pid, slow_data, wait_for, worker_process
 
 MiB = 1024 * 1024
 
@@ -30,6 +38,57 @@ def _call(url: str, method: str, path: str, token: str, **kw: Any) -> requests.R
 def _ports(b: OwnBackend) -> dict[str, int]:
     info = json.loads((b.home / "backend.json").read_text())
     return {"main": int(info["port"]), "events": int(info["events_port"])}
+
+
+# -- a module backend with a training job: the worker's side -----------------------------------------------------
+# the interpreter of a worker started under a permissive umask, as a Ray node or a hand-made image may
+WRAPPER = '#!/bin/sh\numask 022\nexec {python} "$@"\n'
+
+
+@pytest.fixture(scope="module")
+def worker_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OwnBackend, str, int, str]]:
+    """A backend whose home an older version made (state/workers and state/envs 0755), whose workers start under
+    umask 022, with a job training for a while: (backend, job id, attempt, the worker's token)."""
+    root = tmp_path_factory.mktemp("probe-worker")
+    home = root / "home"
+    for sub in ("state/workers", "state/envs"):
+        (home / sub).mkdir(parents=True)
+        (home / sub).chmod(0o755)
+    wrapper = root / "python-umask-022"
+    wrapper.write_text(WRAPPER.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    with own_backend(home, AIBRO_SANDBOX="none", AIBRO_WORKER_PYTHON=str(wrapper)) as b:
+        client = b.client()
+        x, y = slow_data(2000)
+        job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16)
+        job_id = job["job_id"]
+        wait_for(client, job_id, lambda evs: any(e["type"] == v.EV_EPOCH for e in evs))
+        job = client.job(job_id)
+        pid = worker_process(instance_pid(home, job["instance_id"]))
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        token = next(e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"AIBRO_WORKER_TOKEN="))
+        yield b, job_id, int(job["attempt"]), token
+        client.cancel(job_id)
+
+
+# -- 2. artifact names that collide ------------------------------------------------------------------------------
+def _put_artifact(b: OwnBackend, job_id: str, attempt: int, token: str, name: str) -> requests.Response:
+    path = f"/worker/jobs/{job_id}/artifacts/{name}?attempt={attempt}"
+    return _call(b.url, "PUT", path, token, data=b"probe bytes", timeout=60)
+
+
+def test_an_artifact_name_that_collides_with_another_is_a_409_naming_both(worker_job: Any) -> None:
+    b, job_id, attempt, token = worker_job
+    assert _put_artifact(b, job_id, attempt, token, "probe/ok.bin").status_code == 200
+    assert _put_artifact(b, job_id, attempt, token, "probe/dir/x").status_code == 200
+    for name, other in (("probe/ok.bin/child", "probe/ok.bin"), ("probe/dir", "probe/dir/x")):
+        resp = _put_artifact(b, job_id, attempt, token, name)
+        assert resp.status_code == 409, (name, resp.status_code, resp.text[:300])
+        error = resp.json()["error"]
+        assert name in error and other in error and "another name" in error, error
+    names = {a["name"] for a in b.client().artifacts(job_id)}
+    assert {"probe/ok.bin", "probe/dir/x"} <= names and not {"probe/ok.bin/child", "probe/dir"} & names
+    assert b.client().job(job_id)["status"] == v.TRAINING
 
 
 # -- 4. batch sizes and steps ------------------------------------------------------------------------------------

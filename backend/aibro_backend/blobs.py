@@ -18,6 +18,7 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,17 @@ def check_artifact_name(name: str) -> str:
             f"artifact name '{name[:80]}' is not allowed: use letters, digits, '.', '_', '-' and '/' (no '..')"
         )
     return name
+
+
+def artifact_conflict(names: Iterable[str], name: str) -> str | None:
+    """Why `name` cannot be stored beside a job's artifacts `names`, or None: a name is a file or a folder of
+    others ('a/b' makes 'a' a folder), so 'a/b' cannot join a file 'a', nor 'a' a folder holding 'a/b'."""
+    for other in names:
+        if name.startswith(other + "/"):
+            return f"'{other}' is already a file of this job, so '{name}' cannot be stored inside it"
+        if other.startswith(name + "/"):
+            return f"'{name}' is already a folder of this job's artifacts (it holds '{other}')"
+    return None
 
 
 def sha256_file(path: Path) -> str:
@@ -351,8 +363,15 @@ class BlobStore:
         part = self.artifact_partial(job_id, name)
         size, sha = part.stat().st_size, self.digest(part)
         path = self.artifact_path(job_id, name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(part, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part, path)
+        except (NotADirectoryError, IsADirectoryError, FileExistsError):  # another upload took the name's path
+            part.unlink(missing_ok=True)
+            raise BlobError(
+                f"'{name}' collides with another artifact of job {job_id} (a file where a folder is needed, or a "
+                "folder where the file would go)"
+            ) from None
         return size, sha
 
     def write_artifact(self, job_id: str, name: str, data: bytes) -> tuple[int, str]:

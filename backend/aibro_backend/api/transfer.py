@@ -22,7 +22,15 @@ import tornado.web
 from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 
-from ..blobs import BlobError, PartialWriter, UploadBusy, check_artifact_name, check_sha, check_upload_id
+from ..blobs import (
+    BlobError,
+    PartialWriter,
+    UploadBusy,
+    artifact_conflict,
+    check_artifact_name,
+    check_sha,
+    check_upload_id,
+)
 from ..limits import limits_of
 from ..s3blobs import S3Backing, S3BlobError
 from .base import ApiError, UserHandler
@@ -304,6 +312,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
         self.assigned_job(job_id, self.int_arg("attempt", None))
         _artifact_path(self, job_id, name)
         _refuse_in_s3(self, f"/worker/jobs/{job_id}/uploads/{name}")
+        _check_name_free(self, job_id, name)
         length = self.body_length()
         offset = self.int_arg("offset", 0)
         total = self.int_arg("total", offset + length)
@@ -323,7 +332,10 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
             return
         self.assigned_job(job_id, self.int_arg("attempt", None))  # still this instance's, now that it is all here
         blobs = self.backend.blobs
-        size, sha = await IOLoop.current().run_in_executor(None, blobs.finish_artifact, job_id, name)
+        try:
+            size, sha = await IOLoop.current().run_in_executor(None, blobs.finish_artifact, job_id, name)
+        except BlobError as exc:
+            raise ApiError(409, f"{exc}: upload it under another name") from None
         self.backend.store.add_artifact(job_id, name, size, sha)
         self.send({"name": name, "size": size, "sha256": sha, "complete": True, "received": size})
 
@@ -363,6 +375,7 @@ class WorkerUploadHandler(WorkerHandler):
             raise ApiError(400, "worker uploads need 'attempt': the job attempt this worker runs")
         self.assigned_job(job_id, body.attempt)
         _artifact_path(self, job_id, name)
+        _check_name_free(self, job_id, name)
         _check_size(self, body.size, "an artifact")
         key = s3.artifact_key(job_id, name)
         if body.action == "start":
@@ -374,6 +387,7 @@ class WorkerUploadHandler(WorkerHandler):
         if size != body.size:
             raise ApiError(409, f"S3 holds {size} bytes of {name}, not the {body.size} declared: upload it again")
         self.assigned_job(job_id, body.attempt)  # still this instance's, now that it is all there
+        _check_name_free(self, job_id, name)  # and still free of another upload finished meanwhile
         self.backend.store.add_artifact(job_id, name, size, body.sha256)
         self.send({"name": name, "size": size, "sha256": body.sha256, "complete": True, "received": size})
 
@@ -404,6 +418,13 @@ def _check_partial_quota(handler: UserHandler, length: int) -> None:
             f"{limits.max_partial_bytes} bytes per user: finish or resume those uploads first, drop one "
             f"(DELETE /blobs/SHA), or wait until they expire ({limits.partial_ttl_s / 3600:g} h untouched)",
         )
+
+
+def _check_name_free(handler: WorkerHandler, job_id: str, name: str) -> None:
+    """A name the job's stored artifacts leave free: 'a/b' beside a file 'a' (or 'a' beside 'a/b') has no place."""
+    why = artifact_conflict((a["name"] for a in handler.backend.store.artifacts(job_id)), name)
+    if why is not None:
+        raise ApiError(409, f"{why}: upload it under another name")
 
 
 def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> None:
