@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,42 @@ def test_an_artifact_name_that_collides_with_another_is_a_409_naming_both(worker
         assert name in error and other in error and "another name" in error, error
     names = {a["name"] for a in b.client().artifacts(job_id)}
     assert {"probe/ok.bin", "probe/dir/x"} <= names and not {"probe/ok.bin/child", "probe/dir"} & names
+    assert b.client().job(job_id)["status"] == v.TRAINING
+
+
+# -- 6. a body over its route's limit is answered, not reset ----------------------------------------------------
+def _post_whole(b: OwnBackend, path: str, token: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    """POST as a plain HTTP client does: the whole body first, then the answer is read (a reset loses it)."""
+    head = f"POST /api/v1{path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", _ports(b)["main"]), timeout=120) as s:
+        s.sendall(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            assert chunk, f"closed before an answer: {data!r}"
+            data += chunk
+        status_line, rest = data.split(b"\r\n", 1)
+        length = int(next(h.split(b":")[1] for h in rest.split(b"\r\n") if h.lower().startswith(b"content-length:")))
+        answer = data.split(b"\r\n\r\n", 1)[1]
+        while len(answer) < length:
+            answer += s.recv(65536)
+    return int(status_line.split()[1]), json.loads(answer)
+
+
+def test_a_20_mb_worker_event_is_answered_413_not_reset(worker_job: Any) -> None:
+    """A body over its route's limit (a 20 MB log event to the 16 MiB event route; 5 MB to a 1 MiB JSON route) is
+    answered 413 naming the limit, and read and dropped so that a client that sends it whole reads that answer;
+    the connection used to be closed at once, and such a client met a reset."""
+    b, job_id, attempt, token = worker_job
+    event = {"type": "log", "wseq": 10**9, "data": {"message": "x" * 20_000_000}}
+    body = json.dumps({"attempt": attempt, "events": [event]}).encode()
+    status, answer = _post_whole(b, f"/worker/jobs/{job_id}/events", token, body)
+    assert status == 413, answer
+    assert f"{len(body)} bytes is over this route's limit of {16 * MiB} bytes" in answer["error"]
+    spec = json.dumps({"model": "0" * 64, "pad": "x" * 5_000_000}).encode()
+    status, answer = _post_whole(b, "/jobs", b.token, spec)
+    assert status == 413 and "limit of 1048576 bytes" in answer["error"], answer
     assert b.client().job(job_id)["status"] == v.TRAINING
 
 

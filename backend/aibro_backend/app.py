@@ -55,6 +55,9 @@ from .store import Store
 
 log = logging.getLogger("aibro.backend")
 LINGER_MAX = 64 * 1024  # a refused body up to this size is read and dropped, so the client can read the answer
+# ... and up to this size when the client's token holds and only the body's size is refused (413): a client that
+# sends its whole body before it reads (most do) then reads the 413 instead of meeting a reset connection
+DRAIN_MAX = 64 * 1024 * 1024
 FD_RESERVE = 256  # descriptors kept free of client connections: the database, logs, blob files, worker pipes
 ACCEPT_PAUSE_S = 0.5
 
@@ -213,13 +216,14 @@ def header_refusal(
 
 
 class _Guard(httputil.HTTPMessageDelegate):
-    """Wraps a handler's delegate: a refused request is answered at once and its body is never handed on (a
-    small one is read and dropped so the client sees the answer, a large one closes the connection)."""
+    """Wraps a handler's delegate: a refused request is answered at once and its body is never handed on (one
+    that `_drained_length` allows is read and dropped so the client sees the answer, any other closes the
+    connection)."""
 
     def __init__(
-        self, inner: httputil.HTTPMessageDelegate, request: httputil.HTTPServerRequest, check: Any, linger_s: float
+        self, inner: httputil.HTTPMessageDelegate, request: httputil.HTTPServerRequest, check: Any, limits: Limits
     ) -> None:
-        self.inner, self.request, self.check, self.linger_s = inner, request, check, linger_s
+        self.inner, self.request, self.check, self.limits = inner, request, check, limits
         self.refused = False
 
     def headers_received(
@@ -233,8 +237,7 @@ class _Guard(httputil.HTTPMessageDelegate):
         conn = self.request.connection
         assert conn is not None
         body = json.dumps({"error": message, "status": status}).encode()
-        raw = self.request.headers.get("Content-Length", "0").strip()
-        small = raw.isdigit() and int(raw) <= LINGER_MAX and "Transfer-Encoding" not in self.request.headers
+        length = self._drained_length(status)
         out = httputil.HTTPHeaders(
             {
                 "Content-Type": "application/json",
@@ -243,7 +246,7 @@ class _Guard(httputil.HTTPMessageDelegate):
                 "Date": formatdate(usegmt=True),
             }
         )
-        if not small:
+        if length is None:
             out["Connection"] = "close"
         head = self.request.method == "HEAD"
         conn.write_headers(
@@ -252,12 +255,23 @@ class _Guard(httputil.HTTPMessageDelegate):
             None if head else body,
         )
         _log_access(status, self.request, "refused from its headers")
-        if small:
-            conn.set_body_timeout(self.linger_s)
+        if length is not None:
+            conn.set_max_body_size(length)
+            conn.set_body_timeout(self.limits.linger_s + length / self.limits.min_body_rate)
         else:  # closes the connection once the answer is out: the body is never read (nor refused again as too long)
             conn.set_max_body_size(1 << 62)
             conn.finish()
         return None
+
+    def _drained_length(self, status: int) -> int | None:
+        """The length of a refused body that is read and dropped before the connection goes on, or None when the
+        connection is closed instead: a chunked body, or one too large to read for nothing (a stranger's over
+        LINGER_MAX, a known client's over DRAIN_MAX)."""
+        raw = self.request.headers.get("Content-Length", "0").strip()
+        if not raw.isdigit() or "Transfer-Encoding" in self.request.headers:
+            return None
+        length = int(raw)
+        return length if length <= (DRAIN_MAX if status == 413 else LINGER_MAX) else None
 
     def data_received(self, chunk: bytes) -> Any:
         return None if self.refused else self.inner.data_received(chunk)
@@ -287,8 +301,7 @@ class GuardedApplication(tornado.web.Application):
         backend = (target_kwargs or {}).get("backend")
         if backend is None:
             return inner
-        linger_s = limits_of(backend).linger_s
-        return _Guard(inner, request, lambda: header_refusal(backend, target_class, request), linger_s)
+        return _Guard(inner, request, lambda: header_refusal(backend, target_class, request), limits_of(backend))
 
 
 def _log_access(status: int, request: httputil.HTTPServerRequest, note: str = "") -> None:

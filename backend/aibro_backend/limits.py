@@ -21,7 +21,8 @@ class Limits:
     # A connection may wait this long for a request's headers (slow or idle clients, keep-alive included).
     idle_timeout_s: float = 60.0
     # A request body must arrive within this, plus 1 s per `min_body_rate` bytes it declares (a 64 MiB chunk gets
-    # 30 s + 256 s); a refused body is given `linger_s` to arrive (and dropped) so the client reads the answer.
+    # 30 s + 256 s); a refused body that is read and dropped (app._Guard), so the client reads the answer, gets
+    # `linger_s` plus the same 1 s per `min_body_rate` bytes.
     body_timeout_s: float = 30.0
     min_body_rate: int = 256 * 1024
     linger_s: float = 5.0
