@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,25 @@ def test_an_artifact_name_that_collides_with_another_is_a_409_naming_both(worker
     names = {a["name"] for a in b.client().artifacts(job_id)}
     assert {"probe/ok.bin", "probe/dir/x"} <= names and not {"probe/ok.bin/child", "probe/dir"} & names
     assert b.client().job(job_id)["status"] == v.TRAINING
+
+
+# -- 5. the worker's folders are private ---------------------------------------------------------------------------
+def test_worker_folders_and_logs_are_private(worker_job: Any) -> None:
+    """Whatever an older version left and whatever umask the worker started under: state/workers, state/envs and
+    everything a worker writes in its folder (its log, caches, code, TensorBoard files, checkpoints) is its own."""
+    b = worker_job[0]
+    state = b.home / "state"
+    seen, shared = 0, []
+    for top in (state / "workers", state / "envs"):
+        for path in [top, *top.rglob("*")]:
+            if path.is_symlink():
+                continue
+            seen += 1
+            mode = stat.S_IMODE(path.lstat().st_mode)
+            if mode & 0o077:
+                shared.append(f"{oct(mode)} {path.relative_to(state)}")
+    assert seen > 5 and list(state.glob("workers/*/worker.log")), "the worker wrote nothing to check"
+    assert shared == []
 
 
 # -- 6. a body over its route's limit is answered, not reset ----------------------------------------------------
