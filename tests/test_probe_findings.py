@@ -10,10 +10,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
 import stat
+import struct
 import sys
+import termios
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,7 @@ from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import instance_pid, slow_data, wait_for, worker_process
+from helpers import answered_again, instance_pid, slow_data, wait_for, worker_process
 
 MiB = 1024 * 1024
 
@@ -40,6 +45,102 @@ def _call(url: str, method: str, path: str, token: str, **kw: Any) -> requests.R
 def _ports(b: OwnBackend) -> dict[str, int]:
     info = json.loads((b.home / "backend.json").read_text())
     return {"main": int(info["port"]), "events": int(info["events_port"])}
+
+
+# -- 1. connections: idle, slow and stalled ones all end -----------------------------------------------------------
+def _closed_by_server(s: socket.socket, within_s: float) -> bool:
+    s.settimeout(within_s)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _slowloris(s: socket.socket, stop: threading.Event) -> None:
+    """Sends a request's headers one byte every 0.3 s, never ending them."""
+    head = b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 10_000
+    for byte in head:
+        if stop.wait(0.3):
+            return
+        try:
+            s.send(bytes([byte]))
+        except OSError:
+            return
+
+
+def test_idle_and_slowloris_connections_end_on_both_ports(tmp_path: Path) -> None:
+    """A connection that never sends a byte, and one that sends its headers a byte at a time, are closed after the
+    idle timeout on the main port and on the event port alike."""
+    with own_backend(tmp_path / "home", AIBRO_IDLE_TIMEOUT_S="2") as b:
+        ports = _ports(b)
+        stop = threading.Event()
+        socks: dict[str, socket.socket] = {}
+        for name, port in ports.items():
+            socks[f"{name}: idle"] = socket.create_connection(("127.0.0.1", port), timeout=10)
+            socks[f"{name}: slowloris"] = slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+            threading.Thread(target=_slowloris, args=(slow, stop), daemon=True).start()
+        try:
+            still_open = [name for name, s in socks.items() if not _closed_by_server(s, 60)]
+        finally:
+            stop.set()
+            for s in socks.values():
+                s.close()
+        assert still_open == []
+
+
+def _unsent(s: socket.socket) -> int:
+    """Bytes this socket has sent that the other side's kernel has not taken yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def _stalled_reader(port: int, request: bytes) -> socket.socket:
+    """A client that pipelines `request`, 16 at a time as the backend takes them, and never reads an answer, until
+    the backend stops taking requests (its answers fill both sides' buffers) or drops the connection."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    waiting_since = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if _unsent(s) == 0:
+                s.send(request * 16)
+                waiting_since = None
+                continue
+        except OSError:  # the backend already gave up on it
+            return s
+        waiting_since = waiting_since or time.monotonic()
+        if time.monotonic() - waiting_since > 3.0:
+            return s
+        time.sleep(0.01)
+    raise AssertionError("the backend kept reading requests whose answers nobody took")
+
+
+@pytest.mark.parametrize("port_name", ["main", "events"])
+def test_a_client_that_never_reads_its_answers_is_dropped(tmp_path: Path, port_name: str) -> None:
+    """Two clients pipeline requests and never read an answer: once their answers fill the buffers, their
+    connections are dropped after the idle timeout, so they hold neither the connection cap (2 here) nor memory.
+    They used to stay open for good (a response that cannot be written was never timed out), and the event port
+    queued every answer in memory while it went on reading."""
+    with own_backend(tmp_path / "home", AIBRO_IDLE_TIMEOUT_S="2", AIBRO_MAX_CONNECTIONS="2") as b:
+        port = _ports(b)[port_name]
+        auth = f"Authorization: Bearer {b.token}\r\n"
+        path = "/api/v1/openapi.json" if port_name == "main" else "/api/v1/events?wait=0"
+        request = f"GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode()
+        rss_before = b.rss_kib()
+        stalled = [_stalled_reader(port, request) for _ in range(2)]
+        try:
+            grown = b.rss_kib() - rss_before
+            assert answered_again(lambda: b.client().health(), ApiError, within_s=60)["ok"]
+        finally:
+            for s in stalled:
+                s.close()
+        assert grown < 64 * 1024, f"the backend grew {grown // 1024} MiB holding answers nobody read"
 
 
 # -- a module backend with a training job: the worker's side -----------------------------------------------------

@@ -4,8 +4,9 @@ What a client can hold of the service is bounded here, before any handler runs (
 `GuardedApplication` answers a request from its headers alone when its token is missing, unknown or expired, or
 its Content-Length is over the route's limit (1 MiB for JSON, 64 MiB for one streamed upload chunk), so no body of
 a stranger is ever buffered; each body must arrive within a deadline; `GuardedHTTPServer` caps open connections
-(the next gets a short 503) and pauses accepting for a moment when the process is out of descriptors instead of
-spinning on accept(). The access log shows paths without query strings, and every log line has tokens redacted.
+(the next gets a short 503), closes a connection whose answer the client stopped taking, and pauses accepting
+for a moment when the process is out of descriptors instead of spinning on accept(). The access log shows paths
+without query strings, and every log line has tokens redacted.
 """
 
 from __future__ import annotations
@@ -430,6 +431,33 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
         self.open_connections += 1
         super().handle_stream(stream, address)
 
+    def watch_writes(self, stall_s: float) -> PeriodicCallback:
+        """Close each connection whose answer has not moved for `stall_s`: tornado times out reading a request,
+        never writing an answer, so a client that stops reading would hold its connection (and the answer) for
+        good. Progress is the stream's count of bytes written, sampled every few seconds."""
+        seen: dict[Any, tuple[int, float]] = {}
+
+        def check() -> None:
+            now = time.monotonic()
+            for conn in list(self._connections):
+                stream = conn.stream
+                done = getattr(stream, "_total_write_done_index", None)
+                if done is None or not stream.writing():
+                    seen.pop(conn, None)
+                    continue
+                since = seen.get(conn)
+                if since is None or since[0] != done:
+                    seen[conn] = (done, now)
+                elif now - since[1] >= stall_s:
+                    del seen[conn]
+                    stream.close()
+            for conn in [c for c in seen if c not in self._connections]:
+                del seen[conn]
+
+        watch = PeriodicCallback(check, 1000 * min(5.0, max(0.5, stall_s / 4)))
+        watch.start()
+        return watch
+
     def on_close(self, server_conn: Any) -> None:
         self.open_connections -= 1
         super().on_close(server_conn)
@@ -538,6 +566,7 @@ async def serve(
         chunk_size=1 << 20,  # upload bodies reach handlers 1 MiB at a time, not tornado's 64 KiB
     )
     server.add_sockets([sock])
+    write_watch = server.watch_writes(limits.idle_timeout_s)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     backend.url = f"{'https' if tls else 'http'}://{shown}:{bound}"
@@ -569,6 +598,7 @@ async def serve(
     ticker.stop()
     sweeper.stop()
     reconciler.stop()
+    write_watch.stop()
     shutdown_instances(backend)
     for provider in backend.scheduler.providers.values():
         getattr(provider, "close", lambda: None)()

@@ -18,7 +18,8 @@ class Limits:
     # A team's backend holds a long-poll per kernel, sidebar and script watching, plus workers and uploads: 4096
     # leaves room for a thousand watchers (benchmarks/bench_load.py) at about 10 kB of memory each.
     max_connections: int = 4096
-    # A connection may wait this long for a request's headers (slow or idle clients, keep-alive included).
+    # A connection may wait this long for a request's headers (slow or idle clients, keep-alive included), and an
+    # answer its client does not take (stops reading) may sit unsent this long before the connection is dropped.
     idle_timeout_s: float = 60.0
     # A request body must arrive within this, plus 1 s per `min_body_rate` bytes it declares (a 64 MiB chunk gets
     # 30 s + 256 s); a refused body that is read and dropped (app._Guard), so the client reads the answer, gets
