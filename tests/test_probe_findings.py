@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import os
 import socket
 import stat
 import struct
@@ -247,6 +249,73 @@ def test_a_20_mb_worker_event_is_answered_413_not_reset(worker_job: Any) -> None
     status, answer = _post_whole(b, "/jobs", b.token, spec)
     assert status == 413 and "limit of 1048576 bytes" in answer["error"], answer
     assert b.client().job(job_id)["status"] == v.TRAINING
+
+
+# -- 3. unfinished and stored bytes: bounded per user, and shown ---------------------------------------------------
+def _put_blob(client: BackendClient, data: bytes, total: int | None = None) -> dict[str, Any]:
+    sha = hashlib.sha256(data).hexdigest()
+    params = {"offset": 0, "total": len(data) if total is None else total}
+    return client.t.json("PUT", f"/blobs/{sha}", params=params, data=data)
+
+
+def _held(client: BackendClient, data: bytes) -> bool:
+    return client.t.request("HEAD", f"/blobs/{hashlib.sha256(data).hexdigest()}").status_code == 200
+
+
+def test_unfinished_uploads_are_bounded_in_number_and_shown(tmp_path: Path) -> None:
+    """A user starting uploads declared at 2 GiB that never finish: the sixth is a 429 naming the limit of five
+    and the fix; /health shows what they hold; dropping one makes room."""
+    with own_backend(tmp_path / "home", AIBRO_MAX_PARTIAL_UPLOADS="5") as b:
+        client = b.client()
+        starts = [os.urandom(100) for _ in range(6)]
+        for data in starts[:5]:
+            assert _put_blob(client, data, total=2 * 1024**3) == {"complete": False, "received": 100}
+        with pytest.raises(ApiError, match=r"5 unfinished uploads.*limit of 5.*DELETE /blobs/SHA") as e:
+            _put_blob(client, starts[5], total=2 * 1024**3)
+        assert e.value.status == 429
+        quota = client.health()["quota"]
+        assert (quota["pending_uploads"], quota["max_pending_uploads"], quota["pending_bytes"]) == (5, 5, 500)
+        assert quota["max_pending_bytes"] == 2 * 2 * 1024**3
+        client.t.json("DELETE", f"/blobs/{hashlib.sha256(starts[0]).hexdigest()}")
+        assert _put_blob(client, starts[5], total=2 * 1024**3)["received"] == 100
+
+
+def test_stored_blobs_are_bounded_per_user_and_shown(tmp_path: Path) -> None:
+    """A limit of 10,000 stored bytes: a fourth blob of 3,000 bytes makes room by dropping the one least recently
+    used that no active job reads (the client uploads it again when it needs it); a blob over the limit is a 413
+    at its first chunk; when the blobs active jobs read leave no room, the upload is a 413 naming the limit and
+    the fix. No job ever starts here (no instances allowed), so the one submitted stays queued."""
+    env = {"AIBRO_MAX_STORED_BYTES": "10000", "AIBRO_MAX_ACTIVE_INSTANCES": "0"}
+    with own_backend(tmp_path / "home", **env) as b:
+        client = b.client()
+        blobs = [os.urandom(3000) for _ in range(6)]
+        for data in blobs[:3]:
+            assert _put_blob(client, data)["complete"]
+        assert _held(client, blobs[0])  # used again: blobs[1] is now the least recently used
+        assert _put_blob(client, blobs[3])["complete"]
+        assert [_held(client, data) for data in blobs[:4]] == [True, False, True, True]
+        quota = client.health()["quota"]
+        assert (quota["stored_bytes"], quota["max_stored_bytes"]) == (9000, 10000)
+
+        with pytest.raises(ApiError, match=r"20000 bytes.*limit of 10000 bytes") as e:
+            _put_blob(client, os.urandom(20000))
+        assert e.value.status == 413
+
+        shas = [hashlib.sha256(data).hexdigest() for data in blobs]
+        spec = {"model": shas[0], "data": {"x": {"blob": shas[2]}, "y": {"blob": shas[3]}}, "machines": ["local-cpu"]}
+        job = client.submit(spec)
+        assert job["status"] == v.QUEUING
+        with pytest.raises(ApiError, match=r"active jobs read 9000 bytes.*limit of 10000 bytes.*cancel") as e:
+            _put_blob(client, blobs[4])
+        assert e.value.status == 413
+        assert [_held(client, data) for data in (blobs[0], blobs[2], blobs[3])] == [True, True, True]
+        client.cancel(job["job_id"])
+        assert _put_blob(client, blobs[4])["complete"]
+        assert client.health()["quota"]["stored_bytes"] <= 10000
+        gone = [data for data in (blobs[0], blobs[2], blobs[3]) if not _held(client, data)]
+        assert len(gone) == 1
+        blob_files = list((b.home / "state" / "blobs" / "blobs").iterdir())
+        assert len(blob_files) == 3, "a blob nobody holds any more still takes its disk"
 
 
 # -- 4. batch sizes and steps ------------------------------------------------------------------------------------

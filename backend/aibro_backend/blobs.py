@@ -181,6 +181,10 @@ class BlobStore:
     def has_blob(self, sha: str) -> bool:
         return self.blob_path(sha).exists()
 
+    def remove_blob(self, sha: str) -> None:
+        """A blob no user holds any more: its bytes go (with the S3 backing they stay in the bucket)."""
+        self.blob_path(sha).unlink(missing_ok=True)
+
     # -- partial uploads ----------------------------------------------------------------------------
     def _group(self, group: str) -> Path:
         """Partial uploads are grouped by who pays for them: a user's blobs (partial/<user>/), so nobody appends to
@@ -213,14 +217,26 @@ class BlobStore:
     def held(self, group: str) -> int:
         """Bytes a user (or a job, `job~<id>`) holds in unfinished uploads, counting what requests now in
         flight have declared but not yet sent: what the per-user quota bounds."""
-        total = 0
+        return self.pending(group)[0]
+
+    def pending(self, group: str) -> tuple[int, int]:
+        """(bytes, uploads) of a user's (or a job's) unfinished uploads: the bytes received and those requests now
+        in flight declared, not the totals the uploads declared (those take no disk until they arrive)."""
+        total, count = 0, 0
         with os.scandir(self._group(group)) as it:
             for entry in it:
                 try:
                     total += entry.stat().st_size
+                    count += 1
                 except OSError:
                     pass
-        return total + sum(w.expect - w.written for w in self._writers.values() if w.group == group)
+        return total + sum(w.expect - w.written for w in self._writers.values() if w.group == group), count
+
+    def has_partial(self, sha: str, owner: str) -> bool:
+        return self._partial(sha, owner).exists()
+
+    def has_upload(self, upload_id: str, owner: str) -> bool:
+        return self._upload_partial(upload_id, owner).exists()
 
     def open_partial(
         self, path: Path, group: str, offset: int, expect: int, total: int, restart: bool = False

@@ -833,10 +833,22 @@ class ErrorBody(Response):
     wseq: int | None = Field(None, description="the worker event that was refused (worker event batches)")
 
 
+class Quota(Response):
+    """What the user holds of the backend's storage, and the limits (limits.py)."""
+
+    stored_bytes: int = Field(description="finished blobs this user holds")
+    max_stored_bytes: int = Field(description="beyond it a new blob drops the least recently used ones no job reads")
+    pending_bytes: int = Field(description="bytes received by this user's unfinished uploads")
+    max_pending_bytes: int
+    pending_uploads: int = Field(description="this user's unfinished uploads")
+    max_pending_uploads: int
+
+
 class Health(Response):
     ok: bool
     user: str
     version: str
+    quota: Quota
     events_port: int | None = Field(
         None,
         description="the port of this host where the event long-polls are also answered, at less CPU (absent: "
