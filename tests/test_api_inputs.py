@@ -133,7 +133,7 @@ def test_event_query_limits_that_fit(client: BackendClient) -> None:
         ({"cool_down_s": 10**9}, r"'cool_down_s' must be a number of seconds between 0 and one week"),
         ({"wait_request_s": "abc"}, r"'wait_request_s' must be a number of seconds.*got 'abc'"),
         ({"wait_request_s": -5}, r"'wait_request_s' must be a number of seconds"),
-        ({"fit": {"batch_size": -1}}, r"fit.batch_size must be a positive integer or null, got -1"),
+        ({"fit": {"batch_size": -1}}, r"fit.batch_size must be a positive integer of at most 16777216 .*, got -1"),
         ({"fit": {"batch_size": 0}}, r"fit.batch_size must be a positive integer"),
         ({"fit": {"batch_size": 32.5}}, r"fit.batch_size must be a positive integer"),
         ({"fit": {"batch_size": True}}, r"fit.batch_size must be a positive integer"),

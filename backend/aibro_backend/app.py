@@ -4,8 +4,9 @@ What a client can hold of the service is bounded here, before any handler runs (
 `GuardedApplication` answers a request from its headers alone when its token is missing, unknown or expired, or
 its Content-Length is over the route's limit (1 MiB for JSON, 64 MiB for one streamed upload chunk), so no body of
 a stranger is ever buffered; each body must arrive within a deadline; `GuardedHTTPServer` caps open connections
-(the next gets a short 503) and pauses accepting for a moment when the process is out of descriptors instead of
-spinning on accept(). The access log shows paths without query strings, and every log line has tokens redacted.
+(the next gets a short 503), closes a connection whose answer the client stopped taking, and pauses accepting
+for a moment when the process is out of descriptors instead of spinning on accept(). The access log shows paths
+without query strings, and every log line has tokens redacted.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ from .store import Store
 
 log = logging.getLogger("aibro.backend")
 LINGER_MAX = 64 * 1024  # a refused body up to this size is read and dropped, so the client can read the answer
+# ... and up to this size when the client's token holds and only the body's size is refused (413): a client that
+# sends its whole body before it reads (most do) then reads the 413 instead of meeting a reset connection
+DRAIN_MAX = 64 * 1024 * 1024
 FD_RESERVE = 256  # descriptors kept free of client connections: the database, logs, blob files, worker pipes
 ACCEPT_PAUSE_S = 0.5
 
@@ -214,13 +218,14 @@ def header_refusal(
 
 
 class _Guard(httputil.HTTPMessageDelegate):
-    """Wraps a handler's delegate: a refused request is answered at once and its body is never handed on (a
-    small one is read and dropped so the client sees the answer, a large one closes the connection)."""
+    """Wraps a handler's delegate: a refused request is answered at once and its body is never handed on (one
+    that `_drained_length` allows is read and dropped so the client sees the answer, any other closes the
+    connection)."""
 
     def __init__(
-        self, inner: httputil.HTTPMessageDelegate, request: httputil.HTTPServerRequest, check: Any, linger_s: float
+        self, inner: httputil.HTTPMessageDelegate, request: httputil.HTTPServerRequest, check: Any, limits: Limits
     ) -> None:
-        self.inner, self.request, self.check, self.linger_s = inner, request, check, linger_s
+        self.inner, self.request, self.check, self.limits = inner, request, check, limits
         self.refused = False
 
     def headers_received(
@@ -234,8 +239,7 @@ class _Guard(httputil.HTTPMessageDelegate):
         conn = self.request.connection
         assert conn is not None
         body = json.dumps({"error": message, "status": status}).encode()
-        raw = self.request.headers.get("Content-Length", "0").strip()
-        small = raw.isdigit() and int(raw) <= LINGER_MAX and "Transfer-Encoding" not in self.request.headers
+        length = self._drained_length(status)
         out = httputil.HTTPHeaders(
             {
                 "Content-Type": "application/json",
@@ -244,7 +248,7 @@ class _Guard(httputil.HTTPMessageDelegate):
                 "Date": formatdate(usegmt=True),
             }
         )
-        if not small:
+        if length is None:
             out["Connection"] = "close"
         head = self.request.method == "HEAD"
         conn.write_headers(
@@ -253,12 +257,23 @@ class _Guard(httputil.HTTPMessageDelegate):
             None if head else body,
         )
         _log_access(status, self.request, "refused from its headers")
-        if small:
-            conn.set_body_timeout(self.linger_s)
+        if length is not None:
+            conn.set_max_body_size(length)
+            conn.set_body_timeout(self.limits.linger_s + length / self.limits.min_body_rate)
         else:  # closes the connection once the answer is out: the body is never read (nor refused again as too long)
             conn.set_max_body_size(1 << 62)
             conn.finish()
         return None
+
+    def _drained_length(self, status: int) -> int | None:
+        """The length of a refused body that is read and dropped before the connection goes on, or None when the
+        connection is closed instead: a chunked body, or one too large to read for nothing (a stranger's over
+        LINGER_MAX, a known client's over DRAIN_MAX)."""
+        raw = self.request.headers.get("Content-Length", "0").strip()
+        if not raw.isdigit() or "Transfer-Encoding" in self.request.headers:
+            return None
+        length = int(raw)
+        return length if length <= (DRAIN_MAX if status == 413 else LINGER_MAX) else None
 
     def data_received(self, chunk: bytes) -> Any:
         return None if self.refused else self.inner.data_received(chunk)
@@ -288,8 +303,7 @@ class GuardedApplication(tornado.web.Application):
         backend = (target_kwargs or {}).get("backend")
         if backend is None:
             return inner
-        linger_s = limits_of(backend).linger_s
-        return _Guard(inner, request, lambda: header_refusal(backend, target_class, request), linger_s)
+        return _Guard(inner, request, lambda: header_refusal(backend, target_class, request), limits_of(backend))
 
 
 def _log_access(status: int, request: httputil.HTTPServerRequest, note: str = "") -> None:
@@ -418,6 +432,33 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
         self.open_connections += 1
         super().handle_stream(stream, address)
 
+    def watch_writes(self, stall_s: float) -> PeriodicCallback:
+        """Close each connection whose answer has not moved for `stall_s`: tornado times out reading a request,
+        never writing an answer, so a client that stops reading would hold its connection (and the answer) for
+        good. Progress is the stream's count of bytes written, sampled every few seconds."""
+        seen: dict[Any, tuple[int, float]] = {}
+
+        def check() -> None:
+            now = time.monotonic()
+            for conn in list(self._connections):
+                stream = conn.stream
+                done = getattr(stream, "_total_write_done_index", None)
+                if done is None or not stream.writing():
+                    seen.pop(conn, None)
+                    continue
+                since = seen.get(conn)
+                if since is None or since[0] != done:
+                    seen[conn] = (done, now)
+                elif now - since[1] >= stall_s:
+                    del seen[conn]
+                    stream.close()
+            for conn in [c for c in seen if c not in self._connections]:
+                del seen[conn]
+
+        watch = PeriodicCallback(check, 1000 * min(5.0, max(0.5, stall_s / 4)))
+        watch.start()
+        return watch
+
     def on_close(self, server_conn: Any) -> None:
         self.open_connections -= 1
         super().on_close(server_conn)
@@ -544,6 +585,7 @@ async def serve(
         chunk_size=1 << 20,  # upload bodies reach handlers 1 MiB at a time, not tornado's 64 KiB
     )
     server.add_sockets([sock])
+    write_watch = server.watch_writes(limits.idle_timeout_s)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     backend.url = f"{'https' if tls else 'http'}://{shown}:{bound}"
@@ -575,6 +617,7 @@ async def serve(
     ticker.stop()
     sweeper.stop()
     reconciler.stop()
+    write_watch.stop()
     shutdown_instances(backend)
     for provider in backend.scheduler.providers.values():
         getattr(provider, "close", lambda: None)()

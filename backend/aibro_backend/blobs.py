@@ -18,6 +18,7 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,17 @@ def check_artifact_name(name: str) -> str:
             f"artifact name '{name[:80]}' is not allowed: use letters, digits, '.', '_', '-' and '/' (no '..')"
         )
     return name
+
+
+def artifact_conflict(names: Iterable[str], name: str) -> str | None:
+    """Why `name` cannot be stored beside a job's artifacts `names`, or None: a name is a file or a folder of
+    others ('a/b' makes 'a' a folder), so 'a/b' cannot join a file 'a', nor 'a' a folder holding 'a/b'."""
+    for other in names:
+        if name.startswith(other + "/"):
+            return f"'{other}' is already a file of this job, so '{name}' cannot be stored inside it"
+        if other.startswith(name + "/"):
+            return f"'{name}' is already a folder of this job's artifacts (it holds '{other}')"
+    return None
 
 
 def sha256_file(path: Path) -> str:
@@ -169,6 +181,10 @@ class BlobStore:
     def has_blob(self, sha: str) -> bool:
         return self.blob_path(sha).exists()
 
+    def remove_blob(self, sha: str) -> None:
+        """A blob no user holds any more: its bytes go (with the S3 backing they stay in the bucket)."""
+        self.blob_path(sha).unlink(missing_ok=True)
+
     # -- partial uploads ----------------------------------------------------------------------------
     def _group(self, group: str) -> Path:
         """Partial uploads are grouped by who pays for them: a user's blobs (partial/<user>/), so nobody appends to
@@ -201,14 +217,26 @@ class BlobStore:
     def held(self, group: str) -> int:
         """Bytes a user (or a job, `job~<id>`) holds in unfinished uploads, counting what requests now in
         flight have declared but not yet sent: what the per-user quota bounds."""
-        total = 0
+        return self.pending(group)[0]
+
+    def pending(self, group: str) -> tuple[int, int]:
+        """(bytes, uploads) of a user's (or a job's) unfinished uploads: the bytes received and those requests now
+        in flight declared, not the totals the uploads declared (those take no disk until they arrive)."""
+        total, count = 0, 0
         with os.scandir(self._group(group)) as it:
             for entry in it:
                 try:
                     total += entry.stat().st_size
+                    count += 1
                 except OSError:
                     pass
-        return total + sum(w.expect - w.written for w in self._writers.values() if w.group == group)
+        return total + sum(w.expect - w.written for w in self._writers.values() if w.group == group), count
+
+    def has_partial(self, sha: str, owner: str) -> bool:
+        return self._partial(sha, owner).exists()
+
+    def has_upload(self, upload_id: str, owner: str) -> bool:
+        return self._upload_partial(upload_id, owner).exists()
 
     def open_partial(
         self, path: Path, group: str, offset: int, expect: int, total: int, restart: bool = False
@@ -351,8 +379,15 @@ class BlobStore:
         part = self.artifact_partial(job_id, name)
         size, sha = part.stat().st_size, self.digest(part)
         path = self.artifact_path(job_id, name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(part, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part, path)
+        except (NotADirectoryError, IsADirectoryError, FileExistsError):  # another upload took the name's path
+            part.unlink(missing_ok=True)
+            raise BlobError(
+                f"'{name}' collides with another artifact of job {job_id} (a file where a folder is needed, or a "
+                "folder where the file would go)"
+            ) from None
         return size, sha
 
     def write_artifact(self, job_id: str, name: str, data: bytes) -> tuple[int, str]:

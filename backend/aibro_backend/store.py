@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT N
 CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NULL, created REAL NOT NULL,
     id TEXT, expires REAL, last_used REAL);
 CREATE TABLE IF NOT EXISTS blobs (sha TEXT NOT NULL, user_id INTEGER NOT NULL, size INTEGER NOT NULL,
-    created REAL NOT NULL, PRIMARY KEY (sha, user_id));
+    created REAL NOT NULL, used REAL, PRIMARY KEY (sha, user_id));
 CREATE TABLE IF NOT EXISTS counters (user_id INTEGER NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
     PRIMARY KEY (user_id, name));
 CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
@@ -131,6 +131,10 @@ class Store:
         for col, kind in (("enroll_hash", "TEXT"), ("enroll_expires", "REAL"), ("price_per_hour", "REAL")):
             if col not in icols:
                 self.db.execute(f"ALTER TABLE instances ADD COLUMN {col} {kind}")
+        bcols = {r["name"] for r in self.db.execute("PRAGMA table_info(blobs)").fetchall()}
+        if "used" not in bcols:  # when the user last uploaded, asked for or trained on it: the least recent go first
+            self.db.execute("ALTER TABLE blobs ADD COLUMN used REAL")
+        self.db.execute("CREATE INDEX IF NOT EXISTS blobs_user ON blobs (user_id, used)")
 
     # -- users and tokens -------------------------------------------------------------------------
     def user_count(self) -> int:
@@ -228,14 +232,40 @@ class Store:
 
     # -- blobs index ------------------------------------------------------------------------------
     def add_blob(self, sha: str, user_id: int, size: int) -> None:
+        now = time.time()
         self.db.execute(
-            "INSERT OR IGNORE INTO blobs (sha, user_id, size, created) VALUES (?, ?, ?, ?)",
-            (sha, user_id, size, time.time()),
+            "INSERT OR IGNORE INTO blobs (sha, user_id, size, created, used) VALUES (?, ?, ?, ?, ?)",
+            (sha, user_id, size, now, now),
         )
 
     def blob_size(self, sha: str, user_id: int) -> int | None:
         row = self.db.execute("SELECT size FROM blobs WHERE sha=? AND user_id=?", (sha, user_id)).fetchone()
         return int(row["size"]) if row else None
+
+    def touch_blobs(self, user_id: int, shas: list[str]) -> None:
+        """The user is using these blobs now (asked for them, submitted a job that reads them)."""
+        marks = ",".join("?" * len(shas))
+        self.db.execute(f"UPDATE blobs SET used=? WHERE user_id=? AND sha IN ({marks})", (time.time(), user_id, *shas))
+
+    def stored_bytes(self, user_id: int) -> int:
+        row = self.db.execute("SELECT COALESCE(SUM(size), 0) AS n FROM blobs WHERE user_id=?", (user_id,)).fetchone()
+        return int(row["n"])
+
+    def blobs_by_use(self, user_id: int) -> list[tuple[str, int]]:
+        """The user's blobs as (sha, size), the least recently used first."""
+        rows = self.db.execute(
+            "SELECT sha, size FROM blobs WHERE user_id=? ORDER BY COALESCE(used, created), created", (user_id,)
+        ).fetchall()
+        return [(r["sha"], int(r["size"])) for r in rows]
+
+    def blob_held(self, sha: str) -> bool:
+        """Whether any user holds `sha`."""
+        return self.db.execute("SELECT 1 FROM blobs WHERE sha=? LIMIT 1", (sha,)).fetchone() is not None
+
+    def drop_blob(self, sha: str, user_id: int) -> bool:
+        """Forget that the user holds `sha`; True when no user holds it any more (its bytes may go)."""
+        self.db.execute("DELETE FROM blobs WHERE sha=? AND user_id=?", (sha, user_id))
+        return not self.blob_held(sha)
 
     # -- jobs -------------------------------------------------------------------------------------
     def create_job(self, job_id: str, user_id: int, spec: dict[str, Any], replay_of: str | None = None) -> None:

@@ -1,4 +1,5 @@
-"""Files that hold secrets (tokens, credentials) are private from the first byte."""
+"""Files that hold secrets (tokens, credentials) are private from the first byte; so are the folders and logs of
+workers, whatever the umask they run under or what an older version left."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_private(path: Path, data: dict | str) -> None:
@@ -20,6 +22,20 @@ def write_private(path: Path, data: dict | str) -> None:
         else:
             json.dump(data, f)
     os.replace(tmp, path)
+
+
+def private_dir(path: Path) -> Path:
+    """A folder only its owner reaches (0700): made so, or made so again when it was left open before."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def open_private_log(path: Path) -> BinaryIO:
+    """A log file to append to, 0600 whatever the umask and whoever made it before."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def new_token(kind: str = "u") -> str:

@@ -5,8 +5,10 @@ sidebar and script watching its job or user), and tornado spends ~200 µs of CPU
 any of ours runs; this parser (httptools, the one uvicorn uses) and an asyncio protocol take ~20 µs
 (benchmarks/README.md). Same host, same token rules, the same answers (api/longpoll.py), the same TLS context;
 its connections count under the backend's one connection cap (app.GuardedHTTPServer.accept_also), and idle ones
-close after the same timeout. `/health` announces its port; clients send long-polls there when they reach it and
-to the main port otherwise. Anything but `GET` of those two paths is answered with where to go instead."""
+close after the same timeout, as do ones whose client stops taking its answers (no answer is queued behind one
+that cannot be written, and one left unwritten for the idle timeout drops the connection). `/health` announces
+its port; clients send long-polls there when they reach it and to the main port otherwise. Anything but `GET` of
+those two paths is answered with where to go instead."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ log = logging.getLogger("aibro.backend")
 
 MAX_HEAD = 64 * 1024  # request line and headers together (tornado's own default for the main port)
 MAX_QUEUED = 16  # pipelined requests read ahead of the one being answered; reading pauses beyond it
+MAX_PIPELINED = 64  # ... and dropped beyond this (one read can hold hundreds); no long-poll client pipelines
 JOB_EVENTS = re.compile(r"/api/v1/jobs/([\w-]+)/events")
 USER_EVENTS = "/api/v1/events"
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
@@ -142,7 +145,9 @@ class _Connection(asyncio.Protocol):
         self.queue: deque[_Request] = deque()
         self.task: asyncio.Task | None = None
         self.idle: asyncio.TimerHandle | None = None
+        self.stall: asyncio.TimerHandle | None = None  # armed while the transport holds more than it can send
         self.paused = False
+        self.writing_paused = False
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
         self._head = 0
@@ -168,10 +173,45 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None:
             self.task.cancel()
-        if self.idle is not None:
-            self.idle.cancel()
+        for timer in (self.idle, self.stall):
+            if timer is not None:
+                timer.cancel()
         self.queue.clear()
         self.port.closed(self)
+
+    def pause_writing(self) -> None:
+        """The client is not taking its answers: answer nothing more until it does, and drop the connection when
+        it has not within the idle timeout (the answers would otherwise pile up in memory, and the connection stay
+        open for good)."""
+        self.writing_paused = True
+        self._arm_stall()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.transport is None or self.transport.is_closing():
+            return  # closing: what is left must still go within the timeout (_close)
+        if self.stall is not None:
+            self.stall.cancel()
+            self.stall = None
+        if self.task is None:
+            self._go_on()
+
+    def _arm_stall(self) -> None:
+        if self.stall is None:
+            self.stall = asyncio.get_running_loop().call_later(self.port.idle_timeout_s, self._stalled)
+
+    def _stalled(self) -> None:
+        self.stall = None
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _close(self) -> None:
+        """Close once what was written is sent (close() waits for it), dropping the connection when the client
+        has not taken it within the idle timeout."""
+        assert self.transport is not None
+        self.transport.close()
+        if self.transport.get_write_buffer_size():
+            self._arm_stall()
 
     # -- httptools callbacks ------------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -192,10 +232,15 @@ class _Connection(asyncio.Protocol):
         if self.idle is not None:  # a whole request came within the idle timeout (counted from the last answer)
             self.idle.cancel()
             self.idle = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        if len(self.queue) >= MAX_PIPELINED:
+            self.transport.abort()
+            return
         method = self.parser.get_method().decode("latin-1")
         keep = self.parser.should_keep_alive()
         self.queue.append(_Request(method, self._url, self._headers, keep, self._body))
-        if self.task is None:
+        if self.task is None and not self.writing_paused:
             self._next()
 
     def _count(self, n: int) -> None:
@@ -224,21 +269,26 @@ class _Connection(asyncio.Protocol):
         log_access(status, req.method, path, self.peer, time.monotonic() - t0, "(event port)")
         self.task = None
         if not req.keep_alive:
-            transport.close()
-        elif self.queue:
+            self._close()
+        elif not self.writing_paused:  # else resume_writing goes on once the client takes what was written
+            self._go_on()
+
+    def _go_on(self) -> None:
+        """After an answer is out: the next queued request, or reading again and waiting for one."""
+        if self.queue:
             self._next()
-        else:
-            if self.paused:
-                transport.resume_reading()
-                self.paused = False
-            self._arm_idle()
+            return
+        if self.paused and self.transport is not None:
+            self.transport.resume_reading()
+            self.paused = False
+        self._arm_idle()
 
     def _refuse(self, status: int, message: str) -> None:
         """A request that cannot be parsed: answered and the connection closed (what follows cannot be framed)."""
         if self.transport is None or self.transport.is_closing():
             return
         if self.task is not None:  # garbage pipelined behind a request still waiting: nothing here can be framed
-            self.transport.close()
+            self._close()
             return
         body = _error(status, message)
         head = (
@@ -247,7 +297,7 @@ class _Connection(asyncio.Protocol):
         )
         self.transport.write(head.encode("latin-1") + body)
         log_access(status, "-", "-", self.peer, 0.0, "(event port: unparsable request)")
-        self.transport.close()
+        self._close()
 
     def _arm_idle(self) -> None:
         if self.idle is not None:
@@ -257,7 +307,7 @@ class _Connection(asyncio.Protocol):
     def _idle_out(self) -> None:
         self.idle = None
         if self.task is None and self.transport is not None:
-            self.transport.close()
+            self._close()
 
 
 class _HeadTooBig(Exception):

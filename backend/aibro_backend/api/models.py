@@ -50,6 +50,7 @@ MAX_EPOCHS = 1_000_000
 MAX_EVENT_BATCH = 500
 MAX_MESSAGE = 8000
 MAX_BATCH_SIZE = 1 << 24  # samples in one batch (a bigger one is no batch)
+MAX_STEPS = 1_000_000_000  # batches in one epoch or validation: over 11 days at 1 ms a batch
 MAX_LOG_KEYS = 256
 MAX_LOG_KEY_CHARS = 200
 MAX_TIMESTAMP = 1e11  # seconds since 1970: year 5138, so a timestamp in ms (or garbage) is refused
@@ -273,13 +274,17 @@ class Data(DataPart):
 
 
 PositiveInt = Annotated[int, Field(ge=1, le=INT64_MAX), INTEGRAL]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE), INTEGRAL]
+Steps = Annotated[int, Field(ge=1, le=MAX_STEPS), INTEGRAL]
+BATCH_SIZE_RULE = f"must be a positive integer of at most {MAX_BATCH_SIZE} (samples in one batch), or null"
+STEPS_RULE = f"must be a positive integer of at most {MAX_STEPS} (batches), or null"
 
 
 class FitArgs(Request):
     """The model.fit keyword arguments that travel to the worker as they are."""
 
     epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS), INTEGRAL] = 1
-    batch_size: described(PositiveInt | None, "must be a positive integer or null") = None
+    batch_size: described(BatchSize | None, BATCH_SIZE_RULE) = None
     shuffle: described(bool, "must be true or false") = True
     class_weight: described(
         Annotated[
@@ -296,9 +301,9 @@ class FitArgs(Request):
         Annotated[int, Field(ge=0, le=MAX_EPOCHS, description="where training starts; less than epochs"), INTEGRAL],
         "must be a non-negative integer",
     ) = 0
-    steps_per_epoch: described(PositiveInt | None, "must be a positive integer or null") = None
-    validation_steps: described(PositiveInt | None, "must be a positive integer or null") = None
-    validation_batch_size: described(PositiveInt | None, "must be a positive integer or null") = None
+    steps_per_epoch: described(Steps | None, STEPS_RULE) = None
+    validation_steps: described(Steps | None, STEPS_RULE) = None
+    validation_batch_size: described(BatchSize | None, BATCH_SIZE_RULE) = None
     validation_freq: described(PositiveInt, "must be a positive integer") = 1
     validation_split: described(
         Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)], "must be a number in [0, 1)"
@@ -828,6 +833,17 @@ class ErrorBody(Response):
     wseq: int | None = Field(None, description="the worker event that was refused (worker event batches)")
 
 
+class Quota(Response):
+    """What the user holds of the backend's storage, and the limits (limits.py)."""
+
+    stored_bytes: int = Field(description="finished blobs this user holds")
+    max_stored_bytes: int = Field(description="beyond it a new blob drops the least recently used ones no job reads")
+    pending_bytes: int = Field(description="bytes received by this user's unfinished uploads")
+    max_pending_bytes: int
+    pending_uploads: int = Field(description="this user's unfinished uploads")
+    max_pending_uploads: int
+
+
 class Health(Response):
     ok: bool
     user: str
@@ -836,6 +852,7 @@ class Health(Response):
         "none", description="how this backend confines the workers that run users' code on its own host"
     )
     sandbox_warning: str | None = Field(None, description="present when workers run unconfined: what that means")
+    quota: Quota
     events_port: int | None = Field(
         None,
         description="the port of this host where the event long-polls are also answered, at less CPU (absent: "

@@ -22,9 +22,20 @@ import tornado.web
 from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 
-from ..blobs import BlobError, PartialWriter, UploadBusy, check_artifact_name, check_sha, check_upload_id
+from aibro_core import vocabulary as v
+
+from ..blobs import (
+    BlobError,
+    PartialWriter,
+    UploadBusy,
+    artifact_conflict,
+    check_artifact_name,
+    check_sha,
+    check_upload_id,
+)
 from ..limits import limits_of
 from ..s3blobs import S3Backing, S3BlobError
+from ..state import Backend
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs
 from .models import NameUpload, S3Upload
@@ -147,6 +158,7 @@ class BlobHandler(StreamedUpload, UserHandler):
                 size = None
             self.set_header(VIA_S3, "s3")
         if size is not None:
+            self.backend.store.touch_blobs(self.uid, [check])  # about to be used: the last to make room
             self.set_header("X-Blob-Size", str(size))
             self.set_status(200)
         else:
@@ -163,7 +175,9 @@ class BlobHandler(StreamedUpload, UserHandler):
         if self.backend.store.blob_size(check, self.uid) is not None:
             self.discard = True  # this user holds it already: nothing to store
             return
-        _check_partial_quota(self, length)
+        _check_partial_quota(self, length, new=not self.backend.blobs.has_partial(check, str(self.uid)))
+        if offset == 0:
+            _check_stored_room(self, total)
         self.open_writer(self.backend.blobs.open_blob_chunk, check, str(self.uid), offset, length, total)
 
     async def put(self, sha: str) -> None:
@@ -181,7 +195,7 @@ class BlobHandler(StreamedUpload, UserHandler):
             await IOLoop.current().run_in_executor(None, self.backend.blobs.finish_blob, sha, str(self.uid))
         except BlobError as exc:
             raise ApiError(409, str(exc)) from None
-        store.add_blob(sha, self.uid, writer.total)
+        _keep(self, sha, writer.total)
         self.send({"complete": True, "received": writer.total})
 
     def delete(self, sha: str) -> None:
@@ -218,7 +232,9 @@ class UnnamedUploadHandler(StreamedUpload, UserHandler):
         if length == 0:
             raise ApiError(400, "a chunk of an unnamed upload carries at least one byte (send empty data by name)")
         _check_size(self, total, "a blob")
-        _check_partial_quota(self, length)
+        _check_partial_quota(self, length, new=not self.backend.blobs.has_upload(check, str(self.uid)))
+        if offset == 0:
+            _check_stored_room(self, total)
         self.open_writer(self.backend.blobs.open_upload_chunk, check, str(self.uid), offset, length, total)
 
     async def put(self, upload_id: str) -> None:
@@ -248,7 +264,7 @@ class UnnamedUploadFinish(UserHandler):
             )
         except BlobError as exc:
             raise ApiError(409, str(exc)) from None
-        self.backend.store.add_blob(sha, self.uid, body.size)
+        _keep(self, sha, body.size)
         self.send({"complete": True, "received": body.size, "sha256": sha})
 
 
@@ -304,6 +320,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
         self.assigned_job(job_id, self.int_arg("attempt", None))
         _artifact_path(self, job_id, name)
         _refuse_in_s3(self, f"/worker/jobs/{job_id}/uploads/{name}")
+        _check_name_free(self, job_id, name)
         length = self.body_length()
         offset = self.int_arg("offset", 0)
         total = self.int_arg("total", offset + length)
@@ -323,7 +340,10 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
             return
         self.assigned_job(job_id, self.int_arg("attempt", None))  # still this instance's, now that it is all here
         blobs = self.backend.blobs
-        size, sha = await IOLoop.current().run_in_executor(None, blobs.finish_artifact, job_id, name)
+        try:
+            size, sha = await IOLoop.current().run_in_executor(None, blobs.finish_artifact, job_id, name)
+        except BlobError as exc:
+            raise ApiError(409, f"{exc}: upload it under another name") from None
         self.backend.store.add_artifact(job_id, name, size, sha)
         self.send({"name": name, "size": size, "sha256": sha, "complete": True, "received": size})
 
@@ -341,13 +361,14 @@ class BlobUploadHandler(UserHandler):
             raise ApiError(400, f"'sha256' {body.sha256} is not this blob's name {check}: leave it out or match it")
         key = s3.staging_key(self.uid, check)
         if body.action == "start":
+            _check_stored_room(self, body.size)
             self.send(await _run(s3, s3.plan_upload, key, body.size, check))
             return
         parts = [p.model_dump() for p in body.parts]
         size = await _run(s3, s3.finish_blob, self.uid, check, body.upload_id, parts)
         if size != body.size:  # the declared size is what the limits judged: nothing else is indexed as this user's
             raise ApiError(409, f"blob {check} holds {size} bytes, not the {body.size} declared: upload it again")
-        self.backend.store.add_blob(check, self.uid, size)
+        _keep(self, check, size)
         self.backend.store.bump(self.uid, "blob_bytes_s3", size)
         self.send({"complete": True, "received": size})
 
@@ -363,6 +384,7 @@ class WorkerUploadHandler(WorkerHandler):
             raise ApiError(400, "worker uploads need 'attempt': the job attempt this worker runs")
         self.assigned_job(job_id, body.attempt)
         _artifact_path(self, job_id, name)
+        _check_name_free(self, job_id, name)
         _check_size(self, body.size, "an artifact")
         key = s3.artifact_key(job_id, name)
         if body.action == "start":
@@ -374,6 +396,7 @@ class WorkerUploadHandler(WorkerHandler):
         if size != body.size:
             raise ApiError(409, f"S3 holds {size} bytes of {name}, not the {body.size} declared: upload it again")
         self.assigned_job(job_id, body.attempt)  # still this instance's, now that it is all there
+        _check_name_free(self, job_id, name)  # and still free of another upload finished meanwhile
         self.backend.store.add_artifact(job_id, name, size, body.sha256)
         self.send({"name": name, "size": size, "sha256": body.sha256, "complete": True, "received": size})
 
@@ -394,9 +417,31 @@ def _refuse_in_s3(handler: UserHandler | WorkerHandler, instead: str) -> None:
         )
 
 
-def _check_partial_quota(handler: UserHandler, length: int) -> None:
+def quota(backend: Backend, uid: int) -> dict[str, int]:
+    """What a user holds of the backend's storage and their limits (models.Quota, in /health)."""
+    limits = limits_of(backend)
+    pending, uploads = backend.blobs.pending(str(uid))
+    return {
+        "stored_bytes": backend.store.stored_bytes(uid),
+        "max_stored_bytes": limits.max_stored_bytes,
+        "pending_bytes": pending,
+        "max_pending_bytes": limits.max_partial_bytes,
+        "pending_uploads": uploads,
+        "max_pending_uploads": limits.max_partial_uploads,
+    }
+
+
+def _check_partial_quota(handler: UserHandler, length: int, new: bool) -> None:
+    """429 when this chunk would pass the user's limit of unfinished bytes, or start an upload past their number."""
     limits = limits_of(handler.backend)
-    held = handler.backend.blobs.held(str(handler.uid))
+    held, uploads = handler.backend.blobs.pending(str(handler.uid))
+    if new and uploads >= limits.max_partial_uploads:
+        raise ApiError(
+            429,
+            f"you hold {uploads} unfinished uploads, the limit of {limits.max_partial_uploads} per user: finish or "
+            "resume one, drop one (DELETE /blobs/SHA, DELETE /blobs/uploads/ID), or wait until they expire "
+            f"({limits.partial_ttl_s / 3600:g} h untouched)",
+        )
     if held + length > limits.max_partial_bytes:
         raise ApiError(
             429,
@@ -404,6 +449,73 @@ def _check_partial_quota(handler: UserHandler, length: int) -> None:
             f"{limits.max_partial_bytes} bytes per user: finish or resume those uploads first, drop one "
             f"(DELETE /blobs/SHA), or wait until they expire ({limits.partial_ttl_s / 3600:g} h untouched)",
         )
+
+
+def _check_name_free(handler: WorkerHandler, job_id: str, name: str) -> None:
+    """A name the job's stored artifacts leave free: 'a/b' beside a file 'a' (or 'a' beside 'a/b') has no place."""
+    why = artifact_conflict((a["name"] for a in handler.backend.store.artifacts(job_id)), name)
+    if why is not None:
+        raise ApiError(409, f"{why}: upload it under another name")
+
+
+def _pinned(handler: UserHandler) -> dict[str, int]:
+    """The user's blobs that their active jobs read, with their sizes: they stay while those jobs run."""
+    store = handler.backend.store
+    shas = {sha for job in store.jobs(handler.uid, v.JOB_ACTIVE) for sha in spec_blobs(job["spec"])}
+    return {sha: store.blob_size(sha, handler.uid) or 0 for sha in shas}
+
+
+def _check_stored_room(handler: UserHandler, size: int) -> dict[str, int]:
+    """413 unless a blob of `size` bytes fits the user's stored-bytes limit beside what their active jobs read
+    (everything else can make room); returns those jobs' blobs."""
+    limit = limits_of(handler.backend).max_stored_bytes
+    if size > limit:
+        raise ApiError(
+            413,
+            f"a blob of {size} bytes is over your limit of {limit} bytes of stored blobs: send less data, or ask "
+            "the backend's admin to raise AIBRO_MAX_STORED_BYTES",
+        )
+    pinned = _pinned(handler)
+    busy = sum(pinned.values())
+    if busy + size > limit:
+        raise ApiError(
+            413,
+            f"your active jobs read {busy} bytes of blobs: with this one of {size} bytes you would hold more than "
+            f"your limit of {limit} bytes of stored blobs. Wait for one of them to end or cancel it "
+            "(`aibro cancel JOB`), then upload again",
+        )
+    return pinned
+
+
+def _keep(handler: UserHandler, sha: str, size: int) -> None:
+    """Index a finished blob as the user's, first dropping their least recently used blobs that no active job reads
+    until it fits their stored-bytes limit (on the event loop, with no await in between, so uploads finishing
+    together cannot pass it). A blob nobody holds any more loses its bytes."""
+    backend = handler.backend
+    store, blobs = backend.store, backend.blobs
+    if store.blob_size(sha, handler.uid) is not None:
+        return
+    try:
+        pinned = _check_stored_room(handler, size)
+    except ApiError:
+        if blobs.s3 is None and not store.blob_held(sha):
+            blobs.remove_blob(sha)  # published by this upload for nobody
+        raise
+    over = store.stored_bytes(handler.uid) + size - limits_of(backend).max_stored_bytes
+    dropped = 0
+    for old, old_size in store.blobs_by_use(handler.uid):
+        if over <= 0:
+            break
+        if old in pinned:
+            continue
+        if store.drop_blob(old, handler.uid) and blobs.s3 is None:
+            blobs.remove_blob(old)
+        over, dropped = over - old_size, dropped + 1
+    if dropped:
+        log.info("user %d: %d least recently used blobs dropped to make room for %s", handler.uid, dropped, sha)
+    if blobs.s3 is None and not blobs.has_blob(sha):  # another user's upload dropped it between finish and now
+        raise ApiError(409, f"blob {sha} went while this upload finished (nobody else held it): upload it again")
+    store.add_blob(sha, handler.uid, size)
 
 
 def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> None:

@@ -14,6 +14,7 @@ from . import longpoll
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
 from .models import ReplayOverrides, finite
+from .transfer import quota
 
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
 
@@ -80,7 +81,7 @@ class HealthHandler(UserHandler):
     def get(self) -> None:
         from .. import __version__
 
-        health = {"ok": True, "user": self.user["name"], "version": __version__}
+        health = {"ok": True, "user": self.user["name"], "version": __version__, "quota": quota(self.backend, self.uid)}
         health["sandbox"] = self.backend.extra.get("sandbox", "none")
         if self.backend.extra.get("sandbox_warning"):
             health["sandbox_warning"] = self.backend.extra["sandbox_warning"]
@@ -151,6 +152,7 @@ def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None 
         )
     job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
     backend.store.create_job(job_id, handler.uid, spec, replay_of=replay_of)
+    backend.store.touch_blobs(handler.uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
     backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
     backend.scheduler.tick()
     return job_view(backend.store.job(job_id), backend.store)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aibro_core.files import open_private_log, private_dir
+
 from ..worker.jobprocs import descendants
 from .sandbox import Sandbox
 from .spare import MODULE as SPARE_MODULE
@@ -175,11 +177,9 @@ class LocalProvider:
     def _dirs(self, name: str, user_id: int | None) -> tuple[int | None, Path, Path]:
         """The sandbox uid, the private work directory `workers/<name>` and the user's environment cache."""
         uid = self.sandbox.uid_for(user_id)
-        (self.state_dir / "workers").mkdir(parents=True, exist_ok=True, mode=0o700)
-        workdir = self.state_dir / "workers" / name
+        workdir = private_dir(self.state_dir / "workers") / name  # 0700 even where an older version left 0755
         self.sandbox.prepare(workdir, uid)
-        envs = self.state_dir / "envs" / f"u{int(user_id or 0)}"  # one user's cached environments, never shared
-        (self.state_dir / "envs").mkdir(parents=True, exist_ok=True, mode=0o700)
+        envs = private_dir(self.state_dir / "envs") / f"u{int(user_id or 0)}"  # one user's, never shared
         self.sandbox.prepare(envs, uid)
         return uid, workdir, envs
 
@@ -192,7 +192,7 @@ class LocalProvider:
         )
         if self.sandbox.kind != "none":
             full_env["HOME"] = str(workdir)
-        log = open(workdir / "worker.log", "ab")
+        log = open_private_log(workdir / "worker.log")
         argv = [self.python, "-I", "-m", module]
         proc = subprocess.Popen(
             self.sandbox.command(argv, workdir, [envs], uid),

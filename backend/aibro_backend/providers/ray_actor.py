@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aibro_core.files import open_private_log, private_dir
+
 
 class InstanceActor:
     """Runs on a cluster node inside a Ray actor; holds the machine's resources while the agent it started runs.
@@ -55,12 +57,12 @@ class InstanceActor:
         argv = list(spec.get("argv") or [python, "-I", "-m", "aibro_backend.worker"])
         box = Sandbox.choose(python, spec.get("sandbox") or "auto")
         root = Path(spec.get("worker_root") or os.path.join(tempfile.gettempdir(), "aibro-ray"))
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if root.is_symlink() or (root.exists() and root.stat().st_uid != os.geteuid()):
+            raise RuntimeError(f"{root} is not a folder of this node's Ray user: remove it, or set another worker_root")
+        private_dir(root)  # 0700, and so are its folders, whatever the umask of Ray's workers
         uid = box.uid_for(spec.get("user_id"))
-        (root / "workers").mkdir(exist_ok=True, mode=0o700)
-        (root / "envs").mkdir(exist_ok=True, mode=0o700)
-        workdir = root / "workers" / spec["instance_id"]
-        envs = root / "envs" / f"u{int(spec.get('user_id') or 0)}"  # one user's cached environments, never shared
+        workdir = private_dir(root / "workers") / spec["instance_id"]
+        envs = private_dir(root / "envs") / f"u{int(spec.get('user_id') or 0)}"  # one user's, never shared
         box.prepare(workdir, uid)
         box.prepare(envs, uid)
         visible = ",".join(self._info["gpu_ids"]) or "-1"
@@ -82,7 +84,7 @@ class InstanceActor:
             def die_with_parent() -> None:
                 libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the agent dies with this actor, even by SIGKILL
 
-            with open(workdir / "worker.log", "ab") as out:
+            with open_private_log(workdir / "worker.log") as out:
                 self._proc = subprocess.Popen(
                     cmd,
                     env=env,

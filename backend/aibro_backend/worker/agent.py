@@ -514,6 +514,7 @@ def worker_token(url: str, env: dict[str, str] | os._Environ, workdir: Path) -> 
 
 
 def main() -> None:
+    os.umask(0o077)  # what the job writes here (logs, checkpoints, caches) is private, however this was started
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     url = os.environ["AIBRO_WORKER_URL"]
     instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")

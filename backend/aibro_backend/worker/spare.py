@@ -13,6 +13,7 @@ import sys
 
 
 def main() -> None:
+    os.umask(0o077)  # before Keras makes its folders: private, however this was started
     import keras  # noqa: F401  the import a spare exists to have done already
 
     from . import agent, heap
