@@ -430,27 +430,40 @@ def _bounded_json(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-class TravellingCallback(Request):
-    """Any other callback: a Keras class by name, or the user's own from `module` (travelling code)."""
+CallbackConfig = Annotated[
+    dict[Annotated[str, Field(max_length=200)], JsonValue], Field(max_length=64), AfterValidator(_bounded_json)
+]
+
+
+class KerasCallback(Request):
+    """Another Keras callback, by its name in keras.callbacks, with its arguments (rebuilt on the worker)."""
+
+    cls: Literal[tuple(KERAS_CALLBACKS[len(CALLBACK_CONFIGS) :])] = Field(alias="class")  # type: ignore[valid-type]
+    config: CallbackConfig = Field(default_factory=dict)
+
+
+class OwnCallback(Request):
+    """The user's own Callback subclass: its class in `module`, which is travelling code (or an installed package)."""
 
     cls: Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = Field(alias="class")
-    module: Annotated[str, Field(max_length=200, pattern=MODULE_PATTERN)] | None = None
-    config: Annotated[
-        dict[Annotated[str, Field(max_length=200)], JsonValue], Field(max_length=64), AfterValidator(_bounded_json)
-    ] = Field(default_factory=dict)
+    module: Annotated[str, Field(max_length=200, pattern=MODULE_PATTERN)]
+    config: CallbackConfig = Field(default_factory=dict)
 
 
 def _callback_kind(value: Any) -> str:
-    if isinstance(value, dict) and not value.get("module") and value.get("class") in CALLBACK_CONFIGS:
+    if isinstance(value, dict) and value.get("module"):
+        return "own"
+    if isinstance(value, dict) and value.get("class") in CALLBACK_CONFIGS:
         return str(value["class"])
-    return "other"
+    return "keras"
 
 
 Callback = Annotated[
     Annotated[EarlyStoppingCallback, Tag("EarlyStopping")]
     | Annotated[ReduceLROnPlateauCallback, Tag("ReduceLROnPlateau")]
     | Annotated[TerminateOnNaNCallback, Tag("TerminateOnNaN")]
-    | Annotated[TravellingCallback, Tag("other")],
+    | Annotated[KerasCallback, Tag("keras")]
+    | Annotated[OwnCallback, Tag("own")],
     Discriminator(_callback_kind),
     WrapValidator(_callback),
 ]
