@@ -17,6 +17,7 @@ import math
 import numbers
 import os
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,20 +96,7 @@ def plan_callbacks(callbacks: Any, namespace: dict[str, Any] | None = None) -> C
 def _arguments(cb: Any, name: str, plan: CallbackPlan, namespace: dict[str, Any] | None) -> dict[str, Any]:
     """Each constructor argument as it stands on the object now, encoded; defaults are left out."""
     args: dict[str, Any] = {}
-    for param in list(inspect.signature(type(cb).__init__).parameters.values())[1:]:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        attr = ATTRIBUTE_OF.get((name, param.name), param.name)
-        value = getattr(cb, attr, inspect.Parameter.empty)
-        if inspect.ismethod(value) and value.__self__ is cb:
-            continue  # a LambdaCallback hook that was not given: the class's own no-op
-        if value is inspect.Parameter.empty:
-            if param.default is inspect.Parameter.empty:
-                raise ValidationError(
-                    f"callback {name} takes the argument '{param.name}' but keeps no attribute of that name, so it "
-                    f"cannot be rebuilt on the worker: store it in __init__ (self.{param.name} = {param.name})"
-                )
-            continue
+    for param, value in kept_arguments(cb, type(cb).__init__, f"callback {name}", "__init__", name):
         if value is param.default or (_plain(value) and _plain(param.default) and value == param.default):
             continue
         where = f"callback {name}'s argument '{param.name}'"
@@ -118,6 +106,25 @@ def _arguments(cb: Any, name: str, plan: CallbackPlan, namespace: dict[str, Any]
         else:
             args[param.name] = _encode(value, where, plan, namespace, 0)
     return args
+
+
+def kept_arguments(obj: Any, method: Any, what: str, where: str, name: str = "") -> Iterator[tuple[Any, Any]]:
+    """The named parameters of `method` with the value `obj` keeps for each (an attribute of the same name, or the
+    one Keras keeps it under); one it keeps none of is skipped when it has a default, refused otherwise."""
+    for param in list(inspect.signature(method).parameters.values())[1:]:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        value = getattr(obj, ATTRIBUTE_OF.get((name, param.name), param.name), inspect.Parameter.empty)
+        if inspect.ismethod(value) and value.__self__ is obj:
+            continue  # a LambdaCallback hook that was not given: the class's own no-op
+        if value is inspect.Parameter.empty:
+            if param.default is inspect.Parameter.empty:
+                raise ValidationError(
+                    f"{what} takes the argument '{param.name}' but keeps no attribute of that name, so the worker "
+                    f"cannot rebuild it: store it in {where}() (self.{param.name} = {param.name})"
+                )
+            continue
+        yield param, value
 
 
 def _plain(value: Any) -> bool:
@@ -189,20 +196,10 @@ def plan_compile(model: Any, plan: CallbackPlan, namespace: dict[str, Any] | Non
     if compile_fn is keras.Model.compile or getattr(compile_fn, "__module__", "").startswith("keras"):
         return None
     name = f"{type(model).__name__}.compile"
-    args: dict[str, Any] = {}
-    for param in list(inspect.signature(compile_fn).parameters.values())[1:]:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        value = getattr(model, param.name, inspect.Parameter.empty)
-        if value is inspect.Parameter.empty:
-            if param.default is inspect.Parameter.empty:
-                raise ValidationError(
-                    f"{name} takes the argument '{param.name}' but the model keeps no attribute of that name, so the "
-                    f"worker cannot compile it again: store it in compile() (self.{param.name} = {param.name})"
-                )
-            continue
-        args[param.name] = _encode(value, f"{name}'s argument '{param.name}'", plan, namespace, 0)
-    return args
+    return {
+        param.name: _encode(value, f"{name}'s argument '{param.name}'", plan, namespace, 0)
+        for param, value in kept_arguments(model, compile_fn, name, "compile")
+    }
 
 
 def _module_of(obj: Any) -> str:
