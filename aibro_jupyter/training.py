@@ -143,26 +143,7 @@ class Training:
 
         `argnames` maps these Python argument names to what the user typed (`--cool-down` in %%cloud_fit), so
         errors name the argument the user knows."""
-        bundle, spec = self.prepare(
-            model,
-            train_X,
-            train_Y,
-            machine_ids,
-            batch_size,
-            epochs,
-            validation_data,
-            description,
-            cool_down_period_s,
-            fit_kwargs,
-            wait_request_s,
-            wait_new_job_create_s,
-            wait_new_job_create_interval,
-            record,
-            safe_mode,
-            meta,
-            requirements,
-            argnames,
-        )
+        bundle, spec = self.prepare(**{k: val for k, val in locals().items() if k != "self"})
         try:
             bundle.upload(self.client)
             spec.update(model=bundle.model_sha, data=bundle.data)

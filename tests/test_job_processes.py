@@ -44,17 +44,16 @@ def spawning_model(marker: str) -> keras.Model:
 
 
 def gone(marker: str, within_s: float = 120) -> bool:
-    deadline = time.monotonic() + within_s
-    while marked(marker):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
+    return _until(lambda: not marked(marker), within_s)
 
 
 def seen(marker: str, within_s: float = 180) -> bool:
+    return _until(lambda: bool(marked(marker)), within_s)
+
+
+def _until(done: Any, within_s: float) -> bool:
     deadline = time.monotonic() + within_s
-    while not marked(marker):
+    while not done():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
