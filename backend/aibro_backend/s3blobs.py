@@ -134,14 +134,19 @@ class S3Backing:
         the parts were): the digest of exactly the bytes `dest` now holds, however `source` changes meanwhile."""
         if size > MAX_COPY_BYTES:
             raise S3BlobError(f"{size} bytes is over the 5 GB S3 can verify in one copy: split the data")
-        answer = self.s3.copy_object(
-            Bucket=self.bucket,
-            Key=dest,
-            CopySource={"Bucket": self.bucket, "Key": source},
-            ChecksumAlgorithm="SHA256",
-            MetadataDirective="REPLACE",
-            ContentType="application/octet-stream",
-        )
+        try:
+            answer = self.s3.copy_object(
+                Bucket=self.bucket,
+                Key=dest,
+                CopySource={"Bucket": self.bucket, "Key": source},
+                ChecksumAlgorithm="SHA256",
+                MetadataDirective="REPLACE",
+                ContentType="application/octet-stream",
+            )
+        except self.s3.exceptions.ClientError as exc:
+            if _code(exc) in ("404", "NoSuchKey", "NotFound"):  # another finish of the same upload took it first
+                raise S3BlobError("nothing is staged to finish (finished already?): upload it again") from None
+            raise
         got = answer.get("CopyObjectResult", {}).get("ChecksumSHA256")
         if not got:
             raise S3BlobError("S3 returned no SHA-256 for the uploaded object: cannot verify it")
