@@ -5,6 +5,7 @@ same door), so the worker is sandboxed: the attack that once read every other us
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,15 @@ def test_a_lambda_job_cannot_read_the_backend_or_other_users(
 ) -> None:
     x, y = digits[0][:128], digits[1][:128]
     other_blob = backend_db(aibro_home, "SELECT sha FROM blobs LIMIT 1")
-    other_instance = backend_db(aibro_home, "SELECT id FROM instances LIMIT 1")
+    other_instance = f"inst-decoy-{os.getpid()}"  # another worker's folder (a real one may be this job's, warm)
+    decoy = aibro_home / "state" / "workers" / other_instance
+    decoy.mkdir(mode=0o700, exist_ok=True)
+    (decoy / "worker-token").write_text("secret")
     backend_pid = json.loads((aibro_home / "backend.json").read_text())["pid"]
     model = _attack_model(
         aibro_home,
         other_blob[0][0] if other_blob else "0" * 64,
-        other_instance[0][0] if other_instance else "inst-none",
+        other_instance,
         backend_pid,
     )
     job = Training(client).submit(model, x, y, machine_ids="local-cpu", epochs=1, safe_mode=False)

@@ -48,6 +48,7 @@ from .blobs import BlobStore
 from .bus import EventBus
 from .limits import Limits, limits_of
 from .policy import Policy
+from .providers import jobnet
 from .providers.local import LocalProvider
 from .providers.sandbox import SandboxRequired, require_confinement
 from .s3blobs import s3_backing
@@ -585,6 +586,7 @@ async def serve(
         chunk_size=1 << 20,  # upload bodies reach handlers 1 MiB at a time, not tornado's 64 KiB
     )
     server.add_sockets([sock])
+    package_proxy = await open_job_network(backend, server)
     write_watch = server.watch_writes(limits.idle_timeout_s)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
@@ -621,6 +623,8 @@ async def serve(
     shutdown_instances(backend)
     for provider in backend.scheduler.providers.values():
         getattr(provider, "close", lambda: None)()
+    if package_proxy is not None:
+        package_proxy.close()
     await server.close_everything()
     try:
         info = json.loads((home / "backend.json").read_text())
@@ -630,6 +634,20 @@ async def serve(
         pass
     log.info(backend.group_commit.summary())
     backend.store.close()
+
+
+async def open_job_network(backend: Backend, server: GuardedHTTPServer) -> jobnet.PackageProxy | None:
+    """Where sandboxed jobs have no network of their own (providers/jobnet.py): the backend also answers on a Unix
+    socket their workers reach, and a proxy to the package index serves their environment builds."""
+    net_dir = backend.scheduler.providers["local"].net_dir
+    if net_dir is None:
+        return None
+    server.add_sockets([jobnet.bind_unix(net_dir / jobnet.BACKEND_SOCK)])
+    hosts = jobnet.package_hosts(os.environ)
+    proxy = jobnet.PackageProxy(hosts)
+    await proxy.start(net_dir / jobnet.PACKAGES_SOCK)
+    log.info("jobs reach only this backend, and while pip builds their environments %s", ", ".join(sorted(hosts)))
+    return proxy
 
 
 def open_event_port(

@@ -15,6 +15,8 @@ from typing import Any
 from aibro_core.files import open_private_log, private_dir
 
 from ..worker.jobprocs import descendants
+from ..worker.netbridge import BRIDGE_ENV
+from . import jobnet
 from .sandbox import Sandbox
 from .spare import MODULE as SPARE_MODULE
 from .spare import SPARE_DELAY_S, SPARE_MACHINE, Spare, SpareCrashes
@@ -137,6 +139,7 @@ class LocalProvider:
         self._prime_later: tuple[int, float] | None = None  # (user, when): the spare to start after a handover
         self.python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
         self.sandbox = Sandbox.choose(self.python)
+        self.net_dir = jobnet.socket_dir(self.state_dir) if jobnet.isolated(self.sandbox.kind, os.environ) else None
         self.capacity = capacity or max(1, os.cpu_count() or 1)
         self._procs: dict[int, subprocess.Popen] = {}
         self._gpu_names = _gpus()
@@ -192,10 +195,12 @@ class LocalProvider:
         )
         if self.sandbox.kind != "none":
             full_env["HOME"] = str(workdir)
+        if self.net_dir is not None:
+            full_env[BRIDGE_ENV] = jobnet.INSIDE
         log = open_private_log(workdir / "worker.log")
         argv = [self.python, "-I", "-m", module]
         proc = subprocess.Popen(
-            self.sandbox.command(argv, workdir, [envs], uid),
+            self.sandbox.command(argv, workdir, [envs], uid, self.net_dir),
             env=full_env,
             stdin=stdin,
             stdout=log,

@@ -15,8 +15,8 @@ Chosen when the provider starts (`AIBRO_SANDBOX=auto|bwrap|none`, default auto):
 * `none`: no confinement beyond the allow-listed environment and the private directory (still the case for the
   embedded single-user backend where bubblewrap is not installed); the backend logs a warning at start.
 
-The network is shared: a worker reaches the backend at 127.0.0.1 with its per-instance token, which reaches only
-the job assigned to that instance."""
+The network is the worker's own (`--unshare-net`, see jobnet.py): it reaches the backend through a Unix socket and
+the package index only while its environment is built; `AIBRO_JOB_NETWORK=host` shares the host's instead."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import jobnet
 
 log = logging.getLogger("aibro.sandbox")
 
@@ -108,7 +110,11 @@ class Sandbox:
             os.chown(path, uid, uid)
         os.chmod(path, 0o700)
 
-    def command(self, argv: list[str], workdir: Path, writable: list[Path], uid: int | None) -> list[str]:
+    def command(
+        self, argv: list[str], workdir: Path, writable: list[Path], uid: int | None, net_dir: Path | None = None
+    ) -> list[str]:
+        """The worker's command line in the sandbox; with `net_dir` (providers/jobnet.py) it gets a network of its
+        own whose only ways out are the sockets in that folder."""
         if self.kind == "none":
             return argv
         cmd = ["bwrap", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
@@ -128,6 +134,9 @@ class Sandbox:
             cmd += ["--perms", "0755", "--dir", parent]
         for path, how in mounts:
             cmd += [how, path, path]
+        if net_dir is not None:
+            cmd += ["--unshare-net", "--perms", "0755", "--dir", str(Path(jobnet.INSIDE).parent)]
+            cmd += ["--ro-bind", str(net_dir), jobnet.INSIDE]
         # No --die-with-parent: a worker outlives a backend that crashed, and the next start adopts it. Its own
         # PID namespace ends with it (terminate() kills it), and the agent ends its jobs' processes (jobprocs.py).
         cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--chdir", str(workdir)]

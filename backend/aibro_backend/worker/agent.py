@@ -27,7 +27,7 @@ from aibro_core.files import write_private
 from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
-from . import heap
+from . import heap, netbridge
 from .joblimits import JobLimits
 from .jobprocs import become_subreaper, end_job_processes
 from .outbox import Outbox
@@ -519,6 +519,7 @@ def main() -> None:
     url = os.environ["AIBRO_WORKER_URL"]
     instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")
     workdir = Path(os.environ.get("AIBRO_WORKER_DIR") or tempfile.mkdtemp(prefix="aibro-worker-"))
+    netbridge.to_backend(url)  # a sandbox without a network of its own reaches the backend through its socket
     try:
         token = worker_token(url, os.environ, workdir)
     except AuthError as exc:

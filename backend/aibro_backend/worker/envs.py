@@ -52,6 +52,8 @@ from pathlib import Path
 
 from aibro_core.requirements import check_requirements, requirements_hash, runtime_versions
 
+from . import netbridge
+
 REPORT_EVERY_S = 0.5
 PIP_TIMEOUT_S = 1800.0
 _HELPER_PTH = "_aibro_worker_packages.pth"
@@ -106,15 +108,37 @@ def _run_pip(python: Path, reqs: list[str], label: str, report: Callable[[str], 
     cmd += ["--no-warn-script-location", "--progress-bar", "off", *reqs]
     env = {k: val for k, val in os.environ.items() if k not in _PIP_ENV_DROP}
     env["PYTHONUNBUFFERED"] = "1"
-    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     empty = tempfile.mkdtemp(prefix="pip-cwd-")  # pip reads no file of the job's: nothing where it starts
+    with netbridge.package_proxy() as proxy:  # a sandbox without a network reaches the index only now
+        env.update(proxy)
+        rc, timed_out, tail = _pip_process(cmd, env, empty, label, report, timeout_s)
+    if timed_out:
+        raise RuntimeError(
+            f"Installing the requirements {reqs} ({label}) took longer than {timeout_s:.0f} s and was stopped. "
+            "Fix: check the worker host reaches the package index, or list fewer or smaller packages."
+        )
+    if rc != 0:
+        bad = _failed_requirement(list(tail))
+        which = f"the requirement {bad!r} could not be installed" if bad else f"pip failed on {reqs}"
+        raise RuntimeError(
+            f"Installing the job's requirements failed ({label}): {which}. Fix: check that the name and version "
+            "exist on the package index (pip index versions NAME) and correct the requirements list. "
+            "pip's last lines:\n" + "\n".join(tail)
+        )
+
+
+def _pip_process(
+    cmd: list[str], env: dict[str, str], cwd: str, label: str, report: Callable[[str], None], timeout_s: float
+) -> tuple[int, bool, collections.deque[str]]:
+    """Run pip with its output reported as progress; (exit status, whether it timed out, its last lines)."""
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=env,
-        cwd=empty,
+        cwd=cwd,
         text=True,
         start_new_session=True,  # its own process group: a timeout also stops the build steps pip started
     )
@@ -152,22 +176,10 @@ def _run_pip(python: Path, reqs: list[str], label: str, report: Callable[[str], 
         if proc.poll() is None:
             kill()
             proc.wait()
-        shutil.rmtree(empty, ignore_errors=True)
+        shutil.rmtree(cwd, ignore_errors=True)
     if last_line and not sent_last:
         report(f"{label}: {last_line}")
-    if timed_out.is_set():
-        raise RuntimeError(
-            f"Installing the requirements {reqs} ({label}) took longer than {timeout_s:.0f} s and was stopped. "
-            "Fix: check the worker host reaches the package index, or list fewer or smaller packages."
-        )
-    if rc != 0:
-        bad = _failed_requirement(list(tail))
-        which = f"the requirement {bad!r} could not be installed" if bad else f"pip failed on {reqs}"
-        raise RuntimeError(
-            f"Installing the job's requirements failed ({label}): {which}. Fix: check that the name and version "
-            "exist on the package index (pip index versions NAME) and correct the requirements list. "
-            "pip's last lines:\n" + "\n".join(tail)
-        )
+    return rc, timed_out.is_set(), tail
 
 
 def _build(root: Path, reqs: list[str], label: str, report: Callable[[str], None], timeout_s: float) -> Path:
