@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core.bounds import MAX_BATCH_SIZE
 from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
 
 from .dataset_blob import is_dataset
@@ -105,6 +106,25 @@ def check_job_args(
             f"{DESCRIPTION_MAX_CHARS}: shorten it to at most {DESCRIPTION_MAX_CHARS} characters "
             "(it is a note shown in job lists; keep longer notes in the notebook)"
         )
+
+
+def fit_batch_size(value: Any, name: str, x: Any) -> int | None:
+    """A batch size as the backend takes it. One larger than the data is one batch of all of it, in Keras as here,
+    so a size over the backend's bound is sent as the number of samples; refused only where that is over it too."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValidationError(f"{name} must be a positive integer, got {value!r}: e.g. {name}=32")
+    value = int(value)
+    if value <= MAX_BATCH_SIZE:
+        return value
+    samples = next((len(arr) for arr, _ in _leaves(x, name) if arr.ndim), None) if x is not None else None
+    if samples is not None and samples <= MAX_BATCH_SIZE:
+        return max(1, samples)
+    raise ValidationError(
+        f"{name}={value} is over the backend's limit of {MAX_BATCH_SIZE} samples in one batch: "
+        f"pass a smaller {name}, e.g. {name}=1024"
+    )
 
 
 def _check_machine_ids(machine_ids: Any, name: str) -> None:

@@ -20,7 +20,7 @@ from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
 from .blobsource import BytesSource
-from .checks import check_before_upload
+from .checks import check_before_upload, fit_batch_size
 from .client import BackendClient
 from .config import resolve, say_once_unconfined, start_embedded
 from .dataset_blob import is_dataset
@@ -198,10 +198,12 @@ class Training:
                 "validation_split cannot split a tf.data.Dataset: pass validation_data=another dataset instead, "
                 "e.g. ds.take(n) for validation and ds.skip(n) for training"
             )
-        if batch_size is not None:
-            if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
-                raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
-            batch_size = int(batch_size)
+        batch_size = fit_batch_size(batch_size, "batch_size", train_X)
+        if fit_kwargs.get("validation_batch_size") is not None:
+            held_out = validation_data[0] if isinstance(validation_data, (tuple, list)) and validation_data else None
+            fit_kwargs["validation_batch_size"] = fit_batch_size(
+                fit_kwargs["validation_batch_size"], "validation_batch_size", held_out
+            )
         reqs = requirements_from(requirements, (argnames or {}).get("requirements", "requirements"))
         travelling = plan_callbacks(fit_kwargs.pop("callbacks", None))
         compile_args = plan_compile(model, travelling)

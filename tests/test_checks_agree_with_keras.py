@@ -6,6 +6,7 @@ combination the local fit refuses must be refused in the kernel, not found on th
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from collections.abc import Callable
@@ -17,6 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from aibro_backend.api.base import ApiError
+from aibro_backend.api.jobspec import validate_spec
 from aibro_backend.worker.datatree import fit_data
 from aibro_core.errors import ValidationError
 from aibro_jupyter import Training
@@ -134,6 +137,12 @@ CASES = [
     Case("steps_per_epoch", dense, lambda: {"x": ds(X, Y), "steps_per_epoch": np.int64(3)}),
     Case("validation_freq", dense, lambda: {"x": X, "y": Y, "validation_data": (X, Y), "validation_freq": 1}),
     Case("object array of numbers", dense, lambda: {"x": X.astype(object), "y": Y}),
+    Case("batch_size over the data's length", dense, lambda: {"x": X, "y": Y, "batch_size": 10**12}),
+    Case(
+        "validation_batch_size over the data's length",
+        dense,
+        lambda: {"x": X, "y": Y, "validation_data": (X[:20], Y[:20]), "validation_batch_size": 10**13},
+    ),
 ]
 
 
@@ -165,6 +174,11 @@ def kernel_then_worker(client: BackendClient, case: Case) -> tuple[str | None, s
         )
     except ValidationError as exc:
         return str(exc), None
+    try:
+        validate_spec(json.loads(json.dumps(spec)), {"local-cpu": {}})  # as POST /jobs takes it, after the wire
+    except ApiError as exc:
+        shutil.rmtree(bundle.workdir, ignore_errors=True)
+        return None, f"the backend refuses the job: {exc.message}"
     try:
         return None, worker_fit(bundle, spec)
     finally:

@@ -98,7 +98,10 @@ def test_a_lambda_job_cannot_read_the_backend_or_other_users(
         other_instance,
         backend_pid,
     )
-    job = Training(client).submit(model, x, y, machine_ids="local-cpu", epochs=1, safe_mode=False)
+    # warm (cooling), so that its folder with the report stays until the test reads it
+    job = Training(client).submit(
+        model, x, y, machine_ids="local-cpu", epochs=1, safe_mode=False, cool_down_period_s=600
+    )
     wait_for(client, job["job_id"], lambda evs: any(_final(e) for e in evs), timeout=300)
     done = client.job(job["job_id"])
     assert done["status"] == "COMPLETED", done["error"]

@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from aibro_core import vocabulary as v
+from aibro_core.bounds import MAX_BATCH_SIZE
 from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS, tree_depth
 from aibro_core.errors import ValidationError as RequirementsError
 from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES
@@ -49,7 +50,6 @@ MAX_WAIT_REQUEST_S = 30 * 24 * 3600
 MAX_EPOCHS = 1_000_000
 MAX_EVENT_BATCH = 500
 MAX_MESSAGE = 8000
-MAX_BATCH_SIZE = 1 << 24  # samples in one batch (a bigger one is no batch)
 MAX_STEPS = 1_000_000_000  # batches in one epoch or validation: over 11 days at 1 ms a batch
 MAX_LOG_KEYS = 256
 MAX_LOG_KEY_CHARS = 200

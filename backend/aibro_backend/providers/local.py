@@ -111,6 +111,20 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
+def clear_workdir(workdir: Path | None) -> None:
+    """A closed instance keeps only its worker.log: its inputs, code, caches, tokens and outputs go."""
+    if workdir is None or not workdir.exists():
+        return
+    real = workdir.resolve()  # a spare's folder, linked under the instance's name
+    for entry in real.iterdir():
+        if entry.name == "worker.log":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
 class LocalProvider:
     """Offers what this host really has: its CPUs as `local-cpu`, and each GPU as `local-gpuN`.
 
@@ -142,6 +156,7 @@ class LocalProvider:
         self.net_dir = jobnet.socket_dir(self.state_dir) if jobnet.isolated(self.sandbox.kind, os.environ) else None
         self.capacity = capacity or max(1, os.cpu_count() or 1)
         self._procs: dict[int, subprocess.Popen] = {}
+        self._workdirs: dict[int, Path] = {}  # an instance's folder, cleared once its worker has exited
         self._gpu_names = _gpus()
         self.enrolls = os.environ.get("AIBRO_LOCAL_ENROLL", "") not in ("", "0")
 
@@ -219,6 +234,7 @@ class LocalProvider:
                 "aibro_backend.worker", machine_id, env, self._dirs(instance_id, user_id), subprocess.DEVNULL
             )
         self._procs[proc.pid] = proc
+        self._workdirs[proc.pid] = self.state_dir / "workers" / instance_id
         if self.spare_on:  # the next spare starts a little later, not while this job's worker gears up
             self._prime_later = (int(user_id or 0), time.monotonic() + SPARE_DELAY_S)
         return proc.pid
@@ -231,6 +247,7 @@ class LocalProvider:
             spare.hand_over({**scheduled, "AIBRO_WORKER_DIR": str(spare.workdir)})
         except OSError:  # its pipe is broken: it exited between the check and the write
             self._procs[spare.proc.pid] = spare.proc  # reaped with the others
+            self._workdirs[spare.proc.pid] = spare.workdir
             return None
         (self.state_dir / "workers" / instance_id).symlink_to(spare.workdir.name)  # its logs where they belong
         return spare.proc
@@ -245,6 +262,7 @@ class LocalProvider:
             if self._spare.alive():
                 self._spare.stop()  # it was another user's: a sandboxed spare runs as its user's uid
                 self._procs[self._spare.proc.pid] = self._spare.proc  # reaped with the others, never waited for
+                self._workdirs[self._spare.proc.pid] = self._spare.workdir
             elif not self._spare_crashes.note_exit(self._spare):
                 self.spare_on, self._spare = False, None
                 return
@@ -271,6 +289,7 @@ class LocalProvider:
         for pid, proc in list(self._procs.items()):
             if proc.poll() is not None:
                 self._procs.pop(pid, None)
+                clear_workdir(self._workdirs.pop(pid, None))
         if self._spare is not None and not self._spare.alive():
             self.prime(self._spare.user_id)  # died unused (killed, out of memory): start another, unless it keeps dying
         if self._prime_later is not None and time.monotonic() >= self._prime_later[1]:
@@ -303,3 +322,6 @@ class LocalProvider:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        self._workdirs.pop(pid, None)
+        if not pid_alive(pid):
+            clear_workdir(self.state_dir / "workers" / instance["id"])

@@ -28,7 +28,7 @@ from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
 from . import heap, netbridge
-from .joblimits import JobLimits
+from .joblimits import JobLimits, MemoryWatch
 from .jobprocs import become_subreaper, end_job_processes
 from .outbox import Outbox
 from .spot import SpotWatch, spot_watch_from_env
@@ -161,6 +161,16 @@ class Worker:
             return v.OUTCOME_CANCELED, None
         if self.interrupted():
             return self._interrupted(outbox, resume["epoch"] if resume else 0)
+        with MemoryWatch(self.limits.max_memory_bytes) as memory:
+            try:
+                return self._fit(outbox, job_id, attempt, spec, resume, memory)
+            finally:
+                if memory.peak:
+                    log.info("job %s held at most %.0f MiB", job_id, memory.peak / (1 << 20))
+
+    def _fit(
+        self, outbox: Outbox, job_id: str, attempt: int, spec: dict, resume: dict | None, memory: MemoryWatch
+    ) -> tuple[str, str | None]:
         self._status(outbox, v.GEARING_UP_ENV)
         keras = self._gear_up(outbox, job_id, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
@@ -184,6 +194,7 @@ class Worker:
             # (Dropout's) and fit's shuffling then draw what they drew there.
             keras.utils.set_random_seed(int(spec["seed"]))
         model = self._load_model(keras, model_path, spec["safe_mode"])
+        memory.check()
         if spec.get("compile") is not None:
             compile_again(model, spec["compile"])
         self._status(outbox, v.SUB_TRAINING)
@@ -196,7 +207,7 @@ class Worker:
         def upload_checkpoint(path: Path, epoch: int) -> None:
             self._put_artifact(job_id, attempt, v.checkpoint_name(epoch), path)
 
-        from .callbacks import EpochTensorBoard, EventCallback, Interrupted
+        from .callbacks import EpochTensorBoard, EventCallback, Interrupted, LimitCheck
         from .fitframe import KeepFitFrame
         from .pipeline import EpochPipeline, shadow_loader
         from .usercallbacks import FileReturn, LineWriter, build_callbacks, snapshot
@@ -236,7 +247,7 @@ class Worker:
         # its keys into them (ReduceLROnPlateau's learning_rate), as the kernel's History, which Keras runs last, sees.
         callbacks = build_callbacks(spec.get("callbacks", []), files)
         keep = KeepFitFrame()
-        callbacks += [tensorboard, events, keep]
+        callbacks += [LimitCheck(memory.check), tensorboard, events, keep]
         printed = LineWriter(
             lambda line: pipeline.event(v.EV_LOG, {"message": files.to_kernel(line)[:MAX_LINE], "stream": "stdout"})
         )

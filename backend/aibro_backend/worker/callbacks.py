@@ -35,6 +35,20 @@ def clean_logs(logs: dict[str, Any] | None) -> dict[str, float | None]:
     return out
 
 
+class LimitCheck(keras.callbacks.Callback):
+    """Ends the fit at the first batch after the job went over a limit that is sampled off the training thread."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        super().__init__()
+        self.check = check
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.check()
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.check()
+
+
 class Interrupted(Exception):
     """Raised out of `fit` when a spot interruption stopped an epoch part-way: its validation is skipped."""
 

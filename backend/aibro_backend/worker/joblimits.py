@@ -1,16 +1,20 @@
 """What one job may take of the machine it runs on, from the backend operator's settings (AIBRO_JOB_MAX_* in the
 backend's environment, handed to its workers): open files and the size of any one file as rlimits of the worker,
-processes as an rlimit of the sandbox's per-user uid, and the disk its folder holds, measured every epoch. A job
-that goes over one ends with a message naming the limit and where it is set. Memory is bounded by the machine."""
+processes as an rlimit of the sandbox's per-user uid, the disk its folder holds, measured every epoch, and the
+memory of the worker with every process below it, sampled four times a second (MemoryWatch). A job that goes over
+one ends with a message naming the limit and where it is set."""
 
 from __future__ import annotations
 
 import errno
 import os
 import resource
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from .jobprocs import descendants, end_job_processes
 
 GiB = 1024**3
 
@@ -24,6 +28,7 @@ class JobLimits:
     max_open_files: int = 4096
     max_processes: int = 4096  # tasks of the job's uid: TensorFlow alone runs a hundred threads or more
     max_disk_bytes: int = 20 * GiB
+    max_memory_bytes: int = 0  # 0: the machine's memory bounds it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> JobLimits:
@@ -39,6 +44,7 @@ class JobLimits:
             max_open_files=num("AIBRO_JOB_MAX_OPEN_FILES", cls.max_open_files),
             max_processes=num("AIBRO_JOB_MAX_PROCESSES", cls.max_processes),
             max_disk_bytes=num("AIBRO_JOB_MAX_DISK_BYTES", cls.max_disk_bytes),
+            max_memory_bytes=num("AIBRO_JOB_MAX_MEMORY_BYTES", cls.max_memory_bytes),
         )
 
     def apply(self) -> None:
@@ -106,3 +112,58 @@ def _lower(which: int, value: int) -> None:
     new_hard = value if hard == resource.RLIM_INFINITY else min(value, hard)
     new_soft = new_hard if soft == resource.RLIM_INFINITY else min(soft, new_hard)
     resource.setrlimit(which, (new_soft, new_hard))
+
+
+def tree_rss(root: int, proc: Path = Path("/proc")) -> int:
+    """Resident bytes of `root` and every live process below it."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in [root, *descendants(root, proc)]:
+        try:
+            total += int((proc / str(pid) / "statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class MemoryWatch:
+    """While a job runs: the memory of this worker and every process below it, sampled every `every_s`. Over the
+    limit, the job's own processes are killed at once and `check()` (called after the model loads and at every
+    batch's end) raises OverLimit naming the limit; `peak` is what the job held at most."""
+
+    def __init__(self, limit: int, every_s: float = 0.25) -> None:
+        self.limit, self.every_s = limit, every_s
+        self.over: str | None = None
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aibro-memory", daemon=True)
+
+    def __enter__(self) -> MemoryWatch:
+        if self.limit:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def check(self) -> None:
+        if self.over:
+            raise OverLimit(self.over)
+
+    def sample(self) -> int:
+        used = tree_rss(os.getpid())
+        self.peak = max(self.peak, used)
+        if self.limit and used > self.limit and self.over is None:
+            self.over = (
+                f"the job held {_size(used)} of memory (its worker and every process it started), over its limit of "
+                f"{_size(self.limit)} (AIBRO_JOB_MAX_MEMORY_BYTES where the backend runs): use smaller batches, "
+                "data or models, or ask the backend's operator to raise it"
+            )
+            end_job_processes()
+        return used
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
