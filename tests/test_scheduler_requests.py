@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from aibro_backend.policy import Policy
+from aibro_backend.providers.base import CapacityError, Provider
 from aibro_backend.scheduler import Scheduler
 from aibro_backend.store import Store
 from aibro_core import vocabulary as v
@@ -18,8 +19,9 @@ from aibro_core import vocabulary as v
 pytestmark = pytest.mark.fast
 
 
-class ScriptedProvider:
-    """Offers two machines; `boots` says which ones ever get ready (the scheduler only sees LAUNCHING)."""
+class ScriptedProvider(Provider):
+    """Offers two machines; `boots` says which ones ever get ready (the scheduler only sees LAUNCHING). Written from
+    providers/base.py alone: the four required operations, the rest left at their defaults."""
 
     name = "scripted"
 
@@ -30,7 +32,16 @@ class ScriptedProvider:
     def offers(self) -> list[dict[str, Any]]:
         return [{"machine_id": m, "provider": self.name, "capacity": 2} for m in ("spot-a", "spot-b")]
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int | None:
+    def launch(
+        self,
+        instance_id: str,
+        machine_id: str,
+        env: dict[str, str],
+        user_id: int | None = None,
+        *,
+        job_id: str | None = None,
+        attempt: int = 0,
+    ) -> int | None:
         self.launched.append(machine_id)
         return None
 
@@ -121,7 +132,7 @@ class AsyncScriptedProvider(ScriptedProvider):
         self.envs: list[dict[str, str]] = []
         self.launch_kwargs: list[dict[str, Any]] = []
 
-    def launch(  # type: ignore[override]
+    def launch(
         self,
         instance_id: str,
         machine_id: str,
@@ -259,6 +270,8 @@ def test_reconcile_and_adopt_reach_providers_that_have_them(cloud) -> None:  # n
 class StoppingProvider(AsyncScriptedProvider):
     """An on-demand machine `od-a` that can be stopped and started again (Futures settled by the test)."""
 
+    can_stop = True
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[str, str]] = []
@@ -338,7 +351,6 @@ def test_an_on_demand_cloud_machine_is_stopped_after_its_job_and_restarted_for_t
 
 
 def test_a_restart_without_capacity_passes_over_and_stays_stopped(tmp_path: Path) -> None:
-    from aibro_backend.providers.base import CapacityError
 
     store = Store(tmp_path / "aibro.db")
     provider = StoppingProvider()

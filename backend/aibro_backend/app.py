@@ -622,7 +622,7 @@ async def serve(
     write_watch.stop()
     shutdown_instances(backend)
     for provider in backend.scheduler.providers.values():
-        getattr(provider, "close", lambda: None)()
+        provider.close()
     if package_proxy is not None:
         package_proxy.close()
     await server.close_everything()

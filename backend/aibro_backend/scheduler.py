@@ -3,7 +3,6 @@ cancel deadlines and cool-down expiry. Runs as a periodic callback on the backen
 
 from __future__ import annotations
 
-import inspect
 import logging
 import secrets
 import time
@@ -20,27 +19,6 @@ from .store import Store
 
 log = logging.getLogger("aibro.scheduler")
 MAX_SPOT_INTERRUPTIONS = 10  # reclaimed spot machines a job survives (counted apart from crashes)
-
-
-def _takes_job(provider: Provider) -> bool:
-    """Whether the provider's launch takes job_id= and attempt= (a cloud tags its machine with them)."""
-    try:
-        params = inspect.signature(provider.launch).parameters
-    except (TypeError, ValueError):
-        return False
-    return "job_id" in params and "attempt" in params
-
-
-def _cluster_error(provider: Provider) -> str | None:
-    """Why the provider's whole cluster cannot be used now (a Ray cluster stopped), if it can say."""
-    cluster_error = getattr(provider, "cluster_error", None)
-    return cluster_error() if callable(cluster_error) else None
-
-
-def _waiting_for(provider: Provider, machine_id: str) -> str | None:
-    """What a job waits for while every `machine_id` is in use, in the provider's words if it has them."""
-    waiting_for = getattr(provider, "waiting_for", None)
-    return waiting_for(machine_id) if callable(waiting_for) else None
 
 
 class _Placement:
@@ -133,7 +111,7 @@ class Scheduler:
 
     def _stoppable(self, inst: dict[str, Any]) -> bool:
         provider = self.providers.get(inst["provider"])
-        if not callable(getattr(provider, "stop", None)) or not callable(getattr(provider, "start", None)):
+        if provider is None or not provider.can_stop:
             return False
         offer = self.machine_index().get(inst["machine_id"], (None, {}))[1]
         if offer.get("spot", True):
@@ -148,24 +126,24 @@ class Scheduler:
     # -- providers whose machines outlive the backend (clouds) ------------------------------------------
     def adopt_all(self) -> list[Future]:
         """At start-up: each provider that can (`adopt()`) finds its live machines again (by tag); Futures."""
-        return [p.adopt() for p in self.providers.values() if callable(getattr(p, "adopt", None))]
+        return [fut for fut in (p.adopt() for p in self.providers.values()) if fut is not None]
 
     def reconcile_all(self) -> list[Future]:
         """Every few minutes: each provider that can (`reconcile(ids)`) ends machines the store does not know as
         live (or whose time is up), so nothing leaks money; Futures."""
         futures = []
         for name, provider in self.providers.items():
-            reconcile = getattr(provider, "reconcile", None)
-            if callable(reconcile):
-                live = self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)) + self.stopped_instances()
-                futures.append(reconcile([i["id"] for i in live if i["provider"] == name]))
+            live = self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)) + self.stopped_instances()
+            fut = provider.reconcile([i["id"] for i in live if i["provider"] == name])
+            if fut is not None:
+                futures.append(fut)
         return futures
 
     # -- the periodic tick --------------------------------------------------------------------------
     def tick(self) -> None:
         try:
             for provider in self.providers.values():
-                getattr(provider, "reap", lambda: None)()
+                provider.reap()
             self._check_instances()
             self._check_cancels()
             self._assign_queued()
@@ -189,7 +167,7 @@ class Scheduler:
                     self._no_capacity(inst, failed)
                     continue
                 self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
-                gone = _cluster_error(provider)
+                gone = provider.cluster_error()
                 if inst["job_id"] and gone:
                     self._cluster_lost(inst, gone)
                 elif inst["job_id"]:
@@ -213,8 +191,7 @@ class Scheduler:
             log.warning("stopping %s failed (%s); terminating it", inst["id"], fut.exception())
             self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING)
             return
-        poll = getattr(provider, "poll", None)
-        state = (poll(inst["id"]) or {}).get("state") if callable(poll) else "stopped"
+        state = (provider.poll(inst["id"]) or {}).get("state")
         if state == "stopped":
             self._ops.pop(inst["id"], None)
             self.store.set_instance_state(inst["id"], v.CLOSED, v.STOPPED)
@@ -264,8 +241,7 @@ class Scheduler:
     def _report_pending(self, inst: dict[str, Any], job: dict[str, Any]) -> str | None:
         """A provider that says what a launched instance still waits for (a Ray cluster with no free GPU) keeps
         its job QUEUING · REQUESTING SERVER with those words; once placed, the job goes on CONNECTING SERVER."""
-        pending = getattr(self.providers[inst["provider"]], "pending", None)
-        message = pending(inst) if callable(pending) else None
+        message = self.providers[inst["provider"]].pending(inst)
         if message:
             self._say_waiting(job, message)
         elif self._waiting.pop(job["id"], None) is not None:
@@ -299,11 +275,10 @@ class Scheduler:
     @staticmethod
     def _launch_failed(provider: Provider, inst: dict[str, Any]) -> BaseException | None:
         """Why a provider whose launches finish later (a cloud) failed to start this instance, if it says."""
-        launch_error = getattr(provider, "launch_error", None)
-        if launch_error is None or inst["status"] != v.LAUNCHING:
+        if inst["status"] != v.LAUNCHING:
             return None
         try:
-            return launch_error(inst["id"])
+            return provider.launch_error(inst["id"])
         except Exception:  # noqa: BLE001 - a provider's bookkeeping error is no reason to stop the tick
             log.exception("launch_error(%s) failed", inst["id"])
             return None
@@ -348,8 +323,8 @@ class Scheduler:
             return
         self.store.update_job(job["id"], attempt=attempt, instance_id=None)
         done = job["epochs_done"]
-        lost_reason = getattr(self.providers.get(inst["provider"]), "lost_reason", None)
-        reason = lost_reason(inst) if callable(lost_reason) else None
+        provider = self.providers.get(inst["provider"])
+        reason = provider.lost_reason(inst) if provider is not None else None
         why = f"could not start ({launch_error})" if launch_error else f"was lost ({reason})" if reason else "was lost"
         self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} {why}; resuming from epoch {done}"})
         self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
@@ -457,7 +432,7 @@ class Scheduler:
             if machine_id not in index or machine_id in passed:
                 continue
             provider_name, offer = index[machine_id]
-            gone = _cluster_error(self.providers[provider_name])
+            gone = self.providers[provider_name].cluster_error()
             if gone:
                 unusable.append(gone)
                 continue
@@ -488,7 +463,7 @@ class Scheduler:
                     return True
                 busy = sum(1 for i in live_machine if i["status"] != v.COOLING)
                 waiting.append(
-                    _waiting_for(self.providers[provider_name], machine_id)
+                    self.providers[provider_name].waiting_for(machine_id)
                     or f"waiting for {machine_id}: all {offer['capacity']} in use ({busy} training)"
                 )
                 continue
@@ -552,7 +527,7 @@ class Scheduler:
         env = {"AIBRO_WORKER_URL": self.worker_url(), "AIBRO_INSTANCE_ID": instance_id}
         # A provider whose machines can read their own launch data (cloud user data) gets a one-time enrollment
         # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
-        enroll = new_token("e") if getattr(self.providers[provider_name], "enrolls", False) else None
+        enroll = new_token("e") if self.providers[provider_name].enrolls else None
         price = float(self.machine_index().get(machine_id, (None, {}))[1].get("price_per_hour") or 0.0)
         self.store.create_instance(
             instance_id,
@@ -569,9 +544,10 @@ class Scheduler:
         else:
             env["AIBRO_WORKER_TOKEN"] = token
         provider = self.providers[provider_name]
-        extra = {"job_id": job["id"], "attempt": job["attempt"]} if _takes_job(provider) else {}
         try:
-            pid = provider.launch(instance_id, machine_id, env, user_id=job["user_id"], **extra)
+            pid = provider.launch(
+                instance_id, machine_id, env, user_id=job["user_id"], job_id=job["id"], attempt=job["attempt"]
+            )
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
             self.store.set_instance_state(instance_id, v.CLOSED, v.TERMINATED)
             self.emit(job["id"], v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})

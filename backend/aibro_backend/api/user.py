@@ -225,10 +225,10 @@ class InstancesHandler(UserHandler):
 
     def _placement(self, inst: dict[str, Any]) -> dict[str, Any] | None:
         """Where a live instance runs, from a provider that says (a Ray node); None otherwise."""
-        info = getattr(self.backend.scheduler.providers.get(inst["provider"]), "info", None)
-        if not callable(info) or inst["status"] not in v.INSTANCE_LIVE:
+        provider = self.backend.scheduler.providers.get(inst["provider"])
+        if provider is None or inst["status"] not in v.INSTANCE_LIVE:
             return None
-        found = info(inst)
+        found = provider.info(inst)
         return {k: found.get(k) for k in PLACEMENT_KEYS if found.get(k) is not None}
 
 

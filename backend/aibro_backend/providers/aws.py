@@ -245,7 +245,7 @@ class _Tracked:
         }
 
 
-class AwsProvider:
+class AwsProvider(provider_base.Provider):
     """EC2 machines from the vendored catalog, launched with this backend's tags; see the module docstring.
 
     `session` is a boto3 Session (default: boto3's usual credential chain, in the config's region; the standard
@@ -255,6 +255,7 @@ class AwsProvider:
     """
 
     name = "aws"
+    can_stop = True  # on-demand machines are stopped, kept for a fast restart
     enrolls = True  # user data is readable on the machine: the scheduler hands launch a one-time token
 
     def __init__(

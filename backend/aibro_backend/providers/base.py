@@ -1,8 +1,17 @@
-"""The interface every provider offers the scheduler."""
+"""Every operation the scheduler asks of a provider, declared once: what it means, when it is called, and what a
+provider that has nothing to say returns (the default). A new provider subclasses `Provider`, implements the four
+abstract operations, and overrides only the optional ones its machines need; the scheduler calls each of them
+directly and never asks a provider what it has.
+
+Instances reach a provider as the store's dicts (`id`, `machine_id`, `pid`, `user_id`, `status`, ...). Operations
+that talk to a cloud return a Future and must not block the scheduler's tick."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any, ClassVar
 
 
 class CapacityError(RuntimeError):
@@ -11,27 +20,98 @@ class CapacityError(RuntimeError):
     in the job's list at once instead of treating the instance as a lost worker."""
 
 
-class Provider(Protocol):
-    name: str
+class Provider(ABC):
+    """Where machines come from. Class attributes declare what the provider can do."""
 
+    name: ClassVar[str]
+    enrolls: bool = False
+    """Launches get a one-time AIBRO_ENROLL_TOKEN (a machine that reads its own launch data) instead of a worker
+    token; the worker exchanges it for its token (POST /worker/enroll)."""
+    can_stop: bool = False
+    """On-demand machines can be stopped instead of terminated and started again for a later job (`stop`, `start`,
+    `poll`)."""
+
+    # -- required --------------------------------------------------------------------------------------------
+    @abstractmethod
     def offers(self) -> list[dict[str, Any]]:
-        """The marketplace: one dict per machine_id this provider can start."""
+        """The marketplace: one dict per machine_id this provider can start (api/models.py's Offer fields)."""
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int | None:
-        """Start an instance that runs `aibro worker` with `env` for backend user `user_id` (an instance serves one
-        user only, so a provider may confine it per user); return a handle (pid) if any."""
+    @abstractmethod
+    def launch(
+        self,
+        instance_id: str,
+        machine_id: str,
+        env: dict[str, str],
+        user_id: int | None = None,
+        *,
+        job_id: str | None = None,
+        attempt: int = 0,
+    ) -> int | None:
+        """Start an instance that runs the worker agent with `env` for backend user `user_id` (an instance serves
+        one user only, so a provider may confine it per user); `job_id`/`attempt` name the job it starts for (a
+        cloud tags its machine with them). Return a handle (a pid) if there is one. Raising fails this machine and
+        the job moves on to the next in its list."""
 
+    @abstractmethod
     def alive(self, instance: dict[str, Any]) -> bool:
-        """Whether the instance's worker can still be running."""
+        """Whether the instance's worker can still be running (no I/O: called for every instance on every tick)."""
 
-    def terminate(self, instance: dict[str, Any]) -> None:
-        """Make sure the instance is gone."""
+    @abstractmethod
+    def terminate(self, instance: dict[str, Any]) -> Future | None:
+        """Make sure the instance is gone for good, and everything its jobs started with it."""
 
+    # -- optional, with what a provider that has nothing to say returns ---------------------------------------
     def reap(self) -> None:
-        """Release whatever finished instances still hold (exited processes); called on every scheduler tick."""
+        """Release what finished instances still hold (exited processes, their folders); called on every tick."""
+        return None
 
-    # Optional, for providers whose machines take time to start (cloud). The scheduler uses each only if present:
-    #   enrolls: bool                              launch gets AIBRO_ENROLL_TOKEN (one-time) instead of a token
-    #   poll(instance_id) -> dict | None           {"state": "launching" | "pending" | "running" | ...} (no I/O)
-    #   launch_error(instance_id) -> Exception | None   why a launch failed (a CapacityError: pass over)
-    #   adopt() -> Future; reconcile(live ids) -> Future    at start-up / every few minutes (see Scheduler)
+    def close(self) -> None:
+        """The backend stops: release what the provider itself holds (pools, clients, a spare worker)."""
+        return None
+
+    def launch_error(self, instance_id: str) -> BaseException | None:
+        """Why a launch that finishes later (a cloud's) failed, once it has: a CapacityError passes over to the next
+        machine at once; anything else counts as a lost worker."""
+        return None
+
+    def poll(self, instance_id: str) -> dict[str, Any] | None:
+        """What the provider last saw of the machine, without I/O: {"state": "launching" | "pending" | "running" |
+        "stopping" | "stopped" | ...}; None if it does not know it."""
+        return None
+
+    def pending(self, instance: dict[str, Any]) -> str | None:
+        """Why a launched instance is not running yet, in words the user sees while the job waits."""
+        return None
+
+    def waiting_for(self, machine_id: str) -> str | None:
+        """What a job waits for while every `machine_id` is in use (a Ray node's resources, say)."""
+        return None
+
+    def cluster_error(self) -> str | None:
+        """Why none of this provider's machines can be used now (a Ray cluster that stopped); None when they can."""
+        return None
+
+    def lost_reason(self, instance: dict[str, Any]) -> str | None:
+        """Why a worker that is no longer alive went away, if the provider knows (its node died, say)."""
+        return None
+
+    def info(self, instance: dict[str, Any]) -> dict[str, Any]:
+        """Extra fields the instance's view shows (the Ray node it runs on, say)."""
+        return {}
+
+    def adopt(self) -> Future | None:
+        """At start-up: find the machines this provider left running (a crash, a restart) and tell the store; None
+        for a provider whose machines never outlive the backend."""
+        return None
+
+    def reconcile(self, known_instance_ids: Iterable[str]) -> Future | None:
+        """Every few minutes: end machines the store does not know as live or stopped, so nothing leaks money."""
+        return None
+
+    def stop(self, instance: dict[str, Any]) -> Future:
+        """Stop (not terminate) an on-demand machine kept for later (only where `can_stop`)."""
+        raise NotImplementedError(f"{self.name} machines cannot be stopped")
+
+    def start(self, instance: dict[str, Any]) -> Future:
+        """Start a stopped machine again for a job (only where `can_stop`)."""
+        raise NotImplementedError(f"{self.name} machines cannot be started again")

@@ -17,6 +17,7 @@ from aibro_core.files import open_private_log, private_dir
 from ..worker.jobprocs import descendants
 from ..worker.netbridge import BRIDGE_ENV
 from . import jobnet
+from .base import Provider
 from .sandbox import Sandbox
 from .spare import MODULE as SPARE_MODULE
 from .spare import SPARE_DELAY_S, SPARE_MACHINE, Spare, SpareCrashes
@@ -125,7 +126,7 @@ def clear_workdir(workdir: Path | None) -> None:
             entry.unlink(missing_ok=True)
 
 
-class LocalProvider:
+class LocalProvider(Provider):
     """Offers what this host really has: its CPUs as `local-cpu`, and each GPU as `local-gpuN`.
 
     Each instance is a worker process `python -I -m aibro_backend.worker` in a fresh private directory
@@ -226,7 +227,16 @@ class LocalProvider:
         log.close()
         return proc
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> int:
+    def launch(
+        self,
+        instance_id: str,
+        machine_id: str,
+        env: dict[str, str],
+        user_id: int | None = None,
+        *,
+        job_id: str | None = None,
+        attempt: int = 0,
+    ) -> int:
         spare = self._take_spare(machine_id, int(user_id or 0))
         proc = self._hand_over(spare, instance_id, env) if spare is not None else None
         if proc is None:

@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .base import Provider
 from .ray_bridge import INSTALL_HINT, LIVE, NAMESPACE, gcs_refusal
 from .ray_machines import build_machines, fits, need_text
 
@@ -88,7 +89,7 @@ class RayClusterError(RuntimeError):
         self.address = address
 
 
-class RayProvider:
+class RayProvider(Provider):
     """An existing Ray cluster as machines: see the module docstring for the how and why.
 
     `address`: what `ray.init` takes (`HOST:PORT` of the GCS from a host of the cluster, `ray://HOST:10001` through
@@ -351,7 +352,16 @@ class RayProvider:
             found = self._machines.get(machine_id)
             return dict(found[1]) if found else None
 
-    def launch(self, instance_id: str, machine_id: str, env: dict[str, str], user_id: int | None = None) -> None:
+    def launch(
+        self,
+        instance_id: str,
+        machine_id: str,
+        env: dict[str, str],
+        user_id: int | None = None,
+        *,
+        job_id: str | None = None,
+        attempt: int = 0,
+    ) -> None:
         """Ask the cluster for the machine's resources and start the agent there; returns at once (no pid: the
         instance lives on a node). A machine busy now stays pending until Ray can place it (see `pending`)."""
         self._ensure_bridge()
