@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -358,11 +357,3 @@ def local_event(job_id: str, seq: int, message: str, level: str = "info") -> dic
     carries the last seq seen, so a JobView does not advance on it, and it never reaches the backend."""
     data = {"message": message, "level": level, "local": True}
     return {"type": "log", "seq": seq, "job_id": job_id, "ts": time.time(), "data": data}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

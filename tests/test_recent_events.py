@@ -92,8 +92,9 @@ def test_a_rolled_back_batch_never_reaches_the_window(store: Store, log: Store) 
     uid = store.ensure_user("u")
     store.create_job("job-a", uid, SPEC)
     store.append_events("job-a", batch(3, 1), attempt=0)
-    with pytest.raises(KeyError):  # an epoch event without its epoch fails inside the transaction
-        store.append_events("job-a", [*batch(2, 4), NewEvent("epoch", {"logs": {}}, wseq=6)], attempt=0)
+    with pytest.raises(TypeError):  # data that is not JSON fails inside the transaction
+        not_json = NewEvent("epoch", {"epoch": 0, "logs": {}, "x": {1}}, wseq=6)
+        store.append_events("job-a", [*batch(2, 4), not_json], attempt=0)
     assert seqs(store.event_parts("job-a", 0)) == [1, 2, 3]
     store.append_events("job-a", batch(2, 4), attempt=0)
     assert store.event_parts("job-a", 0) == log.event_parts("job-a", 0)
@@ -229,7 +230,7 @@ def test_batches_committed_together_match_the_log_and_a_failing_one_is_rolled_ba
     alice, bob = store.ensure_user("alice"), store.ensure_user("bob")
     for job, uid in (("job-a", alice), ("job-b", alice), ("job-c", bob)):
         store.create_job(job, uid, SPEC)
-    bad = [*batch(2, 1), NewEvent("epoch", {"logs": {}}, wseq=3)]  # an epoch event without its epoch
+    bad = [*batch(2, 1), NewEvent("epoch", {"epoch": 0, "logs": {}, "x": {1}}, wseq=3)]  # data that is not JSON
     results = store.append_batches(
         [
             EventBatch("job-a", batch(3, 1), 0),
@@ -237,7 +238,7 @@ def test_batches_committed_together_match_the_log_and_a_failing_one_is_rolled_ba
             EventBatch("job-c", [*batch(2, 1), NewEvent("epoch", {"epoch": 0, "logs": {}}, wseq=3)], 0),
         ]
     )
-    assert isinstance(results[1], KeyError)
+    assert isinstance(results[1], TypeError)
     assert [e["seq"] for e in results[0]] == [1, 2, 3] and [e["seq"] for e in results[2]] == [1, 2, 3]
     gids = [e["gid"] for e in results[0] + results[2]]
     assert gids == list(range(gids[0], gids[0] + 6)), "the batches that commit take consecutive gids"

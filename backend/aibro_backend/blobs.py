@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aibro_core.files import sha256_file
+
 if TYPE_CHECKING:
     from .s3blobs import S3Backing
 
@@ -62,14 +64,6 @@ def artifact_conflict(names: Iterable[str], name: str) -> str | None:
         if other.startswith(name + "/"):
             return f"'{name}' is already a folder of this job's artifacts (it holds '{other}')"
     return None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_upload_id(upload_id: str) -> str:

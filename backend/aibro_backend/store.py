@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
+from aibro_core.jobpicture import JobPicture
 
 from .jsonout import dumps
 from .recent import RecentEvents, encode_event
@@ -392,7 +393,7 @@ class Store:
         seq = seq_before = self.db.execute(
             "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
         ).fetchone()[0]
-        status, substatus, epochs_done, moved = job["status"], job["substatus"], None, None
+        picture, moved = JobPicture(job["status"], job["substatus"]), None  # the job's row, as the reducer has it
         seen = self._stored_wseqs(job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
         kept: list[tuple[NewEvent, int, float, str]] = []  # (event, seq, ts, its data as JSON)
         for ev in events:
@@ -403,18 +404,16 @@ class Store:
             seq += 1
             ts = time.time() if ev.ts is None else ev.ts
             kept.append((ev, seq, ts, dumps(ev.data)))  # standard JSON in the log: what the API answers
-            if ev.type == v.EV_STATUS:
-                status, substatus, moved = ev.data.get("status", status), ev.data.get("substatus", substatus), ts
-            elif ev.type == v.EV_EPOCH:
-                epochs_done, moved = int(ev.data["epoch"]) + 1, ts
+            if ev.type in (v.EV_STATUS, v.EV_EPOCH) and picture.apply({"type": ev.type, "data": ev.data, "ts": ts}):
+                moved = ts
         self.db.executemany(
             "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
             [(job_id, uid, s, ev.type, ts, data_json, attempt, ev.wseq) for ev, s, ts, data_json in kept],
         )
         if moved is not None:  # the job's row as the batch leaves it, in the same transaction
             self.db.execute(
-                "UPDATE jobs SET status=?, substatus=?, epochs_done=COALESCE(?, epochs_done), updated=? WHERE id=?",
-                (status, substatus, epochs_done, moved, job_id),
+                "UPDATE jobs SET status=?, substatus=?, epochs_done=MAX(epochs_done, ?), updated=? WHERE id=?",
+                (picture.status, picture.substatus, picture.epochs_done, moved, job_id),
             )
         # AUTOINCREMENT under BEGIN IMMEDIATE (this connection the only writer): the batch's gids are the n
         # numbers up to the last one inserted

@@ -3,6 +3,7 @@ workers, whatever the umask they run under or what an older version left."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -42,3 +43,12 @@ def new_token(kind: str = "u") -> str:
     """A bearer token with a readable prefix (`aibro_u_…` for users, `aibro_w_…` for workers): it never begins
     with '-', so it can follow an option on any command line, and a secret scanner can recognise it."""
     return f"aibro_{kind}_{secrets.token_urlsafe(32)}"
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file, read 1 MiB at a time (the one hashing of whole files on both sides)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -2,8 +2,10 @@
 
 A job's event log is the truth; every watcher rebuilds what it shows from it, starting anywhere from seq 0. The
 backend's job view and the history.json it writes, the kernel's progress panel and text lines, and `%cloud_result`
-all apply events through `JobPicture.apply`, so they cannot disagree. (The JupyterLab sidebar has its own copy,
-in TypeScript.)
+all apply events through `JobPicture.apply`, so they cannot disagree; the store's summary row of a job (status,
+substatus, epochs_done) is this reduction over each batch it writes. The JupyterLab sidebar's reducer is its one
+TypeScript counterpart (labextension/src/jobpicture.ts); tests/test_job_pictures.py runs both over the same logs
+(tests/fixtures/event_logs.json).
 
 It never raises on a malformed event: an event the backend stored before events were validated (an epoch without
 `logs`, a status outside the vocabulary) is skipped, so one bad row cannot break the job list for good.
@@ -89,6 +91,12 @@ class JobPicture:
         for ev in events:
             self.apply(ev)
         return self
+
+    @property
+    def epochs_done(self) -> int:
+        """Epochs finished so far: one past the highest epoch reported (a resumed attempt that runs an earlier
+        epoch again does not take it back)."""
+        return max(self.history) + 1 if self.history else 0
 
     @property
     def final(self) -> bool:

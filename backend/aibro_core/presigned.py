@@ -9,7 +9,7 @@ PARALLEL_PARTS parts. The presigned requests carry no bearer token: the URL is t
 
 from __future__ import annotations
 
-import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +20,7 @@ from typing import Any
 import requests
 
 from .errors import ApiError, BackendUnreachable
+from .files import sha256_file
 from .transport import Transport
 
 PUT_TRIES = 4
@@ -92,14 +93,12 @@ def _put(s3: requests.Session, part: dict[str, Any], data: bytes | memoryview) -
 
 def upload_file_via_s3(t: Transport, path: str, source: Path, **extra: Any) -> dict[str, Any]:
     """A file through `upload_via_s3`, its sha256 sent along (S3 checks a single PUT against it)."""
-    h = hashlib.sha256()
+    sha = sha256_file(source)
     with open(source, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-        size = f.tell()
+        size = os.fstat(f.fileno()).st_size
 
         def read(offset: int, length: int) -> bytes:
             f.seek(offset)
             return f.read(length)
 
-        return upload_via_s3(t, path, size, read, h.hexdigest(), **extra)
+        return upload_via_s3(t, path, size, read, sha, **extra)

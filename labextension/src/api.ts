@@ -9,7 +9,6 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import type { paths } from './generated/openapi';
-import { jobStatusValues, jobSubstatusValues } from './generated/openapi';
 
 type Method = 'get' | 'post';
 type Operation<P extends keyof paths, M extends Method> = NonNullable<paths[P][M]>;
@@ -35,14 +34,6 @@ export type JobSubstatus = IJob['substatus'];
 /** One epoch of a job's history: `epoch` (from 1) and every Keras log of it (null where it was not finite). */
 export type HistoryRow = IJob['history'][number];
 export type TimelineEntry = IJob['timeline'][number];
-
-export function isJobStatus(value: unknown): value is JobStatus {
-  return (jobStatusValues as ReadonlyArray<unknown>).includes(value);
-}
-
-export function isJobSubstatus(value: unknown): value is JobSubstatus {
-  return (jobSubstatusValues as ReadonlyArray<unknown>).includes(value);
-}
 
 /** A proxy answer that was not 2xx (status 0: the Jupyter server itself could not be reached). */
 export class ApiError extends Error {

@@ -7,8 +7,9 @@
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { api, HistoryRow, IEvent, IInstance, IJob, IMachine, isJobStatus, isJobSubstatus } from './api';
+import { api, IEvent, IInstance, IJob, IMachine } from './api';
 import { FINAL } from './format';
+import { applyEvent } from './jobpicture';
 
 export type Connection = 'connecting' | 'live' | 'reconnecting';
 
@@ -176,11 +177,7 @@ export class JobsModel {
     }
   }
 
-  /**
-   * The one place in TypeScript that turns events into the job picture, the way the backend's job view does:
-   * status events move status/substatus and the timeline, epoch events put one history row per epoch (a resumed
-   * attempt's epoch replaces the lost one's), error events set the error.
-   */
+  /** Events into the job pictures, by the one TypeScript reducer (jobpicture.ts); signals what they changed. */
   private apply(events: IEvent[]): void {
     let instancesChanged = false;
     for (const ev of events) {
@@ -190,29 +187,12 @@ export class JobsModel {
         continue;
       }
       this.serverNow = Math.max(this.serverNow, ev.ts);
-      const d = ev.data;
-      if (ev.type === 'status') {
-        const wasFinal = FINAL.has(job.status);
-        job.status = isJobStatus(d.status) ? d.status : job.status;
-        job.substatus = isJobSubstatus(d.substatus) ? d.substatus : job.substatus;
-        job.timeline.push({ status: job.status, substatus: job.substatus, ts: ev.ts });
-        if (typeof d.machine_id === 'string') {
-          job.machine_id = d.machine_id;
-        }
+      const wasFinal = FINAL.has(job.status);
+      if (applyEvent(job, ev) === 'status') {
         instancesChanged = true;
         if (!wasFinal && FINAL.has(job.status)) {
           this.finishedSignal.emit(job);
         }
-      } else if (ev.type === 'epoch' && typeof d.epoch === 'number') {
-        const entry: HistoryRow = { ...logs(d.logs), epoch: d.epoch + 1 };
-        job.history = job.history.filter(h => h.epoch !== entry.epoch).concat([entry]);
-        job.history.sort((a, b) => a.epoch - b.epoch);
-        job.epochs_done = Math.max(job.epochs_done, entry.epoch);
-        if (typeof d.epochs === 'number' && d.epochs > 0) {
-          job.epochs = d.epochs;
-        }
-      } else if (ev.type === 'error' && typeof d.message === 'string') {
-        job.error = d.message;
       }
     }
     if (instancesChanged) {
@@ -227,17 +207,4 @@ export class JobsModel {
       this.changedSignal.emit();
     }
   }
-}
-
-/** An epoch event's Keras logs: numbers, and null for a value that was not finite. */
-function logs(value: unknown): { [name: string]: number | null } {
-  const out: { [name: string]: number | null } = {};
-  if (value && typeof value === 'object') {
-    Object.entries(value).forEach(([k, v]) => {
-      if (typeof v === 'number' || v === null) {
-        out[k] = v;
-      }
-    });
-  }
-  return out;
 }

@@ -1,56 +1,7 @@
-"""The Ray provider: each instance is the worker agent, run by a detached Ray actor on a node of an existing cluster.
-
-Teams that already run a Ray cluster (GPU boxes joined with `ray start`, KubeRay, Ray's cloud launcher) get its
-nodes as machines; nothing here starts or scales the cluster itself.
-
-**An instance is a detached actor that holds the reservation** (not a Job Submission API job, not a bare
-placement group):
-
-* The reservation *is* the actor. A named (`aibro-<instance id>`), detached actor created with the machine's
-  `num_cpus` / `num_gpus` (and an accelerator or node-pool resource) holds them on one node exactly as long as it
-  lives. It runs the agent (`python -I -m aibro_backend.worker`) as a child process on that node, with only the
-  allow-listed environment and a private directory (the local provider's `worker_env` and `Sandbox`, chosen on the
-  node), and with `CUDA_VISIBLE_DEVICES` set to the GPUs Ray gave it. While the agent cools it keeps polling the
-  backend for its next assignment as on every provider, so the actor, and with it the reservation, stays: the
-  next job reuses the warm instance with no gear-up. When the agent exits (the backend told it to) the actor is
-  killed and Ray frees the resources.
-* The Job Submission API also reserves resources (for its supervisor actor), but it needs the dashboard's HTTP job
-  server (often off or firewalled) and a second address, says only PENDING while waiting (not for what), and ties
-  the agent's lifetime to a job whose logs travel through Ray. An actor needs only the GCS, and its method calls
-  are the health check (below).
-* A placement group reserves the same resources but still needs an actor or task inside it to run the agent: for
-  a machine that fits on one node it is one more object to create and clean up for nothing.
-* Faults come with actors: a call on an actor whose process or node died fails (`ActorUnavailableError` within
-  about 3 s, `ActorDiedError` once Ray's health check marks the node dead, ~15 s by default). An instance
-  unreachable for `unreachable_grace_s` (while the cluster itself still answers) or on a dead node is lost:
-  `alive()` turns false and the scheduler resumes its job from the last checkpoint. An actor that cannot be placed
-  now stays pending (`pending()` says "waiting for 1 GPU on the Ray cluster (ADDRESS)") instead of failing.
-
-Bytes never travel through Ray: the agent speaks HTTP to the backend (`AIBRO_WORKER_URL`, overridable with
-`backend_url` for nodes on other hosts) for its assignment, model, data, events, checkpoints and artifacts, as on
-every provider. Ray carries only the actor's creation arguments (the agent's environment) and small status calls.
-
-**The Ray driver runs in a bridge process, not in the backend.** A driver whose cluster disappears blocks in every
-call (`ray.nodes()` hangs) and, 60 s later, Ray terminates the whole process ("Failed to connect to GCS within 60
-seconds ... The program will terminate"): inside the backend that would take the API and every user's jobs down
-with the cluster. `ray.init` and many calls also block for seconds, while the scheduler's tick runs on the IOLoop.
-So `RayProvider` starts `python -c "...bridge_main()"` as a child, sends it commands (JSON lines on its stdin) and
-reads its reports (JSON lines on a pipe of their own): `offers`, `alive`, `pending`, `info` answer at once from the
-last picture the bridge sent (nodes every `refresh_s`, instances as they change). Ray is imported only in the bridge
-and on the nodes, never in the backend or the notebook. A bridge whose calls hang for `call_timeout_s`, or that
-finds the GCS port closed, reports the cluster lost and exits; the provider then fails its live instances with a
-message naming the cluster (`cluster_error()`) and starts a new bridge every `reconnect_s` until the cluster is
-back. Detached actors outlive a bridge or backend restart, and a new bridge adopts them by name.
-
-Every node needs `aibro-backend` installed in the Python that runs Ray (`pip install "./backend"` next to
-`ray[default]`): the actor's class lives in this module, and the agent runs from it. Price is 0: the team's
-cluster is already paid for.
-
-Trust: the agent runs the user's own code on a cluster node. The sandbox (bubblewrap when present) hides the node's
-files and other workers' directories, but the network is shared, and a Ray cluster without token auth
-(`RAY_AUTH_MODE=token`) accepts work from anything that reaches it: give aibro a cluster (or a node pool selected
-with `node_resource`) that holds nothing else users must not touch.
-"""
+"""The Ray provider: each instance is the worker agent, run by a detached Ray actor (which holds the reservation) on
+a node of an existing cluster, driven from a bridge process so that a lost cluster never blocks the backend. Why
+an actor and not a Ray job or a placement group, how faults surface, and what a cluster must be trusted with:
+ARCHITECTURE.md, "The Ray provider". Every node needs `aibro-backend` in the Python that runs Ray; price is 0."""
 
 from __future__ import annotations
 
