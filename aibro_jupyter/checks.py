@@ -16,16 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from aibro_core.bounds import MAX_BATCH_SIZE
+# The backend's bounds on a job spec, checked here first so the user sees their own argument's name.
+from aibro_core.bounds import MAX_BATCH_SIZE, MAX_COOL_DOWN_S, MAX_DESCRIPTION_CHARS, MAX_WAIT_REQUEST_S
 from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
 
 from .dataset_blob import is_dataset
 from .errors import ValidationError
-
-# The backend's limits on a job spec (backend/aibro_backend/api/jobspec.py), checked here first so the user
-# sees their own argument's name instead of the backend's field name.
-DESCRIPTION_MAX_CHARS = 500
-COOL_DOWN_MAX_S = 7 * 24 * 3600
 
 # A NaN/label scan reads at most this many elements at a time, whatever the array's size (memmaps included).
 CHUNK_ELEMENTS = 1 << 22
@@ -70,15 +66,16 @@ def check_job_args(
     _check_seconds(
         cool_down_period_s,
         n["cool_down_period_s"],
-        COOL_DOWN_MAX_S,
-        f"how long the machine stays warm for the next job, between 0 and {COOL_DOWN_MAX_S} (one week), "
+        MAX_COOL_DOWN_S,
+        f"how long the machine stays warm for the next job, between 0 and {MAX_COOL_DOWN_S} (one week), "
         f"e.g. {_example(n['cool_down_period_s'], '600')}, or 0 to release it at once",
     )
     _check_seconds(
         wait_request_s,
         n["wait_request_s"],
-        None,
-        "how long to wait for a machine before trying the next one in the list, "
+        MAX_WAIT_REQUEST_S,
+        f"how long to wait for a machine before trying the next one in the list, at most {MAX_WAIT_REQUEST_S} "
+        "(30 days), "
         f"e.g. {_example(n['wait_request_s'], '60')}",
     )
     _check_seconds(
@@ -100,10 +97,10 @@ def check_job_args(
             f"{name} must be a string, got {_show(description)}: pass a short note shown in job lists, "
             f"e.g. {_example(name, chr(34) + 'digits cnn' + chr(34))}, or leave it out"
         )
-    if len(description) > DESCRIPTION_MAX_CHARS:
+    if len(description) > MAX_DESCRIPTION_CHARS:
         raise ValidationError(
             f"{name} is {len(description)} characters long ({description[:40]!r}...), over the limit of "
-            f"{DESCRIPTION_MAX_CHARS}: shorten it to at most {DESCRIPTION_MAX_CHARS} characters "
+            f"{MAX_DESCRIPTION_CHARS}: shorten it to at most {MAX_DESCRIPTION_CHARS} characters "
             "(it is a note shown in job lists; keep longer notes in the notebook)"
         )
 

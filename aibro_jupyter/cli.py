@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from aibro_core import vocabulary as v
 from aibro_core.files import write_private
 
 from . import config
@@ -108,7 +109,7 @@ def cmd_instances(args: argparse.Namespace) -> int:
     if args.terminate:
         client.terminate(args.terminate)
     for i in client.instances():
-        extra = f" cooling {i['cooling_left_s']:.0f}s" if i["status"] == "COOLING" else ""
+        extra = f" cooling {i['cooling_left_s']:.0f}s" if i["status"] == v.COOLING else ""
         print(f"{i['id']:<18} {i['machine_id']:<12} {i['status']:<10} {i['substatus']:<12}{extra}")
     return 0
 
@@ -166,7 +167,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.detach:
         return 0
     view = trainer.watch(job["job_id"], [TextProgress()])
-    return 0 if view.status == "COMPLETED" else 1
+    return 0 if view.status == v.COMPLETED else 1
 
 
 def cmd_login(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aibro_core import vocabulary as v
 from aibro_core.errors import AibroError, ApiError, BackendUnreachable
 from aibro_core.presigned import ViewBody, upload_via_s3
 from aibro_core.transport import (
@@ -319,7 +320,7 @@ class BackendClient:
             for ev in page["events"]:
                 after = ev["seq"]
                 yield ev
-            if not page["events"] and page["status"] in ("COMPLETED", "CANCELED"):
+            if not page["events"] and page["status"] in v.JOB_FINAL:
                 return
 
     def user_events(self, after: int = 0, wait: float = 0) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from aibro_core import vocabulary as v
+from aibro_core.bounds import MAX_EPOCHS
 from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
@@ -59,6 +60,8 @@ def _machine_list(machine_ids: str | list[str] | None, offers: list[dict[str, An
 def _check_epochs(epochs: Any) -> int:
     if isinstance(epochs, bool) or not isinstance(epochs, numbers.Integral) or epochs <= 0:
         raise ValidationError(f"epochs must be a positive integer, got {epochs!r}")
+    if epochs > MAX_EPOCHS:
+        raise ValidationError(f"epochs is at most {MAX_EPOCHS} on the backend, got {epochs}: train fewer epochs")
     return int(epochs)
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from aibro_core import vocabulary as v
+
 
 def durations(timeline: list[dict[str, Any]], now: float | None = None) -> list[tuple[str, float]]:
     """(substatus, seconds) in order; the last state runs until `now` unless the job is final."""
     out: list[tuple[str, float]] = []
     for cur, nxt in zip(timeline, timeline[1:] + [None]):
         if nxt is None:
-            if cur["status"] in ("COMPLETED", "CANCELED"):
+            if cur["status"] in v.JOB_FINAL:
                 break
             end = now or time.time()
         else:

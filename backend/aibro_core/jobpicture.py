@@ -18,9 +18,6 @@ from typing import Any
 
 from . import vocabulary as v
 
-JOB_STATUSES = (v.QUEUING, v.TRAINING, v.COMPLETED, v.CANCELED)
-JOB_SUBSTATUSES = (*v.SUBSTATUS_ORDER, v.SUB_CANCELED)
-
 
 def _epoch_index(data: dict[str, Any]) -> int | None:
     epoch = data.get("epoch")
@@ -63,7 +60,7 @@ class JobPicture:
         type_ = ev.get("type")
         if type_ == v.EV_STATUS:
             status, substatus = data.get("status", self.status), data.get("substatus", self.substatus)
-            if status not in JOB_STATUSES or substatus not in JOB_SUBSTATUSES:
+            if status not in v.JOB_STATUSES or substatus not in v.JOB_SUBSTATUSES:
                 return False
             self.status, self.substatus = status, substatus
             self.timeline.append({"status": status, "substatus": substatus, "ts": _finite_or_none(ev.get("ts"))})

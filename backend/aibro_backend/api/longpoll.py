@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError as PydanticError
 
 from aibro_core import vocabulary as v
-from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES, JobPicture
+from aibro_core.jobpicture import JobPicture
 
 from ..bus import job_key, user_key
 from ..jsonout import dumps
@@ -76,7 +76,7 @@ async def user_events(backend: Backend, uid: int, after: int, wait: float) -> by
 def _job_state(job_id: str, state: tuple[str, str], store: Any) -> tuple[str, str]:
     """The job's status and substatus; for a row a worker spoiled before events were validated, the last valid
     ones its events give."""
-    if state[0] in JOB_STATUSES and state[1] in JOB_SUBSTATUSES:
+    if state[0] in v.JOB_STATUSES and state[1] in v.JOB_SUBSTATUSES:
         return state
     picture = JobPicture().apply_all(store.typed_events(job_id, (v.EV_STATUS,)))
     return picture.status, picture.substatus

@@ -32,10 +32,15 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from aibro_core import vocabulary as v
-from aibro_core.bounds import MAX_BATCH_SIZE
+from aibro_core.bounds import (
+    MAX_BATCH_SIZE,
+    MAX_COOL_DOWN_S,
+    MAX_DESCRIPTION_CHARS,
+    MAX_EPOCHS,
+    MAX_WAIT_REQUEST_S,
+)
 from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS, tree_depth
 from aibro_core.errors import ValidationError as RequirementsError
-from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES
 from aibro_core.requirements import check_requirements
 
 SHA_PATTERN = r"^[0-9a-f]{64}$"
@@ -45,17 +50,12 @@ ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 UPLOAD_ID_PATTERN = r"^[0-9a-f]{32}$"
 ARTIFACT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,7}$"
 INT64_MAX = 2**63 - 1
-WEEK_S = 7 * 24 * 3600
-MAX_WAIT_REQUEST_S = 30 * 24 * 3600
-MAX_EPOCHS = 1_000_000
 MAX_EVENT_BATCH = 500
 MAX_MESSAGE = 8000
 MAX_STEPS = 1_000_000_000  # batches in one epoch or validation: over 11 days at 1 ms a batch
 MAX_LOG_KEYS = 256
 MAX_LOG_KEY_CHARS = 200
 MAX_TIMESTAMP = 1e11  # seconds since 1970: year 5138, so a timestamp in ms (or garbage) is refused
-WORKER_SUBSTATUSES = (v.GEARING_UP_ENV, v.SENDING_MODEL_DATA, v.SUB_TRAINING, v.RETURNING)
-INSTANCE_STATUSES = (v.LAUNCHING, v.EXECUTING, v.COOLING, v.CLOSING, v.CLOSED)
 CALLBACK_CLASSES = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN")
 UNION_TAGS = frozenset((*CALLBACK_CLASSES, *v.WORKER_EVENT_TYPES))
 
@@ -530,7 +530,9 @@ MachineList = Annotated[
     WrapValidator(_machines),
 ]
 Description = described(
-    Annotated[str, Field(max_length=500)], "'description' must be a string of at most 500 characters", False
+    Annotated[str, Field(max_length=MAX_DESCRIPTION_CHARS)],
+    f"'description' must be a string of at most {MAX_DESCRIPTION_CHARS} characters",
+    False,
 )
 
 
@@ -545,7 +547,7 @@ class JobSpec(Request):
     machines: MachineList
     description: Description = ""
     cool_down_s: described(
-        Annotated[float, Field(ge=0, le=WEEK_S, allow_inf_nan=False)],
+        Annotated[float, Field(ge=0, le=MAX_COOL_DOWN_S, allow_inf_nan=False)],
         "'cool_down_s' must be a number of seconds between 0 and one week (604800)",
         False,
     ) = 0.0
@@ -657,8 +659,8 @@ Message = Annotated[str, Field(max_length=MAX_MESSAGE)]
 
 
 class StatusData(Request):
-    status: Literal["TRAINING"]
-    substatus: Literal["GEARING UP ENV", "SENDING MODEL & DATA", "TRAINING", "RETURNING"]
+    status: Literal[v.TRAINING]  # type: ignore[valid-type]
+    substatus: Literal[v.WORKER_SUBSTATUSES]  # type: ignore[valid-type]
     message: Message | None = None
 
 
@@ -686,7 +688,7 @@ def _relative_path(value: str) -> str:
 
 class LogData(Request):
     message: Message
-    stage: Literal["GEARING UP ENV"] | None = None
+    stage: Literal[v.GEARING_UP_ENV] | None = None  # type: ignore[valid-type]
     warning: Message | None = None
     versions: Annotated[dict[ShortText, ShortText], Field(max_length=16)] | None = None
     stream: Literal["stdout"] | None = Field(None, description="a line the job's own code printed")
@@ -738,7 +740,8 @@ def _worker_event(value: Any, handler: Any) -> Any:
                 raise _fail(f"a worker may not set status {show(data.get('status'))}; it sets TRAINING") from None
             if type_ == v.EV_STATUS and "substatus" in fields:
                 raise _fail(
-                    f"a worker may not set substatus {show(data.get('substatus'))}; it sets {list(WORKER_SUBSTATUSES)}"
+                    f"a worker may not set substatus {show(data.get('substatus'))}; "
+                    f"it sets {list(v.WORKER_SUBSTATUSES)}"
                 ) from None
             raise _fail(f"a {type_} event's {explain(inner, 'data')}") from None
         raise
@@ -833,9 +836,9 @@ class S3Upload(Request):
 
 
 # -- responses ---------------------------------------------------------------------------------------------------
-JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
-JobSubstatus = Literal[JOB_SUBSTATUSES]  # type: ignore[valid-type]
-InstanceStatus = Literal[INSTANCE_STATUSES]  # type: ignore[valid-type]
+JobStatus = Literal[v.JOB_STATUSES]  # type: ignore[valid-type]
+JobSubstatus = Literal[v.JOB_SUBSTATUSES]  # type: ignore[valid-type]
+InstanceStatus = Literal[v.INSTANCE_STATUSES]  # type: ignore[valid-type]
 
 
 class ErrorBody(Response):

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from aibro_core import vocabulary as v
-from aibro_core.jobpicture import JOB_STATUSES, JOB_SUBSTATUSES, JobPicture
+from aibro_core.jobpicture import JobPicture
 
 from ..costs import instance_cost, job_costs
 from . import longpoll
@@ -29,7 +29,7 @@ def job_view(job: dict[str, Any], store: Any, costs: dict[str, float] | None = N
         costs = job_costs(store.instances(job["user_id"]), time.time())
     spec = job["spec"] if isinstance(job["spec"], dict) else {}
     picture = JobPicture().apply_all(store.typed_events(job["id"], (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
-    valid = job["status"] in JOB_STATUSES and job["substatus"] in JOB_SUBSTATUSES
+    valid = job["status"] in v.JOB_STATUSES and job["substatus"] in v.JOB_SUBSTATUSES
     fit = spec.get("fit") if isinstance(spec.get("fit"), dict) else {}
     code = spec.get("code") if isinstance(spec.get("code"), dict) else {}
     return {
