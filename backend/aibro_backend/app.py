@@ -36,6 +36,7 @@ import tornado.web
 from tornado import httputil
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from aibro_core.envsettings import SettingsError
 from aibro_core.files import write_private
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
@@ -55,6 +56,7 @@ from .s3blobs import s3_backing
 from .scheduler import Scheduler
 from .state import Backend
 from .store import Store
+from .worker.joblimits import JobLimits
 
 log = logging.getLogger("aibro.backend")
 LINGER_MAX = 64 * 1024  # a refused body up to this size is read and dropped, so the client can read the answer
@@ -756,6 +758,21 @@ def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | N
     return ctx
 
 
+def settings_problems() -> list[str]:
+    """Every wrong AIBRO_* setting (policy, service limits, job limits), named at once before anything starts."""
+    problems, policy = [], Policy()
+    try:
+        policy = Policy.from_env()
+    except SettingsError as exc:
+        problems.append(str(exc))
+    for check in (lambda: Limits.from_env(policy), lambda: JobLimits.from_env(os.environ)):
+        try:
+            check()
+        except ValueError as exc:  # SettingsError is one
+            problems.append(str(exc))
+    return problems
+
+
 def main(argv: list[str] | None = None) -> None:
     os.umask(0o077)  # everything the backend writes (database, WAL, logs, blobs, artifacts) is private to its user
     parser = argparse.ArgumentParser(prog="aibro-backend", description="Run the aibro training backend.")
@@ -821,6 +838,10 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["AIBRO_CA_BUNDLE"] = os.path.abspath(args.ca_bundle)
     if tls is None and not is_loopback(args.host):
         print(plain_http_warning(args.host), file=sys.stderr, flush=True)
+    problems = settings_problems()
+    if problems:
+        print("aibro backend: " + "\n  ".join(problems), file=sys.stderr, flush=True)
+        sys.exit(2)
     extra: dict[str, Any] = {}
     if args.aws_config:
         from .providers.aws_config import AwsConfigError
