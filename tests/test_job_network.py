@@ -83,7 +83,15 @@ def proxy(tmp_path: Path) -> Iterator[tuple[Path, int, int]]:
     proxy = jobnet.PackageProxy({f"127.0.0.1:{index.server_port}"})
     asyncio.run_coroutine_threadsafe(proxy.start(path), loop).result(30)
     yield path, index.server_port, other.server_port
-    loop.call_soon_threadsafe(proxy.close)
+
+    async def stop() -> None:
+        proxy.close()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.sleep(0.1)  # the canceled connections end
+
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
     index.shutdown()
     other.shutdown()

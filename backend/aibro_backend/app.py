@@ -588,11 +588,11 @@ async def serve(
         chunk_size=1 << 20,  # upload bodies reach handlers 1 MiB at a time, not tornado's 64 KiB
     )
     server.add_sockets([sock])
-    package_proxy = await open_job_network(backend, server)
     write_watch = server.watch_writes(limits.idle_timeout_s)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     backend.url = f"{'https' if tls else 'http'}://{shown}:{bound}"
+    job_proxies = await open_job_network(backend, server)
     backend.events_port = open_event_port(backend, server, host, limits, tls)
     last_port.write_text(str(bound))
     info = {"url": backend.url, "pid": os.getpid(), "port": bound, "events_port": backend.events_port}
@@ -625,8 +625,8 @@ async def serve(
     shutdown_instances(backend)
     for provider in backend.scheduler.providers.values():
         provider.close()
-    if package_proxy is not None:
-        package_proxy.close()
+    for proxy in job_proxies:
+        proxy.close()
     await server.close_everything()
     try:
         info = json.loads((home / "backend.json").read_text())
@@ -638,18 +638,29 @@ async def serve(
     backend.store.close()
 
 
-async def open_job_network(backend: Backend, server: GuardedHTTPServer) -> jobnet.PackageProxy | None:
+async def open_job_network(backend: Backend, server: GuardedHTTPServer) -> list[jobnet.PackageProxy]:
     """Where sandboxed jobs have no network of their own (providers/jobnet.py): the backend also answers on a Unix
-    socket their workers reach, and a proxy to the package index serves their environment builds."""
+    socket their workers reach, a proxy to the package index serves their environment builds, and where the bytes
+    live in S3 a proxy to the bucket's endpoint carries their presigned transfers."""
     net_dir = backend.scheduler.providers["local"].net_dir
     if net_dir is None:
-        return None
+        return []
+    (net_dir / jobnet.STORAGE_SOCK).unlink(missing_ok=True)  # a backend that no longer uses S3 offers no way there
     server.add_sockets([jobnet.bind_unix(net_dir / jobnet.BACKEND_SOCK)])
     hosts = jobnet.package_hosts(os.environ)
-    proxy = jobnet.PackageProxy(hosts)
-    await proxy.start(net_dir / jobnet.PACKAGES_SOCK)
-    log.info("jobs reach only this backend, and while pip builds their environments %s", ", ".join(sorted(hosts)))
-    return proxy
+    proxies = [jobnet.PackageProxy(hosts)]
+    await proxies[0].start(net_dir / jobnet.PACKAGES_SOCK)
+    said = f"while pip builds their environments {', '.join(sorted(hosts))}"
+    if backend.blobs.s3 is not None:
+        bucket = jobnet.host_of(backend.blobs.s3.get_url(backend.blobs.s3.blob_key("0" * 64)))
+        # the worker's HTTP then goes through it, its calls to this backend included
+        allowed = {bucket, jobnet.host_of(backend.url)}
+        fix = ": AIBRO_JOB_NETWORK=host where the backend runs gives jobs the host's network"
+        proxies.append(jobnet.PackageProxy(allowed, "this backend and the bucket that holds its bytes", fix))
+        await proxies[1].start(net_dir / jobnet.STORAGE_SOCK)
+        said += f", and {bucket} for their bytes"
+    log.info("jobs reach only this backend, %s", said)
+    return proxies
 
 
 def open_event_port(

@@ -8,7 +8,9 @@ lead out of it:
 * `backend.sock`: the backend's own HTTP server (the same routes, tokens, limits and TLS as its TCP port);
 * `packages.sock`: a proxy that reaches only the package index's hosts (pypi.org and files.pythonhosted.org, the
   hosts of pip's index and find-links settings, and AIBRO_JOB_PACKAGE_HOSTS), used by pip while the job's
-  environment is built, before the job's own code is loaded.
+  environment is built, before the job's own code is loaded;
+* `storage.sock`, only where the bytes live in S3: a proxy to the bucket's endpoint alone, which carries the
+  worker's presigned downloads and uploads (a presigned URL reaches one object, for a while).
 
 Inside, `worker/netbridge.py` listens on the worker's loopback address and port and pipes each connection to these
 sockets. `AIBRO_JOB_NETWORK=host` gives sandboxed jobs the host's network again (the backend says so at start)."""
@@ -30,6 +32,7 @@ log = logging.getLogger("aibro.jobnet")
 INSIDE = "/run/aibro"
 BACKEND_SOCK = "backend.sock"
 PACKAGES_SOCK = "packages.sock"
+STORAGE_SOCK = "storage.sock"  # only where the bytes live in S3: the bucket's endpoint, for presigned transfers
 DEFAULT_PACKAGE_HOSTS = ("pypi.org:443", "files.pythonhosted.org:443")
 HEAD_LIMIT = 16 * 1024
 CONNECT_TIMEOUT_S = 30.0
@@ -69,6 +72,14 @@ def bind_unix(path: Path) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+def host_of(url: str) -> str:
+    """`host:port` of an http(s) URL (a presigned one: what a worker must reach for its bytes)."""
+    found = _host_port(url)
+    if found is None:
+        raise ValueError(f"not an http(s) URL: {url[:80]}")
+    return found
 
 
 def _host_port(url: str) -> str | None:
@@ -114,8 +125,9 @@ class PackageProxy:
     """An HTTP proxy on a Unix socket that reaches only `allowed` (CONNECT for https, absolute-form requests for a
     plain-http index); anything else gets a 403 that names the setting to change."""
 
-    def __init__(self, allowed: set[str]) -> None:
-        self.allowed = allowed
+    def __init__(self, allowed: set[str], what: str = "the package index", fix: str = "") -> None:
+        self.allowed, self.what = allowed, what
+        self.fix = fix or ": if pip needs that host, add it to AIBRO_JOB_PACKAGE_HOSTS where the backend runs"
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, path: Path) -> None:
@@ -166,10 +178,7 @@ class PackageProxy:
         return f"{parts.hostname.lower()}:{parts.port or 80}", b"\r\n".join(request)
 
     async def _refuse(self, writer: asyncio.StreamWriter, where: str) -> None:
-        body = (
-            f"a sandboxed job may reach only the package index, not {where}: if pip needs that host, add it to "
-            "AIBRO_JOB_PACKAGE_HOSTS where the backend runs\n"
-        ).encode()
+        body = (f"a sandboxed job may reach only {self.what} here, not {where}{self.fix}\n").encode()
         writer.write(
             b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()

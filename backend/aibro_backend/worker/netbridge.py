@@ -1,6 +1,7 @@
 """The worker's side of a sandbox without a network (providers/jobnet.py): its loopback address and port, where the
 worker's URL points, lead to the backend's Unix socket; pip gets a proxy to the package index for as long as the
-environment is built. Bytes are piped as they are, so TLS and tokens work end to end as over TCP."""
+environment is built; where the bytes live in S3 the worker's HTTP goes through a proxy that reaches only the
+backend and the bucket. Bytes are piped as they are, so TLS and tokens work end to end as over TCP."""
 
 from __future__ import annotations
 
@@ -87,7 +88,14 @@ def to_backend(url: str) -> Bridge | None:
     if host == "localhost":
         host = "127.0.0.1"
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return Bridge(where / "backend.sock", host, port)
+    bridge = Bridge(where / "backend.sock", host, port)
+    if (where / "storage.sock").exists():  # the bytes live in S3: this process's HTTP goes out through the backend
+        proxy = f"http://127.0.0.1:{Bridge(where / 'storage.sock').port}"
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            os.environ[name] = proxy
+        for name in ("NO_PROXY", "no_proxy"):
+            os.environ.pop(name, None)
+    return bridge
 
 
 @contextlib.contextmanager
