@@ -54,6 +54,75 @@ CREATE INDEX IF NOT EXISTS instances_token ON instances (token_hash);
 CREATE TABLE IF NOT EXISTS artifacts (job_id TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
     sha TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (job_id, name));
 """
+# Indexes on columns a migration added: made once the database is at the latest version.
+INDEXES = """
+CREATE UNIQUE INDEX IF NOT EXISTS tokens_id ON tokens (id);
+CREATE INDEX IF NOT EXISTS blobs_user ON blobs (user_id, used);
+"""
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall()}
+
+
+def _add_columns(db: sqlite3.Connection, table: str, columns: tuple[tuple[str, str], ...]) -> None:
+    have = _columns(db, table)
+    for col, kind in columns:
+        if col not in have:  # steps 1-3 predate the version number: an old database may hold some of them
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {kind}")
+
+
+def _v1_token_ids(db: sqlite3.Connection) -> None:
+    """Tokens got a public id (what `aibro token list` shows), an optional expiry and their last use."""
+    _add_columns(db, "tokens", (("id", "TEXT"), ("expires", "REAL"), ("last_used", "REAL")))
+    for (token_hash,) in db.execute("SELECT hash FROM tokens WHERE id IS NULL").fetchall():
+        db.execute("UPDATE tokens SET id=? WHERE hash=?", (_token_id(), token_hash))
+
+
+def _v2_instance_enrollment_and_price(db: sqlite3.Connection) -> None:
+    """Instances got one-time enrollment (cloud machines) and the $/h they were started at (costs.py)."""
+    _add_columns(db, "instances", (("enroll_hash", "TEXT"), ("enroll_expires", "REAL"), ("price_per_hour", "REAL")))
+
+
+def _v3_blob_use(db: sqlite3.Connection) -> None:
+    """Blobs got their last use: the least recently used go first when a user's stored bytes are over quota."""
+    _add_columns(db, "blobs", (("used", "REAL"),))
+
+
+# Schema version N is reached by MIGRATIONS[N - 1]; a new change appends a step (never edits one) and the SCHEMA
+# above says what a new database holds at the latest version.
+MIGRATIONS = (_v1_token_ids, _v2_instance_enrollment_and_price, _v3_blob_use)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class NewerSchema(RuntimeError):
+    """The database was written by a newer aibro-backend than this one."""
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Create a new database at SCHEMA_VERSION, or bring an older one there step by step, each step in its own
+    transaction with the version it reaches (PRAGMA user_version); the version it was at."""
+    fresh = db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='users'").fetchone() is None
+    was = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if was > SCHEMA_VERSION:
+        raise NewerSchema(
+            f"this database has schema version {was}, newer than this aibro-backend's {SCHEMA_VERSION}: run the "
+            "aibro-backend that wrote it, or upgrade this one"
+        )
+    db.executescript(SCHEMA)  # tables a database lacks (all of them for a new one); existing ones are left alone
+    for version in range(SCHEMA_VERSION + 1 if fresh else was + 1, SCHEMA_VERSION + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[version - 1](db)
+            db.execute(f"PRAGMA user_version={version}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    if fresh:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    db.executescript(INDEXES)
+    return was
 
 
 def _token_id() -> str:
@@ -106,8 +175,7 @@ class Store:
         # FULL: a commit returns once the WAL is on disk, so an acknowledged event survives a power cut, not only
         # a crash of this process; batches make it one sync per worker batch (append_events)
         self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
-        self._migrate()
+        migrate(self.db)
         self._checkpointer: _Checkpointer | None = None
         if checkpoints_every_s:
             self.db.execute("PRAGMA wal_autocheckpoint=0")
@@ -117,25 +185,6 @@ class Store:
                 os.chmod(f"{self.path}{suffix}", 0o600)
             except OSError:
                 pass
-
-    def _migrate(self) -> None:
-        """Columns added since a database was made: tokens got a public id, an optional expiry and last use."""
-        cols = {r["name"] for r in self.db.execute("PRAGMA table_info(tokens)").fetchall()}
-        for col, kind in (("id", "TEXT"), ("expires", "REAL"), ("last_used", "REAL")):
-            if col not in cols:
-                self.db.execute(f"ALTER TABLE tokens ADD COLUMN {col} {kind}")
-        for row in self.db.execute("SELECT hash FROM tokens WHERE id IS NULL").fetchall():
-            self.db.execute("UPDATE tokens SET id=? WHERE hash=?", (_token_id(), row["hash"]))
-        self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS tokens_id ON tokens (id)")
-        icols = {r["name"] for r in self.db.execute("PRAGMA table_info(instances)").fetchall()}
-        # one-time enrollment (cloud); the $/h an instance was started at (costs.py)
-        for col, kind in (("enroll_hash", "TEXT"), ("enroll_expires", "REAL"), ("price_per_hour", "REAL")):
-            if col not in icols:
-                self.db.execute(f"ALTER TABLE instances ADD COLUMN {col} {kind}")
-        bcols = {r["name"] for r in self.db.execute("PRAGMA table_info(blobs)").fetchall()}
-        if "used" not in bcols:  # when the user last uploaded, asked for or trained on it: the least recent go first
-            self.db.execute("ALTER TABLE blobs ADD COLUMN used REAL")
-        self.db.execute("CREATE INDEX IF NOT EXISTS blobs_user ON blobs (user_id, used)")
 
     # -- users and tokens -------------------------------------------------------------------------
     def user_count(self) -> int:
