@@ -12,6 +12,7 @@ import time
 
 from aibro_core import vocabulary as v
 from aibro_core.files import write_private
+from aibro_core.serveflags import add_serve_flags, given_only_for_serve, serve_argv
 
 from . import config
 from .client import BackendClient
@@ -30,26 +31,14 @@ def cmd_backend(args: argparse.Namespace) -> int:
             f"`aibro backend {args.action}` takes no name (only add-user, revoke-tokens and aws-policy FILE do): "
             f"drop {args.name!r}"
         )
-    ray_opts = [
-        (f"--{k.replace('_', '-')}", getattr(args, k)) for k in ("ray_address", "ray_worker_url", "ray_node_resource")
-    ]
-    ray_opts = [(flag, val) for flag, val in ray_opts if val]
-    if (args.provider or args.aws_config or ray_opts) and args.action != "serve":
-        raise AibroError("--provider, --aws-config and --ray-* go with `aibro backend serve`")
+    if given_only_for_serve(args) and args.action != "serve":
+        raise AibroError(f"{', '.join(given_only_for_serve(args))} go with `aibro backend serve`")
     if args.action == "aws-policy":
         if not args.name:
             raise AibroError("aws-policy needs the AWS config file: aibro backend aws-policy FILE")
         _exec_backend("aibro_backend.providers.aws_config", "policy", args.name)
     if args.action == "serve":
-        tls = ["--certfile", args.certfile] if args.certfile else []
-        tls += ["--keyfile", args.keyfile] if args.keyfile else []
-        tls += ["--ca-bundle", args.ca_bundle] if args.ca_bundle else []
-        providers = [a for p in args.provider or [] for a in ("--provider", p)]
-        providers += ["--aws-config", args.aws_config] if args.aws_config else []
-        providers += [a for pair in ray_opts for a in pair]
-        home, port = str(config.home()), str(args.port)
-        sandbox = ["--sandbox", args.sandbox] if args.sandbox else []
-        _exec_backend("aibro_backend", "--home", home, "--host", args.host, "--port", port, *tls, *providers, *sandbox)
+        _exec_backend("aibro_backend", "--home", str(config.home()), *serve_argv(args))
     if args.action == "start":
         t = config.resolve()
         print(f"aibro backend running at {t.url}")
@@ -237,32 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("backend", help="start, stop or inspect the backend")
     be.add_argument("action", choices=["start", "status", "stop", "serve", "add-user", "revoke-tokens", "aws-policy"])
     be.add_argument("name", nargs="?", help="the user, for add-user and revoke-tokens; the AWS config for aws-policy")
-    be.add_argument("--host", default="127.0.0.1", help="serve: address to bind (other than loopback: use TLS)")
-    be.add_argument("--port", type=int, default=0)
-    be.add_argument("--certfile", default=None, help="serve: HTTPS with this certificate (PEM)")
-    be.add_argument("--keyfile", default=None, help="serve: the certificate's private key (PEM)")
-    be.add_argument("--ca-bundle", default=None, metavar="FILE", help="serve: the CA (PEM) workers verify it with")
-    be.add_argument(
-        "--sandbox",
-        choices=["auto", "bwrap", "none"],
-        default=None,
-        help="serve: how local workers are confined (none: only if you accept that users' code runs unconfined)",
-    )
-    be.add_argument(
-        "--provider",
-        action="append",
-        choices=["local", "aws", "ray"],
-        default=None,
-        help="serve: machines beside the local ones (always on): aws, with --aws-config; ray, with --ray-address",
-    )
-    be.add_argument("--aws-config", default=None, metavar="FILE", help="serve: the AWS provider's config (TOML/JSON)")
-    be.add_argument("--ray-address", default=None, metavar="ADDRESS", help="serve: the Ray cluster's HOST:PORT")
-    be.add_argument(
-        "--ray-worker-url", default=None, metavar="URL", help="serve: the backend's URL as Ray nodes see it"
-    )
-    be.add_argument(
-        "--ray-node-resource", default=None, metavar="NAME", help="serve: only Ray nodes with this resource"
-    )
+    add_serve_flags(be, help_prefix="serve: ")
     be.add_argument("--expires-in", type=float, default=None, metavar="S", help="add-user: the token expires in S s")
     be.set_defaults(fn=cmd_backend)
     tk = sub.add_parser("token", help="list, mint or revoke your tokens")

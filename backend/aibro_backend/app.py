@@ -38,6 +38,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 
 from aibro_core.envsettings import SettingsError
 from aibro_core.files import write_private
+from aibro_core.serveflags import add_serve_flags
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
 from .accesslog import log_access
@@ -784,43 +785,20 @@ def settings_problems() -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> None:
-    os.umask(0o077)  # everything the backend writes (database, WAL, logs, blobs, artifacts) is private to its user
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aibro-backend", description="Run the aibro training backend.")
     parser.add_argument("--home", default=os.environ.get("AIBRO_HOME", str(Path.home() / ".aibro")))
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port (default: any free port)")
-    parser.add_argument("--certfile", default=None, help="serve HTTPS with this certificate (PEM)")
-    parser.add_argument("--keyfile", default=None, help="the certificate's private key (PEM), if not in --certfile")
-    parser.add_argument(
-        "--ca-bundle",
-        default=os.environ.get("AIBRO_CA_BUNDLE"),
-        metavar="FILE",
-        help="the CA (PEM) that signed --certfile, when no system root did: workers verify this backend with it",
-    )
-    parser.add_argument(
-        "--provider",
-        action="append",
-        choices=["local", "aws", "ray"],
-        default=[],
-        help="machines beside the local provider (always on): aws (needs --aws-config), ray (needs --ray-address)",
-    )
-    parser.add_argument("--aws-config", default=None, metavar="FILE", help="the AWS provider's config (TOML or JSON)")
-    parser.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the Ray cluster: HOST:PORT of its GCS")
-    parser.add_argument(
-        "--ray-worker-url", default=None, metavar="URL", help="this backend's URL as the Ray nodes reach it"
-    )
-    parser.add_argument(
-        "--ray-node-resource", default=None, metavar="NAME", help="use only Ray nodes with this custom resource"
-    )
-    parser.add_argument(
-        "--sandbox",
-        choices=["auto", "bwrap", "none"],
-        default=os.environ.get("AIBRO_SANDBOX") or "auto",
-        help="how local workers are confined: bwrap (bubblewrap), none (a backend of several users refuses it "
-        "unless named here), auto (bwrap where it works; default)",
-    )
+    add_serve_flags(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.umask(0o077)  # everything the backend writes (database, WAL, logs, blobs, artifacts) is private to its user
+    parser = build_parser()
     args = parser.parse_args(argv)
+    args.provider = args.provider or []
+    args.ca_bundle = args.ca_bundle or os.environ.get("AIBRO_CA_BUNDLE")
+    args.sandbox = args.sandbox or os.environ.get("AIBRO_SANDBOX") or "auto"
     os.environ["AIBRO_SANDBOX"] = args.sandbox  # the local provider reads it (providers/sandbox.py)
     ray_opts = args.ray_address or args.ray_worker_url or args.ray_node_resource
     if "ray" in args.provider and not args.ray_address:
