@@ -47,6 +47,7 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
         alice_instances = {i["id"]: i for i in alice.instances()}
         first_instance = alice.job(first["job_id"])["instance_id"]
         assert alice_instances[first_instance]["status"] in (v.CLOSING, v.CLOSED), "alice's warm machine was closed"
+        assert bob.job(second["job_id"])["instance_id"] != first_instance, "a warm worker serves its one user only"
         messages = [e["data"].get("message") for e in events if e["type"] == "status"]
         assert messages.count(message) == 1, "the waiting message is said once, not every tick"
 
