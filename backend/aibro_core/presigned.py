@@ -19,6 +19,7 @@ from typing import Any
 
 import requests
 
+from .backoff import S3_PART
 from .errors import ApiError, BackendUnreachable
 from .files import sha256_file
 from .transport import Transport
@@ -87,7 +88,7 @@ def _put(s3: requests.Session, part: dict[str, Any], data: bytes | memoryview) -
                 return resp.headers.get("ETag") or "-"
             if resp.status_code < 500 or attempt == PUT_TRIES - 1:
                 raise ApiError(resp.status_code, f"S3 refused part {part['number']}: {resp.text[:300]}")
-        time.sleep(min(4.0, 0.5 * 2**attempt))
+        time.sleep(S3_PART.delay(attempt))
     raise AssertionError("unreachable")
 
 

@@ -37,7 +37,6 @@ import datetime as dt
 import hashlib
 import logging
 import os
-import random
 import re
 import threading
 import time
@@ -45,6 +44,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from aibro_core.backoff import Backoff
 
 from . import aws_catalog
 from . import base as provider_base
@@ -347,7 +348,7 @@ class AwsProvider(provider_base.Provider):
 
     # -- calling AWS ---------------------------------------------------------------------------------------
     def _backoff(self, attempt: int) -> None:
-        self.sleep(random.uniform(0, min(self.backoff_cap_s, self.backoff_base_s * 2**attempt)))
+        self.sleep(Backoff(self.backoff_base_s, self.backoff_cap_s, jitter=True).delay(attempt))
 
     def _retrying(self, fn: Callable[[], Any]) -> Any:
         """Run `fn`, retrying throttling and transient server errors with full-jitter backoff (bounded)."""

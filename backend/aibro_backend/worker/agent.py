@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import itertools
 import logging
 import os
 import shlex
@@ -21,6 +22,7 @@ from typing import Any
 
 import requests
 
+from aibro_core import backoff
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError, AuthError, BackendUnreachable
 from aibro_core.files import write_private
@@ -47,9 +49,8 @@ MAX_LINE = 4000  # a line the job's code printed, as one log event
 def retrying(fn: Callable[[], Any], what: str) -> Any:
     """Call `fn` until the backend answers; the backend may be restarting."""
     start = time.monotonic()
-    delay = 0.2
     said = False
-    while True:
+    for attempt in itertools.count():
         try:
             return fn()
         except BackendUnreachable as exc:
@@ -58,8 +59,8 @@ def retrying(fn: Callable[[], Any], what: str) -> Any:
             if isinstance(exc, UntrustedCertificate) and not said:  # no fault of the network: say why, once
                 log.error("%s: %s", what, exc)
                 said = True
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            time.sleep(backoff.WORKER.delay(attempt))
+    raise AssertionError("unreachable")
 
 
 class Worker:
@@ -398,7 +399,7 @@ class Worker:
                 if attempt == DOWNLOAD_TRIES - 1:
                     raise BackendUnreachable(f"the {what} download broke off {DOWNLOAD_TRIES} times: {exc}") from None
                 log.info("%s download broke off (%s); starting it again", what, exc)
-                time.sleep(min(2.0, 0.2 * 2**attempt))
+                time.sleep(backoff.WORKER.delay(attempt))
         raise AssertionError("unreachable")
 
     def _upload_model(self, model: Any, job_id: str, attempt: int, name: str) -> None:
@@ -436,7 +437,7 @@ class Worker:
                     failures += 1
                     if not resumable or failures > UPLOAD_TRIES:
                         raise
-                    time.sleep(min(2.0, 0.2 * 2**failures))
+                    time.sleep(backoff.WORKER.delay(failures))
                     head = retrying(lambda: self.t.request("HEAD", url, params={"attempt": attempt}), "upload")
                     offset = int(head.headers.get("X-Received", "0"))
                     continue

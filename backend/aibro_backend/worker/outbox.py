@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+from aibro_core import backoff
 from aibro_core.errors import ApiError, BackendUnreachable
 from aibro_core.transport import Transport
 
@@ -60,7 +61,7 @@ class Outbox:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        backoff = 0.2
+        failures = 0
         while True:
             with self._cond:
                 if not self.pending and not self._stop:
@@ -76,8 +77,8 @@ class Outbox:
                     timeout=30,
                 )
             except BackendUnreachable:
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                time.sleep(backoff.WORKER.delay(failures))
+                failures += 1
                 continue
             except ApiError as exc:
                 if exc.status == 409:
@@ -89,9 +90,9 @@ class Outbox:
                 if exc.status == 400:
                     self._drop(batch, exc)
                     continue
-                time.sleep(backoff)
+                time.sleep(backoff.WORKER.delay(failures))
                 continue
-            backoff = 0.2
+            failures = 0
             if reply.get("cancel"):
                 self.cancel.set()
             with self._cond:
