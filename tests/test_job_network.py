@@ -165,3 +165,21 @@ def test_package_hosts_come_from_pips_settings(tmp_path: Path) -> None:
         jobnet.isolated("bwrap", {"AIBRO_JOB_NETWORK": "open"})
     assert jobnet.isolated("bwrap", {}) and not jobnet.isolated("bwrap", {"AIBRO_JOB_NETWORK": "host"})
     assert not jobnet.isolated("none", {})
+
+
+@pytest.mark.fast
+def test_a_job_that_fails_for_want_of_a_network_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aibro_backend.worker import netbridge
+
+    try:
+        try:
+            socket.getaddrinfo("pypi.org.invalid", 443)
+        except socket.gaierror as exc:
+            raise RuntimeError("could not download the weights") from exc
+    except RuntimeError as exc:
+        failure = exc
+    assert netbridge.explain(failure) == "", "a worker with the host's network says nothing more"
+    monkeypatch.setenv(netbridge.BRIDGE_ENV, "/run/aibro")
+    assert "no network but the backend" in netbridge.explain(failure)
+    assert "AIBRO_JOB_NETWORK=host" in netbridge.explain(failure)
+    assert netbridge.explain(ValueError("bad shape")) == ""

@@ -135,7 +135,8 @@ class Worker:
             outcome, error = self._train(outbox, job_id, attempt, spec, a.get("resume"), a.get("cancel"))
         except Exception as exc:  # noqa: BLE001 - any failure is reported to the user, the worker lives on
             log.exception("job %s failed", job_id)
-            outcome, error = v.OUTCOME_FAILED, self.limits.explain(exc) or f"{type(exc).__name__}: {exc}"
+            error = self.limits.explain(exc) or f"{type(exc).__name__}: {exc}{netbridge.explain(exc)}"
+            outcome = v.OUTCOME_FAILED
             outbox.put(v.EV_LOG, {"message": traceback.format_exc()[-4000:]})
         finally:
             self._outbox = None

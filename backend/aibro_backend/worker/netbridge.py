@@ -6,6 +6,7 @@ backend and the bucket. Bytes are piped as they are, so TLS and tokens work end 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import threading
@@ -112,3 +113,21 @@ def package_proxy() -> Iterator[dict[str, str]]:
         yield {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy, "NO_PROXY": ""}
     finally:
         bridge.close()
+
+
+_NO_NETWORK = (errno.ENETUNREACH, errno.ECONNREFUSED, errno.EHOSTUNREACH)
+
+
+def explain(exc: BaseException) -> str:
+    """A hint to add to a job's error when its code failed to reach the network it does not have here."""
+    if folder() is None:
+        return ""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror) or (isinstance(seen, OSError) and seen.errno in _NO_NETWORK):
+            return (
+                " (sandboxed jobs on this backend have no network but the backend itself: download what the job "
+                "needs in the notebook and pass it as data, or ask the backend's operator for AIBRO_JOB_NETWORK=host)"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return ""
