@@ -34,7 +34,7 @@ BACKEND_SOCK = "backend.sock"
 PACKAGES_SOCK = "packages.sock"
 STORAGE_SOCK = "storage.sock"  # only where the bytes live in S3: the bucket's endpoint, for presigned transfers
 DEFAULT_PACKAGE_HOSTS = ("pypi.org:443", "files.pythonhosted.org:443")
-HEAD_LIMIT = 16 * 1024
+BUFFER = 1 << 20  # a request's head must fit in it; bytes are piped in pieces of this size
 CONNECT_TIMEOUT_S = 30.0
 _PIP_URL_SETTINGS = ("index-url", "extra-index-url", "find-links")
 
@@ -131,7 +131,7 @@ class PackageProxy:
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, path: Path) -> None:
-        self._server = await asyncio.start_unix_server(self._serve, sock=bind_unix(path), limit=HEAD_LIMIT)
+        self._server = await asyncio.start_unix_server(self._serve, sock=bind_unix(path), limit=BUFFER)
 
     def close(self) -> None:
         if self._server is not None:
@@ -149,7 +149,8 @@ class PackageProxy:
                 await self._refuse(writer, where)
                 return
             host, port = where.rsplit(":", 1)
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S)
+            upstream = asyncio.open_connection(host, int(port), limit=BUFFER)
+            up_reader, up_writer = await asyncio.wait_for(upstream, CONNECT_TIMEOUT_S)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError):
             writer.close()
             return
@@ -191,7 +192,7 @@ class PackageProxy:
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
-        while data := await reader.read(1 << 16):
+        while data := await reader.read(BUFFER):
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
