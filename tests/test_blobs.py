@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aibro_backend.blobs import BlobError, BlobStore, check_artifact_name, check_sha
+from aibro_backend.blobs import BlobError, BlobStore, UploadBusy, check_artifact_name, check_sha
 from aibro_backend.store import Store
 from aibro_core.errors import ApiError
 from aibro_jupyter import client as client_mod
@@ -194,6 +194,22 @@ def test_blob_store_artifacts_stay_inside_the_job(tmp_path: Path) -> None:
     with pytest.raises(BlobError):
         store.write_artifact("job-1", "../job-2/model.keras", b"x")
     assert not (tmp_path / "artifacts" / "job-2").exists()
+
+
+def test_an_artifact_being_finished_is_not_started_over_by_a_retry(tmp_path: Path) -> None:
+    """A worker that gave up waiting for the answer to its last chunk sends it again while the backend hashes and
+    moves the first: the retry waits (409 busy), and a finish that finds its upload gone says to upload again
+    (it was a 500 with FileNotFoundError in the backend's log)."""
+    store, job, name = BlobStore(tmp_path), "job-20261126-e24ec4d3", "checkpoints/epoch-0006.keras"
+    writer = store.open_artifact_chunk(job, name, 0, 3, 3)
+    writer.write(b"abc")
+    writer.close()  # the handler keeps the writer registered until the finish is done
+    with pytest.raises(UploadBusy):
+        store.open_artifact_chunk(job, name, 0, 3, 3)
+    assert store.finish_artifact(job, name) == (3, hashlib.sha256(b"abc").hexdigest())
+    writer.release()
+    with pytest.raises(BlobError, match=r"is gone.*upload it again"):
+        store.finish_artifact(job, name)
 
 
 # -- the store's event log, as a unit (the `store` fixture is in conftest.py) -------------------------------------

@@ -371,6 +371,8 @@ class BlobStore:
     def finish_artifact(self, job_id: str, name: str) -> tuple[int, str]:
         """Hash the complete artifact upload and move it into place (blocking: run it off the event loop)."""
         part = self.artifact_partial(job_id, name)
+        if not part.is_file():
+            raise BlobError(f"the upload of '{name}' is gone (a newer upload of it started over): upload it again")
         size, sha = part.stat().st_size, self.digest(part)
         path = self.artifact_path(job_id, name)
         try:
@@ -380,7 +382,7 @@ class BlobStore:
             part.unlink(missing_ok=True)
             raise BlobError(
                 f"'{name}' collides with another artifact of job {job_id} (a file where a folder is needed, or a "
-                "folder where the file would go)"
+                "folder where the file would go): upload it under another name"
             ) from None
         return size, sha
 

@@ -73,6 +73,7 @@ class StreamedUpload(tornado.web.RequestHandler):
     refusal: ApiError | None = None
     failure: Exception | None = None
     discard: bool = False
+    finishing: bool = False
 
     def prepare(self) -> None:
         super().prepare()  # the bearer token: UserHandler or WorkerHandler
@@ -132,11 +133,25 @@ class StreamedUpload(tornado.web.RequestHandler):
             raise ApiError(507, f"the backend could not store the upload ({self.failure}): retry later")
         return writer
 
+    async def finish_upload(self, fn: Any, *args: Any) -> Any:
+        """Run the blocking finish (hash, move into place) off the event loop, the partial file still this
+        request's: a retry of the same upload that arrives meanwhile (its client gave up waiting) is told to wait,
+        instead of starting the file over under the finish."""
+        self.finishing = True
+        try:
+            return await IOLoop.current().run_in_executor(None, fn, *args)
+        except BlobError as exc:
+            raise ApiError(409, str(exc)) from None
+        finally:
+            self.finishing = False
+            self._release()
+
     def on_finish(self) -> None:
         self._release()
 
     def on_connection_close(self) -> None:
-        self._release()  # what arrived stays in the partial file: the client resumes from there
+        if not self.finishing:
+            self._release()  # what arrived stays in the partial file: the client resumes from there
         super().on_connection_close()
 
     def _release(self) -> None:
@@ -191,10 +206,7 @@ class BlobHandler(StreamedUpload, UserHandler):
         if writer.size < writer.total:
             self.send({"complete": False, "received": writer.size})
             return
-        try:
-            await IOLoop.current().run_in_executor(None, self.backend.blobs.finish_blob, sha, str(self.uid))
-        except BlobError as exc:
-            raise ApiError(409, str(exc)) from None
+        await self.finish_upload(self.backend.blobs.finish_blob, sha, str(self.uid))
         _keep(self, sha, writer.total)
         self.send({"complete": True, "received": writer.total})
 
@@ -340,10 +352,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
             return
         self.assigned_job(job_id, self.int_arg("attempt", None))  # still this instance's, now that it is all here
         blobs = self.backend.blobs
-        try:
-            size, sha = await IOLoop.current().run_in_executor(None, blobs.finish_artifact, job_id, name)
-        except BlobError as exc:
-            raise ApiError(409, f"{exc}: upload it under another name") from None
+        size, sha = await self.finish_upload(blobs.finish_artifact, job_id, name)
         self.backend.store.add_artifact(job_id, name, size, sha)
         self.send({"name": name, "size": size, "sha256": sha, "complete": True, "received": size})
 
