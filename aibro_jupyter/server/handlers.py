@@ -11,28 +11,24 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from aibro_core import routes
+
 from .upstream import Unreachable, Upstream
 
-_ID = r"[\w-]{1,100}"
 ALLOWED = {
-    "GET": [
-        re.compile(p)
-        for p in (
-            r"health",
-            r"machines",
-            r"policy",
-            r"jobs",
-            rf"jobs/{_ID}",
-            rf"jobs/{_ID}/events",
-            rf"jobs/{_ID}/artifacts",
-            r"events",
-            r"instances",
-        )
-    ],
-    "POST": [re.compile(p) for p in (rf"jobs/{_ID}/cancel", rf"instances/{_ID}/terminate")],
+    method.upper(): [
+        re.compile(routes.pattern(e.path, routes.BROWSER_CAPTURES, prefix="").lstrip("/"))
+        for e in routes.ENDPOINTS
+        if e.browser and e.method == method
+    ]
+    for method in ("get", "post")
 }
 # The query the event routes take, checked on every route so a bad value never reaches the backend.
-EVENT_ROUTES = (re.compile(r"events"), re.compile(rf"jobs/{_ID}/events"))
+EVENT_ROUTES = tuple(
+    re.compile(routes.pattern(e.path, routes.BROWSER_CAPTURES, prefix="").lstrip("/"))
+    for e in routes.ENDPOINTS
+    if e.browser and e.events
+)
 MAX_AFTER = 2**63 - 1  # SQLite's INTEGER
 MAX_WAIT_S = 60.0  # the backend waits no longer than this, whatever it is asked
 

@@ -36,6 +36,7 @@ import tornado.web
 from tornado import httputil
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from aibro_core import routes as api_routes
 from aibro_core.envsettings import SettingsError
 from aibro_core.files import write_private
 from aibro_core.serveflags import add_serve_flags
@@ -74,39 +75,42 @@ class NotFoundHandler(BaseHandler):
         self.finish(json.dumps({"error": f"no route {self.request.method} {self.request.path}"}))
 
 
+HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
+    "/health": user.HealthHandler,
+    "/machines": user.MachinesHandler,
+    "/policy": user.PolicyHandler,
+    "/stats": user.StatsHandler,
+    "/auth/tokens": tokens.TokensHandler,
+    "/auth/tokens/{token_id}": tokens.TokenHandler,
+    "/blobs/uploads/{upload_id}": transfer.UnnamedUploadHandler,
+    "/blobs/uploads/{upload_id}/finish": transfer.UnnamedUploadFinish,
+    "/blobs/{sha256}": transfer.BlobHandler,
+    "/blobs/{sha256}/upload": transfer.BlobUploadHandler,
+    "/jobs": user.JobsHandler,
+    "/jobs/{job_id}": user.JobHandler,
+    "/jobs/{job_id}/cancel": user.CancelHandler,
+    "/jobs/{job_id}/replay": user.ReplayHandler,
+    "/jobs/{job_id}/events": user.JobEventsHandler,
+    "/events": user.UserEventsHandler,
+    "/jobs/{job_id}/artifacts": user.ArtifactsHandler,
+    "/jobs/{job_id}/artifacts/{name}": transfer.ArtifactHandler,
+    "/instances": user.InstancesHandler,
+    "/instances/{instance_id}/terminate": user.TerminateHandler,
+    "/openapi.json": OpenApiHandler,
+    "/worker/enroll": worker.EnrollHandler,
+    "/worker/assignment": worker.AssignmentHandler,
+    "/worker/blobs/{sha256}": transfer.WorkerBlobHandler,
+    "/worker/jobs/{job_id}/events": worker.WorkerEventsHandler,
+    "/worker/jobs/{job_id}/artifacts/{name}": transfer.WorkerArtifactHandler,
+    "/worker/jobs/{job_id}/uploads/{name}": transfer.WorkerUploadHandler,
+    "/worker/jobs/{job_id}/finish": worker.WorkerFinishHandler,
+}
+
+
 def routes(backend: Backend) -> list:
+    """The tornado routes of aibro_core/routes.py: each path of the table to the handler that answers it."""
     a = {"backend": backend}
-    p = "/api/v1"
-    return [
-        (p + r"/health", user.HealthHandler, a),
-        (p + r"/machines", user.MachinesHandler, a),
-        (p + r"/policy", user.PolicyHandler, a),
-        (p + r"/stats", user.StatsHandler, a),
-        (p + r"/auth/tokens", tokens.TokensHandler, a),
-        (p + r"/auth/tokens/([\w-]+)", tokens.TokenHandler, a),
-        (p + r"/blobs/uploads/([^/]+)", transfer.UnnamedUploadHandler, a),
-        (p + r"/blobs/uploads/([^/]+)/finish", transfer.UnnamedUploadFinish, a),
-        (p + r"/blobs/([^/]+)", transfer.BlobHandler, a),
-        (p + r"/blobs/([^/]+)/upload", transfer.BlobUploadHandler, a),
-        (p + r"/jobs", user.JobsHandler, a),
-        (p + r"/jobs/([\w-]+)", user.JobHandler, a),
-        (p + r"/jobs/([\w-]+)/cancel", user.CancelHandler, a),
-        (p + r"/jobs/([\w-]+)/replay", user.ReplayHandler, a),
-        (p + r"/jobs/([\w-]+)/events", user.JobEventsHandler, a),
-        (p + r"/events", user.UserEventsHandler, a),
-        (p + r"/jobs/([\w-]+)/artifacts", user.ArtifactsHandler, a),
-        (p + r"/jobs/([\w-]+)/artifacts/(.+)", transfer.ArtifactHandler, a),
-        (p + r"/instances", user.InstancesHandler, a),
-        (p + r"/instances/([\w-]+)/terminate", user.TerminateHandler, a),
-        (p + r"/openapi.json", OpenApiHandler, a),
-        (p + r"/worker/enroll", worker.EnrollHandler, a),
-        (p + r"/worker/assignment", worker.AssignmentHandler, a),
-        (p + r"/worker/blobs/([0-9a-f]{64})", transfer.WorkerBlobHandler, a),
-        (p + r"/worker/jobs/([\w-]+)/events", worker.WorkerEventsHandler, a),
-        (p + r"/worker/jobs/([\w-]+)/artifacts/(.+)", transfer.WorkerArtifactHandler, a),
-        (p + r"/worker/jobs/([\w-]+)/uploads/(.+)", transfer.WorkerUploadHandler, a),
-        (p + r"/worker/jobs/([\w-]+)/finish", worker.WorkerFinishHandler, a),
-    ]
+    return [(api_routes.pattern(path), HANDLERS[path], a) for path in api_routes.paths()]
 
 
 def load_aws_provider(config_path: str) -> Any:

@@ -26,6 +26,8 @@ from urllib.parse import unquote_plus
 
 import httptools
 
+from aibro_core import routes
+
 from ..accesslog import log_access
 from ..jsonout import dumps
 from ..state import Backend
@@ -37,8 +39,8 @@ log = logging.getLogger("aibro.backend")
 MAX_HEAD = 64 * 1024  # request line and headers together (tornado's own default for the main port)
 MAX_QUEUED = 16  # pipelined requests read ahead of the one being answered; reading pauses beyond it
 MAX_PIPELINED = 64  # ... and dropped beyond this (one read can hold hundreds); no long-poll client pipelines
-JOB_EVENTS = re.compile(r"/api/v1/jobs/([\w-]+)/events")
-USER_EVENTS = "/api/v1/events"
+JOB_EVENTS = re.compile(routes.pattern("/jobs/{job_id}/events"))
+USER_EVENTS = re.compile(routes.pattern("/events"))
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
 REASONS.update({431: "Request Header Fields Too Large", 500: "Internal Server Error"})
 
@@ -111,7 +113,7 @@ class EventPort:
         where = path.decode("latin-1")
         try:
             job = JOB_EVENTS.fullmatch(where)
-            if job is None and where != USER_EVENTS:
+            if job is None and USER_EVENTS.fullmatch(where) is None:
                 raise ApiError(
                     404,
                     f"this port answers event long-polls only (GET /api/v1/jobs/ID/events, GET /api/v1/events): "

@@ -14,10 +14,13 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from aibro_core import routes
+
 from . import models as m
 from .base import UserHandler
 
 REF = "#/components/schemas/{model}"
+SECURITY = {"user": "bearer", "worker": "worker", "enroll": "enroll"}  # who -> the scheme that names it
 ERROR_TEXT = {
     400: "the request is malformed: the message names the field and the fix",
     401: "no token, or one this backend does not know",
@@ -40,34 +43,28 @@ PATH_PARAMS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class Route:
-    method: str
-    path: str
-    summary: str
+class Answer:
+    """What one route of aibro_core/routes.py takes and answers, for the document."""
+
     ok: type[BaseModel] | str | None  # a model, "binary" (octet-stream), or None (no body, e.g. HEAD)
     errors: tuple[int, ...] = ()
     body: type[BaseModel] | str | None = None  # a model, "binary", or "chunk" (octet-stream of at least one byte)
     query: type[BaseModel] | None = None
     status: int = 200
-    security: str = "bearer"
     headers: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 TRANSFER_ERRORS = (400, 403, 404, 409, 411, 413, 429, 507)
-ROUTES: list[Route] = [
-    Route("get", "/health", "who the token belongs to and the backend version", m.Health),
-    Route("get", "/machines", "the marketplace: every machine this backend can start", m.Machines),
-    Route("get", "/policy", "per-user limits", m.Policy),
-    Route("get", "/stats", "per-user counters (bytes received, ...)", m.Stats),
-    Route("get", "/auth/tokens", "the caller's live tokens (ids and times, never a secret)", m.Tokens),
-    Route(
-        "post", "/auth/tokens", "a new token for the calling user", m.TokenMinted, (400, 429), m.TokenMint, None, 201
-    ),
-    Route("delete", "/auth/tokens/{token_id}", "revoke one of the caller's tokens", m.TokenRevoked, (404,)),
-    Route(
-        "head",
-        "/blobs/{sha256}",
-        "200 (X-Blob-Size) if this user holds the blob, else 404 with X-Received: the bytes a resumed upload skips",
+# keyed "method path" as in aibro_core/routes.py; an endpoint without its answer here fails at import
+ANSWERS: dict[str, Answer] = {
+    "get /health": Answer(m.Health),
+    "get /machines": Answer(m.Machines),
+    "get /policy": Answer(m.Policy),
+    "get /stats": Answer(m.Stats),
+    "get /auth/tokens": Answer(m.Tokens),
+    "post /auth/tokens": Answer(m.TokenMinted, (400, 429), m.TokenMint, None, 201),
+    "delete /auth/tokens/{token_id}": Answer(m.TokenRevoked, (404,)),
+    "head /blobs/{sha256}": Answer(
         None,
         (400, 404),
         headers={
@@ -78,187 +75,53 @@ ROUTES: list[Route] = [
             },
         },
     ),
-    Route(
-        "post",
-        "/blobs/{sha256}/upload",
-        "S3 backing: presigned PUT URL(s) for the blob (start), then complete, verify and index it (finish)",
-        m.UploadPlan,
-        (400, 409, 413),
-        m.S3Upload,
-    ),
-    Route(
-        "put",
-        "/blobs/{sha256}",
-        "one chunk of a content-addressed, resumable upload at ?offset= of a blob of ?total= bytes",
-        m.BlobProgress,
-        TRANSFER_ERRORS,
-        "binary",
-        m.BlobQuery,
-    ),
-    Route(
-        "delete",
-        "/blobs/{sha256}",
-        "drop this user's unfinished upload of the blob (frees its quota); a complete blob stays",
-        m.BlobDropped,
-        (400, 409),
-    ),
-    Route(
-        "head",
-        "/blobs/uploads/{upload_id}",
-        "X-Received: the bytes of this unnamed upload already here (a resumed upload starts there)",
+    "post /blobs/{sha256}/upload": Answer(m.UploadPlan, (400, 409, 413), m.S3Upload),
+    "put /blobs/{sha256}": Answer(m.BlobProgress, TRANSFER_ERRORS, "binary", m.BlobQuery),
+    "delete /blobs/{sha256}": Answer(m.BlobDropped, (400, 409)),
+    "head /blobs/uploads/{upload_id}": Answer(
         None,
         (400,),
         headers={200: {"X-Received": "bytes received", "X-Upload-Via": "'s3' when uploads go to S3 instead"}},
     ),
-    Route(
-        "put",
-        "/blobs/uploads/{upload_id}",
-        "one chunk of a one-pass upload (the client hashes as it sends and names the blob at the end)",
-        m.BlobProgress,
-        TRANSFER_ERRORS,
-        "chunk",
-        m.BlobQuery,
+    "put /blobs/uploads/{upload_id}": Answer(m.BlobProgress, TRANSFER_ERRORS, "chunk", m.BlobQuery),
+    "delete /blobs/uploads/{upload_id}": Answer(m.BlobDropped, (400, 409)),
+    "post /blobs/uploads/{upload_id}/finish": Answer(m.BlobNamed, (400, 409, 413), m.NameUpload),
+    "get /jobs": Answer(m.Jobs),
+    "post /jobs": Answer(m.Job, (400, 413, 429), m.JobSpec, None, 201),
+    "get /jobs/{job_id}": Answer(m.Job, (404,)),
+    "post /jobs/{job_id}/cancel": Answer(m.Job, (404,)),
+    "post /jobs/{job_id}/replay": Answer(m.Job, (400, 404, 409, 413, 429), m.ReplayOverrides, None, 201),
+    "get /jobs/{job_id}/events": Answer(m.JobEvents, (400, 404), None, m.EventsQuery),
+    "get /events": Answer(m.UserEvents, (400,), None, m.EventsQuery),
+    "get /jobs/{job_id}/artifacts": Answer(m.Artifacts, (404,)),
+    "get /jobs/{job_id}/artifacts/{name}": Answer("binary", (400, 404)),
+    "get /instances": Answer(m.Instances),
+    "post /instances/{instance_id}/terminate": Answer(m.InstanceAnswer, (404, 409)),
+    "get /openapi.json": Answer(m.OpenApiDocument),
+    "post /worker/enroll": Answer(m.WorkerEnrolled, (400,), m.WorkerEnroll),
+    "get /worker/assignment": Answer(m.Assignment, ()),
+    "get /worker/blobs/{sha256}": Answer("binary", (403, 404)),
+    "post /worker/jobs/{job_id}/events": Answer(m.EventsAck, (400, 409), m.WorkerEvents),
+    "get /worker/jobs/{job_id}/artifacts/{name}": Answer("binary", (400, 404, 409)),
+    "head /worker/jobs/{job_id}/artifacts/{name}": Answer(
+        None, (400, 409), None, m.AttemptQuery, headers={200: {"X-Received": "bytes of the unfinished upload"}}
     ),
-    Route(
-        "delete",
-        "/blobs/uploads/{upload_id}",
-        "drop this user's unfinished unnamed upload (frees its quota)",
-        m.BlobDropped,
-        (400, 409),
+    "put /worker/jobs/{job_id}/artifacts/{name}": Answer(
+        m.ArtifactStored, TRANSFER_ERRORS, "binary", m.ArtifactChunkQuery
     ),
-    Route(
-        "post",
-        "/blobs/uploads/{upload_id}/finish",
-        "a complete unnamed upload becomes the blob named by the backend's digest (equal to sha256 when given)",
-        m.BlobNamed,
-        (400, 409, 413),
-        m.NameUpload,
-    ),
-    Route("get", "/jobs", "the user's jobs, and the event cursor to follow from", m.Jobs),
-    Route("post", "/jobs", "submit a job spec", m.Job, (400, 413, 429), m.JobSpec, None, 201),
-    Route("get", "/jobs/{job_id}", "one job: status, substatus, progress, timeline", m.Job, (404,)),
-    Route("post", "/jobs/{job_id}/cancel", "cancel a job; the worker stops within about one batch", m.Job, (404,)),
-    Route(
-        "post",
-        "/jobs/{job_id}/replay",
-        "run a recorded job again, optionally on other machines or with another description",
-        m.Job,
-        (400, 404, 409, 413, 429),
-        m.ReplayOverrides,
-        None,
-        201,
-    ),
-    Route(
-        "get",
-        "/jobs/{job_id}/events",
-        "the job's event log after ?after=SEQ, long-polling up to ?wait=S when there is none yet",
-        m.JobEvents,
-        (400, 404),
-        None,
-        m.EventsQuery,
-    ),
-    Route(
-        "get",
-        "/events",
-        "all of the user's events after the cursor ?after=GID, long-polling up to ?wait=S",
-        m.UserEvents,
-        (400,),
-        None,
-        m.EventsQuery,
-    ),
-    Route("get", "/jobs/{job_id}/artifacts", "the job's artifacts", m.Artifacts, (404,)),
-    Route("get", "/jobs/{job_id}/artifacts/{name}", "download one artifact", "binary", (400, 404)),
-    Route("get", "/instances", "the user's instances with their state history", m.Instances),
-    Route(
-        "post",
-        "/instances/{instance_id}/terminate",
-        "terminate a cooling or stopped instance now",
-        m.InstanceAnswer,
-        (404, 409),
-    ),
-    Route("get", "/openapi.json", "this document", m.OpenApiDocument),
-    Route(
-        "post",
-        "/worker/enroll",
-        "exchange the one-time enrollment token (bearer or body) for this instance's worker token, answered once",
-        m.WorkerEnrolled,
-        (400,),
-        m.WorkerEnroll,
-        security="enroll",
-    ),
-    Route("get", "/worker/assignment", "what this instance does next", m.Assignment, (), security="worker"),
-    Route(
-        "get",
-        "/worker/blobs/{sha256}",
-        "a blob of the job assigned to this instance",
-        "binary",
-        (403, 404),
-        security="worker",
-    ),
-    Route(
-        "post",
-        "/worker/jobs/{job_id}/events",
-        "the worker's numbered events; a refused batch names the bad event's wseq",
-        m.EventsAck,
-        (400, 409),
-        m.WorkerEvents,
-        security="worker",
-    ),
-    Route(
-        "get",
-        "/worker/jobs/{job_id}/artifacts/{name}",
-        "an artifact of the assigned job (a checkpoint to resume from)",
-        "binary",
-        (400, 404, 409),
-        security="worker",
-    ),
-    Route(
-        "head",
-        "/worker/jobs/{job_id}/artifacts/{name}",
-        "how much of an unfinished artifact upload is here (X-Received), to resume it",
-        None,
-        (400, 409),
-        None,
-        m.AttemptQuery,
-        security="worker",
-        headers={200: {"X-Received": "bytes of the unfinished upload"}},
-    ),
-    Route(
-        "put",
-        "/worker/jobs/{job_id}/artifacts/{name}",
-        "upload an artifact of the assigned job, whole or in chunks (?attempt=&offset=&total=)",
-        m.ArtifactStored,
-        TRANSFER_ERRORS,
-        "binary",
-        m.ArtifactChunkQuery,
-        security="worker",
-    ),
-    Route(
-        "post",
-        "/worker/jobs/{job_id}/uploads/{name}",
-        "S3 backing: presigned PUT URL(s) for an artifact of the assigned job (start), then index it (finish)",
-        m.UploadPlan,
-        (400, 409, 413),
-        m.S3Upload,
-        security="worker",
-    ),
-    Route(
-        "post",
-        "/worker/jobs/{job_id}/finish",
-        "the attempt's outcome",
-        m.Ok,
-        (400, 409),
-        m.WorkerFinish,
-        security="worker",
-    ),
-]
+    "post /worker/jobs/{job_id}/uploads/{name}": Answer(m.UploadPlan, (400, 409, 413), m.S3Upload),
+    "post /worker/jobs/{job_id}/finish": Answer(m.Ok, (400, 409), m.WorkerFinish),
+}
 
 EXTRA_SCHEMAS: tuple[type[BaseModel], ...] = ()
+_unanswered = {f"{e.method} {e.path}" for e in routes.ENDPOINTS} ^ set(ANSWERS)
+if _unanswered:
+    raise RuntimeError(f"routes without a documented answer, or answers without a route: {sorted(_unanswered)}")
 
 
 def _models() -> list[tuple[type[BaseModel], str]]:
     found: list[tuple[type[BaseModel], str]] = [(m.ErrorBody, "serialization")]
-    for r in ROUTES:
+    for r in ANSWERS.values():
         if isinstance(r.ok, type):
             found.append((r.ok, "serialization"))
         if isinstance(r.body, type):
@@ -331,11 +194,12 @@ def document() -> dict[str, Any]:
     refs, defs = models_json_schema(_models(), ref_template=REF)
     error = {"application/json": {"schema": refs[(m.ErrorBody, "serialization")]}}
     paths: dict[str, Any] = {}
-    for r in ROUTES:
+    for e in routes.ENDPOINTS:
+        r = ANSWERS[f"{e.method} {e.path}"]
         params = [
             {"name": name, "in": "path", "required": True, "schema": schema}
             for name, schema in PATH_PARAMS.items()
-            if "{" + name + "}" in r.path
+            if "{" + name + "}" in e.path
         ]
         if r.query is not None:
             params += _query_params(r.query)
@@ -346,7 +210,7 @@ def document() -> dict[str, Any]:
         responses[str(r.status)] = ok
         for status in sorted({*r.errors, 401}):
             responses[str(status)] = {"description": ERROR_TEXT[status]}
-            if r.method != "head":
+            if e.method != "head":
                 responses[str(status)]["content"] = error
         for status, headers in r.headers.items():
             responses[str(status)]["headers"] = {
@@ -354,18 +218,18 @@ def document() -> dict[str, Any]:
                 for name, text in headers.items()
             }
         op: dict[str, Any] = {
-            "operationId": f"{r.method}_{r.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
-            "summary": r.summary,
+            "operationId": f"{e.method}_{e.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+            "summary": e.summary,
             "parameters": params,
-            "security": [{r.security: []}],
+            "security": [{SECURITY[e.who]: []}],
             "responses": responses,
         }
         if r.body is not None:
             required = r.body in ("binary", "chunk") or any(f.is_required() for f in r.body.model_fields.values())
             op["requestBody"] = {"required": required, "content": _content(r.body, refs, "validation")}
-        if r.path.startswith("/worker/"):
+        if e.path.startswith("/worker/"):
             op["tags"] = ["worker"]
-        paths.setdefault(r.path, {})[r.method] = op
+        paths.setdefault(e.path, {})[e.method] = op
     return {
         "openapi": "3.1.0",
         "info": {
