@@ -46,7 +46,15 @@ def cmd_backend(args: argparse.Namespace) -> int:
     if args.action in ("add-user", "revoke-tokens"):
         if not args.name:
             raise AibroError(f"{args.action} needs a name: aibro backend {args.action} NAME")
-        cmd = [sys.executable, "-m", "aibro_backend.accounts", args.action, args.name, "--home", str(config.home())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "aibro_backend.server.accounts",
+            args.action,
+            args.name,
+            "--home",
+            str(config.home()),
+        ]
         if args.expires_in is not None:
             if args.action != "add-user":
                 raise AibroError("--expires-in goes with add-user (the new token's lifetime)")

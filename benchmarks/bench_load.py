@@ -173,7 +173,7 @@ def start_backend(home: Path, workers: int, nice: int) -> tuple[subprocess.Popen
 
 def add_user(home: Path, name: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "aibro_backend.accounts", "add-user", name, "--home", str(home)],
+        [sys.executable, "-m", "aibro_backend.server.accounts", "add-user", name, "--home", str(home)],
         capture_output=True,
         text=True,
         check=True,

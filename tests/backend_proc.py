@@ -38,7 +38,7 @@ class OwnBackend:
     def add_user(self, name: str) -> BackendClient:
         """A second user, made as an admin would (`aibro backend add-user NAME`), and a client with their token."""
         made = subprocess.run(
-            [sys.executable, "-m", "aibro_backend.accounts", "add-user", name, "--home", str(self.home)],
+            [sys.executable, "-m", "aibro_backend.server.accounts", "add-user", name, "--home", str(self.home)],
             env=user_env(self.home),
             capture_output=True,
             text=True,

@@ -17,7 +17,7 @@ os.environ["AIBRO_SPARE_WORKER"] = "0"
 import numpy as np
 import pytest
 
-from aibro_backend.store import Store
+from aibro_backend.storage.store import Store
 from aibro_jupyter import config
 from aibro_jupyter.client import BackendClient
 

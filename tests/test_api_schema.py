@@ -124,7 +124,7 @@ def _error(response: Any) -> str:
 def test_every_route_of_the_app_is_in_the_document(client: BackendClient) -> None:
     """The document the backend serves and its routes come from one table (aibro_core/routes.py): every route the
     app serves is in the document."""
-    from aibro_backend.app import routes
+    from aibro_backend.server.routes import routes
 
     paths = client.t.json("GET", "/openapi.json")["paths"]
     documented = [re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$") for path in paths]

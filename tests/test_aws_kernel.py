@@ -18,9 +18,9 @@ from aws_moto import PlayedInstances, make_account, moto_server, write_config  #
 from backend_proc import own_backend  # noqa: E402
 from kernel_helpers import CellResult, digits_setup, run_cell, start_kernel  # noqa: E402
 
-from aibro_backend.costs import billed_seconds, instance_cost  # noqa: E402
 from aibro_backend.providers.aws_catalog import offers  # noqa: E402
 from aibro_backend.providers.aws_config import load_aws_config  # noqa: E402
+from aibro_backend.scheduling.costs import billed_seconds, instance_cost  # noqa: E402
 from aibro_core import vocabulary as v  # noqa: E402
 
 SETUP = digits_setup()

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from aibro_backend.blobs import BlobError, BlobStore, UploadBusy, check_artifact_name, check_sha
-from aibro_backend.store import Store
+from aibro_backend.storage.blobs import BlobError, BlobStore, UploadBusy, check_artifact_name, check_sha
+from aibro_backend.storage.store import Store
 from aibro_core.errors import ApiError
 from aibro_jupyter import client as client_mod
 from aibro_jupyter.client import BackendClient

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from aibro_backend.costs import billed_seconds, instance_cost, job_costs, starts
 from aibro_backend.providers.aws_catalog import offers
-from aibro_backend.store import Store
+from aibro_backend.scheduling.costs import billed_seconds, instance_cost, job_costs, starts
+from aibro_backend.storage.store import Store
 from aibro_core import vocabulary as v
 
 pytestmark = pytest.mark.fast

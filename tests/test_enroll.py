@@ -18,7 +18,7 @@ import pytest
 import requests
 from backend_proc import OwnBackend, own_backend
 
-from aibro_backend.store import Store, hash_token
+from aibro_backend.storage.store import Store, hash_token
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 

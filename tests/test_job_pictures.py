@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from aibro_backend.api.user import job_view
-from aibro_backend.store import NewEvent, Store
+from aibro_backend.storage.store import NewEvent, Store
 from aibro_core.jobpicture import JobPicture
 
 pytestmark = pytest.mark.fast

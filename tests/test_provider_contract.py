@@ -17,7 +17,7 @@ from aibro_backend.providers.ray import RayProvider
 
 pytestmark = pytest.mark.fast
 BACKEND = Path(__file__).resolve().parents[1] / "backend" / "aibro_backend"
-CALLERS = [BACKEND / "scheduler.py", BACKEND / "app.py", BACKEND / "api" / "user.py"]
+CALLERS = [BACKEND / "scheduling" / "scheduler.py", BACKEND / "server" / "app.py", BACKEND / "api" / "user.py"]
 PROVIDERS = [LocalProvider, AwsProvider, RayProvider]
 
 

@@ -1,5 +1,5 @@
-"""The encoded window of recent events (aibro_backend/recent.py): a long-poll answered from it must be exactly the
-page the event log gives, for every cursor, across trimming, restarts, rolled-back batches and users."""
+"""The encoded window of recent events (aibro_backend/storage/recent.py): a long-poll answered from it must be
+exactly the page the event log gives, for every cursor, across trimming, restarts, rolled-back batches and users."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from aibro_backend import recent
-from aibro_backend.groupcommit import GroupCommit
-from aibro_backend.store import EventBatch, NewEvent, NoSuchJob, Store, _Checkpointer
+from aibro_backend.storage import recent
+from aibro_backend.storage.groupcommit import GroupCommit
+from aibro_backend.storage.store import EventBatch, NewEvent, NoSuchJob, Store, _Checkpointer
 
 pytestmark = pytest.mark.fast
 
@@ -208,7 +208,7 @@ def test_a_lasting_checkpoint_failure_is_logged_once_and_its_end_noted(
         def close(self) -> None:
             real.close()
 
-    caplog.set_level(logging.INFO, logger="aibro_backend.store")
+    caplog.set_level(logging.INFO, logger="aibro_backend.storage.store")
     s._checkpointer._db = Flaky()
     time.sleep(0.5)  # ~25 failed rounds
     failing["on"] = False
@@ -220,7 +220,7 @@ def test_a_lasting_checkpoint_failure_is_logged_once_and_its_end_noted(
     assert any("works again" in m for m in said), said
 
 
-# -- group commit: several jobs' batches in one transaction (aibro_backend/groupcommit.py) ---------------------
+# -- group commit: several jobs' batches in one transaction (aibro_backend/storage/groupcommit.py) ---------------------
 def test_batches_committed_together_match_the_log_and_a_failing_one_is_rolled_back_alone(
     store: Store, log: Store
 ) -> None:

@@ -438,7 +438,7 @@ def test_start_and_serve_make_everything_private_and_serve_warns_off_loopback(tm
 
 
 def test_no_warning_on_loopback() -> None:
-    from aibro_backend import app
+    from aibro_backend.server import app
 
     assert all(app.is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
     assert not any(app.is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "example.com"))
@@ -461,7 +461,7 @@ def test_query_string_tokens_are_never_logged(tmp_path: Path) -> None:
 
 
 def test_log_lines_are_redacted_whoever_writes_them() -> None:
-    from aibro_backend.app import RedactingFormatter
+    from aibro_backend.server.accesslog import RedactingFormatter
 
     fmt = RedactingFormatter("%(message)s")
     record = logging.LogRecord(

@@ -8,7 +8,7 @@ import re
 import pytest
 from tornado.web import RequestHandler
 
-from aibro_backend.app import HANDLERS, routes
+from aibro_backend.server.routes import HANDLERS, routes
 from aibro_core import routes as table
 from aibro_jupyter.server import handlers as proxy
 

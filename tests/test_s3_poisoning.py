@@ -14,7 +14,7 @@ import pytest
 import requests
 from aws_moto import make_account, moto_server
 
-from aibro_backend.s3blobs import S3Backing, S3BlobError
+from aibro_backend.storage.s3blobs import S3Backing, S3BlobError
 
 ROUNDS = 50
 

@@ -34,7 +34,7 @@ def _serve(home: Path, *args: str, timeout: float = 120) -> subprocess.Completed
 
 def _add_user(home: Path, name: str) -> None:
     made = subprocess.run(
-        [sys.executable, "-m", "aibro_backend.accounts", "add-user", name, "--home", str(home)],
+        [sys.executable, "-m", "aibro_backend.server.accounts", "add-user", name, "--home", str(home)],
         env=user_env(home),
         capture_output=True,
         text=True,

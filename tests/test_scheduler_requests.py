@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from aibro_backend.policy import Policy
 from aibro_backend.providers.base import CapacityError, Provider
-from aibro_backend.scheduler import Scheduler
-from aibro_backend.store import Store
+from aibro_backend.scheduling.policy import Policy
+from aibro_backend.scheduling.scheduler import Scheduler
+from aibro_backend.storage.store import Store
 from aibro_core import vocabulary as v
 
 pytestmark = pytest.mark.fast

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aibro_backend.limits import Limits
-from aibro_backend.policy import Policy
+from aibro_backend.scheduling.policy import Policy
+from aibro_backend.server.limits import Limits
 from aibro_core.envsettings import SettingsError
 
 pytestmark = pytest.mark.fast

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aibro_backend.store import SCHEMA_VERSION, NewerSchema, Store, hash_token
+from aibro_backend.storage.store import SCHEMA_VERSION, NewerSchema, Store, hash_token
 
 pytestmark = pytest.mark.fast
 OLD = Path(__file__).parent / "fixtures" / "schema_foundation.sql"

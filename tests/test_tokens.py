@@ -14,7 +14,7 @@ import pytest
 import requests
 from backend_proc import OwnBackend, own_backend
 
-from aibro_backend.store import Store, hash_token
+from aibro_backend.storage.store import Store, hash_token
 from aibro_core.errors import ApiError, AuthError
 from aibro_jupyter.client import BackendClient
 

@@ -153,7 +153,7 @@ def test_agent_installs_without_the_notebook_stack(agent_venv: Path) -> None:
             "missing": missing,
             "agent": aibro_backend.__file__,
             "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tornado", "aibro_jupyter")
-                             or m.startswith("aibro_backend.api") or m in ("aibro_backend.app", "aibro_backend.store")),
+                             or m.startswith(("aibro_backend.api", "aibro_backend.server", "aibro_backend.storage"))),
         }))
         """
     )

@@ -1,3 +1,3 @@
-from .app import main
+from .server.app import main
 
 main()

@@ -10,8 +10,8 @@ import tornado.web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
-from ..jsonout import dumps
-from ..state import Backend
+from ..server.jsonout import dumps
+from ..server.state import Backend
 from .models import explain
 
 MAX_JSON_DEPTH = 32
@@ -124,7 +124,7 @@ class UserHandler(BaseHandler):
     user: dict[str, Any]
 
     def prepare(self) -> None:
-        found = getattr(self.request, "aibro_token", None)  # looked up by the request guard (app.header_refusal)
+        found = getattr(self.request, "aibro_token", None)  # looked up by guard.header_refusal
         if found is not None and not found["expired"]:
             user: dict[str, Any] | None = {"id": found["user_id"], "name": found["name"]}
         else:

@@ -4,7 +4,7 @@ Under a team's load most requests a backend answers are long-polls (each worker 
 sidebar and script watching its job or user), and tornado spends ~200 µs of CPU in its HTTP layer on each before
 any of ours runs; this parser (httptools, the one uvicorn uses) and an asyncio protocol take ~20 µs
 (benchmarks/README.md). Same host, same token rules, the same answers (api/longpoll.py), the same TLS context;
-its connections count under the backend's one connection cap (app.GuardedHTTPServer.accept_also), and idle ones
+its connections count under the backend's one connection cap (listener.GuardedHTTPServer.accept_also), and idle ones
 close after the same timeout, as do ones whose client stops taking its answers (no answer is queued behind one
 that cannot be written, and one left unwritten for the idle timeout drops the connection). `/health` announces
 its port; clients send long-polls there when they reach it and to the main port otherwise. Anything but `GET` of
@@ -28,9 +28,9 @@ import httptools
 
 from aibro_core import routes
 
-from ..accesslog import log_access
-from ..jsonout import dumps
-from ..state import Backend
+from ..server.accesslog import log_access
+from ..server.jsonout import dumps
+from ..server.state import Backend
 from . import longpoll
 from .base import ApiError, bearer_of, user_token
 

@@ -14,9 +14,9 @@ from pydantic import ValidationError as PydanticError
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
-from ..bus import job_key, user_key
-from ..jsonout import dumps
-from ..state import Backend
+from ..server.jsonout import dumps
+from ..server.state import Backend
+from ..storage.bus import job_key, user_key
 from .base import ApiError, not_yours
 from .models import INT64_MAX, EventsQuery
 

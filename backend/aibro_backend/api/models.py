@@ -850,7 +850,7 @@ class ErrorBody(Response):
 
 
 class Quota(Response):
-    """What the user holds of the backend's storage, and the limits (limits.py)."""
+    """What the user holds of the backend's storage, and its limits per user."""
 
     stored_bytes: int = Field(description="finished blobs this user holds")
     max_stored_bytes: int = Field(description="beyond it a new blob drops the least recently used ones no job reads")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..limits import limits_of
+from ..server.limits import limits_of
 from . import models
 from .base import ApiError, UserHandler
 

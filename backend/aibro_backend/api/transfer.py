@@ -24,7 +24,9 @@ from tornado.iostream import StreamClosedError
 
 from aibro_core import vocabulary as v
 
-from ..blobs import (
+from ..server.limits import limits_of
+from ..server.state import Backend
+from ..storage.blobs import (
     BlobError,
     PartialWriter,
     UploadBusy,
@@ -33,9 +35,7 @@ from ..blobs import (
     check_sha,
     check_upload_id,
 )
-from ..limits import limits_of
-from ..s3blobs import S3Backing, S3BlobError
-from ..state import Backend
+from ..storage.s3blobs import S3Backing, S3BlobError
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs
 from .models import NameUpload, S3Upload
@@ -65,9 +65,9 @@ class StreamedUpload(tornado.web.RequestHandler):
     """A PUT whose body goes to a PartialWriter as it arrives. `start_put` runs from the headers (after the
     handler's own auth in `prepare`) and opens `self.writer`; a refusal it raises is answered after the body
     was read and dropped, so the client sees the answer rather than a reset connection (the body is bounded by
-    the route's limit, which app.py enforces from the headers, before any of it is read)."""
+    the route's limit, which server/guard.py enforces from the headers, before any of it is read)."""
 
-    BODY_LIMIT = "chunk_max_body"  # the Limits field app.py checks Content-Length against
+    BODY_LIMIT = "chunk_max_body"  # the Limits field server/guard.py checks Content-Length against
     USAGE = "this route needs whole numbers"
     writer: PartialWriter | None = None
     refusal: ApiError | None = None

@@ -9,7 +9,7 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
-from ..costs import instance_cost, job_costs
+from ..scheduling.costs import instance_cost, job_costs
 from . import longpoll
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec

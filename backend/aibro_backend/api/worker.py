@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
-from ..store import NewEvent, NoSuchJob
+from ..storage.store import NewEvent, NoSuchJob
 from .base import ApiError, BaseHandler
 from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 from .workerbatch import read_fast
@@ -23,7 +23,7 @@ class WorkerHandler(BaseHandler):
     instance: dict[str, Any]
 
     def prepare(self) -> None:
-        # looked up by the request guard (app.header_refusal), else here
+        # looked up by the request guard (server/guard.header_refusal), else here
         inst = getattr(self.request, "aibro_instance", None) or self.backend.store.instance_for_token(self.bearer())
         if inst is None:
             raise ApiError(401, "unknown worker token")

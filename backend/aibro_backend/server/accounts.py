@@ -12,9 +12,9 @@ from pathlib import Path
 
 from aibro_core.errors import AibroError, ValidationError
 
+from ..scheduling.policy import Policy
+from ..storage.store import Store
 from .limits import Limits
-from .policy import Policy
-from .store import Store
 
 MAX_EXPIRES_IN_S = 10 * 365 * 86400.0
 
@@ -74,7 +74,7 @@ def revoke_tokens(home: Path, name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m aibro_backend.accounts add-user NAME`: what `aibro backend add-user NAME` runs (and
+    """`python -m aibro_backend.server.accounts add-user NAME`: what `aibro backend add-user NAME` runs (and
     `revoke-tokens NAME`, what `aibro backend revoke-tokens NAME` runs)."""
     os.umask(0o077)  # a database file or WAL this makes is the backend's alone
     parser = argparse.ArgumentParser(prog="aibro backend", description="Mint or revoke a user's tokens.")

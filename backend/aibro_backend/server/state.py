@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .blobs import BlobStore
-from .bus import EventBus
-from .groupcommit import GroupCommit
-from .policy import Policy
-from .scheduler import Scheduler
-from .store import Store
+from ..scheduling.policy import Policy
+from ..scheduling.scheduler import Scheduler
+from ..storage.blobs import BlobStore
+from ..storage.bus import EventBus
+from ..storage.groupcommit import GroupCommit
+from ..storage.store import Store
 
 
 @dataclass

@@ -20,7 +20,7 @@ from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 from aibro_core.jobpicture import JobPicture
 
-from .jsonout import dumps
+from ..server.jsonout import dumps
 from .recent import RecentEvents, encode_event
 
 log = logging.getLogger(__name__)

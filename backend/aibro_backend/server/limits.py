@@ -12,7 +12,7 @@ from pydantic import Field
 
 from aibro_core.envsettings import read_env
 
-from .policy import Policy
+from ..scheduling.policy import Policy
 
 MiB = 1024 * 1024
 Size = Annotated[int, Field(ge=0)]  # 0 where a field says "0: derived from the policy"
@@ -33,7 +33,7 @@ ENV = {
 @dataclass(frozen=True)
 class Limits:
     # Open connections at once (long-polls, workers, uploads); the next one is answered 503 and closed. Also kept
-    # below the process's descriptor limit (see app.connection_cap), so accept() never meets EMFILE from sockets.
+    # below the process's descriptor limit (see listener.connection_cap), so accept() never meets EMFILE from sockets.
     # A team's backend holds a long-poll per kernel, sidebar and script watching, plus workers and uploads: 4096
     # leaves room for a thousand watchers (benchmarks/bench_load.py) at about 10 kB of memory each.
     max_connections: Positive = 4096

@@ -13,9 +13,9 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
+from ..providers.base import CapacityError, Provider
+from ..storage.store import Store
 from .policy import Policy
-from .providers.base import CapacityError, Provider
-from .store import Store
 
 log = logging.getLogger("aibro.scheduler")
 MAX_SPOT_INTERRUPTIONS = 10  # reclaimed spot machines a job survives (counted apart from crashes)

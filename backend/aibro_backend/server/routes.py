@@ -1,0 +1,62 @@
+"""The backend's tornado routes: each path of aibro_core/routes.py to the handler that answers it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import tornado.httpserver
+import tornado.web
+
+from aibro_core import routes as api_routes
+
+from ..api import tokens, transfer, user, worker
+from ..api.base import BaseHandler
+from ..api.openapi import OpenApiHandler
+from .state import Backend
+
+log = logging.getLogger("aibro.backend")
+
+
+class NotFoundHandler(BaseHandler):
+    def prepare(self) -> None:
+        self.set_status(404)
+        self.finish(json.dumps({"error": f"no route {self.request.method} {self.request.path}"}))
+
+
+HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
+    "/health": user.HealthHandler,
+    "/machines": user.MachinesHandler,
+    "/policy": user.PolicyHandler,
+    "/stats": user.StatsHandler,
+    "/auth/tokens": tokens.TokensHandler,
+    "/auth/tokens/{token_id}": tokens.TokenHandler,
+    "/blobs/uploads/{upload_id}": transfer.UnnamedUploadHandler,
+    "/blobs/uploads/{upload_id}/finish": transfer.UnnamedUploadFinish,
+    "/blobs/{sha256}": transfer.BlobHandler,
+    "/blobs/{sha256}/upload": transfer.BlobUploadHandler,
+    "/jobs": user.JobsHandler,
+    "/jobs/{job_id}": user.JobHandler,
+    "/jobs/{job_id}/cancel": user.CancelHandler,
+    "/jobs/{job_id}/replay": user.ReplayHandler,
+    "/jobs/{job_id}/events": user.JobEventsHandler,
+    "/events": user.UserEventsHandler,
+    "/jobs/{job_id}/artifacts": user.ArtifactsHandler,
+    "/jobs/{job_id}/artifacts/{name}": transfer.ArtifactHandler,
+    "/instances": user.InstancesHandler,
+    "/instances/{instance_id}/terminate": user.TerminateHandler,
+    "/openapi.json": OpenApiHandler,
+    "/worker/enroll": worker.EnrollHandler,
+    "/worker/assignment": worker.AssignmentHandler,
+    "/worker/blobs/{sha256}": transfer.WorkerBlobHandler,
+    "/worker/jobs/{job_id}/events": worker.WorkerEventsHandler,
+    "/worker/jobs/{job_id}/artifacts/{name}": transfer.WorkerArtifactHandler,
+    "/worker/jobs/{job_id}/uploads/{name}": transfer.WorkerUploadHandler,
+    "/worker/jobs/{job_id}/finish": worker.WorkerFinishHandler,
+}
+
+
+def routes(backend: Backend) -> list:
+    """The tornado routes of aibro_core/routes.py: each path of the table to the handler that answers it."""
+    a = {"backend": backend}
+    return [(api_routes.pattern(path), HANDLERS[path], a) for path in api_routes.paths()]
