@@ -23,6 +23,7 @@ import flask_cors  # noqa: E402, F401  (the test extra has it: missing fails, ne
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
+from pydantic import ValidationError
 
 from aibro_backend.providers import aws_catalog  # noqa: E402
 from aibro_backend.providers.aws import (  # noqa: E402
@@ -736,5 +737,5 @@ def test_a_slow_ec2_call_does_not_block_the_event_loop(
 def test_config_type_is_frozen(account: dict[str, Any]) -> None:
     cfg = validate(raw_config(account))
     assert isinstance(cfg, AwsConfig)
-    with pytest.raises(AttributeError):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.region = "eu-west-1"  # type: ignore[misc]

@@ -181,7 +181,14 @@ def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict
     from aibro_backend.providers.aws_config import AwsConfig
 
     pem = https_backend["pem"]["ca"].read_text()
-    cfg = AwsConfig("us-east-1", "subnet-1", ("sg-1",), "bucket", "profile", "https://aibro.example.test:8888")
+    cfg = AwsConfig.model_construct(
+        region="us-east-1",
+        subnet_id="subnet-1",
+        security_group_ids=("sg-1",),
+        s3_bucket="bucket",
+        instance_profile="profile",
+        backend_public_url="https://aibro.example.test:8888",
+    )
     script = build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, ca_pem=pem)
     assert len(script.encode()) <= USER_DATA_LIMIT
     assert parse_user_data_env(script)["AIBRO_CA_BUNDLE"] == "/etc/aibro/ca.pem"

@@ -35,10 +35,20 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 REQUIRED = (
     "region",
@@ -92,24 +102,163 @@ class AwsConfigError(ValueError):
         super().__init__(f"AWS config {source} has {len(self.problems)} problem(s):\n{lines}")
 
 
-@dataclass(frozen=True)
-class AwsConfig:
-    region: str
-    subnet_id: str
+def _text(key: str, rule: re.Pattern[str] | None = None, what: str = "") -> Any:
+    """A stripped string field whose value must match `rule` (`what` says what it should look like)."""
+
+    def check(value: str) -> str:
+        value = value.strip()
+        if rule is not None and not rule.match(value):
+            raise ValueError(f"'{key}' {value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+Region = Annotated[str, _text("region", _REGION, "an AWS region name (like 'us-east-1')")]
+SubnetId = Annotated[str, _text("subnet_id", _SUBNET, "a subnet id (like 'subnet-0123456789abcdef0')")]
+AmiId = Annotated[str, _text("ami_id", _AMI, "an AMI id (like 'ami-0123456789abcdef0')")]
+SsmName = Annotated[
+    str, _text("ami_ssm_parameter", _SSM_NAME, "an SSM parameter name (like '/aws/service/.../ami-id')")
+]
+RoleArn = Annotated[str, _text("instance_role_arn", _ROLE_ARN, "an IAM role ARN (arn:aws:iam::<account>:role/<name>)")]
+KeyName = Annotated[str, _text("key_name", _KEY_NAME, "a key pair name (printable ASCII, at most 255)")]
+Text = Annotated[str, _text("")]
+
+
+class AwsConfig(BaseModel):
+    """The checked config; `validate` builds it from a parsed file and names every problem at once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    region: Region
+    subnet_id: SubnetId
     security_group_ids: tuple[str, ...]
-    s3_bucket: str
-    instance_profile: str
-    backend_public_url: str
+    s3_bucket: Text
+    instance_profile: Text
+    backend_public_url: Text
     s3_prefix: str = DEFAULT_PREFIX
-    ami_id: str | None = None
-    ami_ssm_parameter: str | None = None
-    key_name: str | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
+    ami_id: AmiId | None = None
+    ami_ssm_parameter: SsmName | None = None
+    key_name: KeyName | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
     max_instance_hours: float = DEFAULT_MAX_HOURS
     max_instances_per_machine: int = DEFAULT_MAX_PER_MACHINE
     backend_id: str = ""
-    instance_role_arn: str | None = None
-    agent_pip_spec: str = DEFAULT_AGENT_SPEC
+    instance_role_arn: RoleArn | None = None
+    agent_pip_spec: Text = DEFAULT_AGENT_SPEC
+
+    @field_validator("security_group_ids", mode="before")
+    @classmethod
+    def _groups(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+            raise ValueError(f"'security_group_ids' must be a list of security group ids, got {value!r}")
+        groups = tuple(s.strip() for s in value)
+        bad = [s for s in groups if not _SG.match(s)]
+        if bad:
+            raise ValueError(f"'security_group_ids' holds {bad!r}, not security group ids (like 'sg-0123abcd')")
+        if len(groups) > 5:
+            raise ValueError(f"'security_group_ids' lists {len(groups)} groups; an instance takes at most 5")
+        return groups
+
+    @field_validator("s3_bucket")
+    @classmethod
+    def _bucket(cls, bucket: str) -> str:
+        if bucket.startswith("s3://"):
+            raise ValueError(f"'s3_bucket' {bucket!r} must be the bucket name alone (put the folder in 's3_prefix')")
+        if not _BUCKET.match(bucket) or ".." in bucket or _is_ip(bucket):
+            raise ValueError(
+                f"'s3_bucket' {bucket!r} is not a valid bucket name (3-63 lowercase letters, digits, '.', '-')"
+            )
+        return bucket
+
+    @field_validator("s3_prefix", mode="before")
+    @classmethod
+    def _prefix(cls, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"'s3_prefix' must be a string like 'aibro/', got {value!r}")
+        if value.strip().startswith("/") or "//" in value or len(value) > 512:
+            raise ValueError(f"'s3_prefix' {value!r} must be a relative key prefix like 'aibro/' (no leading '/')")
+        prefix = value.strip()
+        return prefix + "/" if prefix and not prefix.endswith("/") else prefix
+
+    @field_validator("instance_profile")
+    @classmethod
+    def _profile(cls, profile: str) -> str:
+        if not (_PROFILE_ARN.match(profile) or (_PROFILE_NAME.match(profile) and ":" not in profile)):
+            raise ValueError(
+                f"'instance_profile' {profile!r} is neither an instance profile name nor its ARN "
+                "(arn:aws:iam::<account>:instance-profile/<name>)"
+            )
+        return profile
+
+    @field_validator("backend_public_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"'backend_public_url' {url!r} must be an http(s) URL the instances can reach")
+        if parts.username or parts.password or parts.query or parts.fragment:
+            raise ValueError(f"'backend_public_url' {url!r} must not hold credentials, a query or a fragment")
+        if parts.hostname == "localhost" or _is_local_ip(parts.hostname):
+            raise ValueError(f"'backend_public_url' {url!r} names this host; EC2 instances cannot reach it there")
+        return url.rstrip("/")
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags(cls, raw: Any) -> dict[str, str]:
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"'tags' must be a table of key = \"value\" pairs, got {raw!r}")
+        problems, tags = [], {}
+        for k, val in raw.items():
+            if not isinstance(val, str):
+                problems.append(f"tag '{k}' must have a string value, got {val!r}")
+            elif str(k).lower().startswith(("aws:", "aibro:")) or str(k) == "Name":
+                problems.append(f"tag '{k}' is reserved (aws:*, aibro:* and Name are set by AWS and aibro)")
+            elif not (
+                0 < len(str(k)) <= 128 and len(val) <= 256 and _TAG_CHARS.match(str(k)) and _TAG_CHARS.match(val)
+            ):
+                problems.append(f"tag {k!r} = {val!r} is not a valid EC2 tag (key <= 128, value <= 256 characters)")
+            else:
+                tags[str(k)] = val
+        if len(raw) > MAX_USER_TAGS:
+            problems.append(f"'tags' holds {len(raw)} tags; at most {MAX_USER_TAGS} (aibro adds its own)")
+        if problems:
+            raise ValueError(_SEVERAL.join(problems))
+        return tags
+
+    @field_validator("max_instance_hours", "max_instances_per_machine", mode="before")
+    @classmethod
+    def _number(cls, value: Any, info: ValidationInfo) -> float | int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ValueError(f"'{info.field_name}' must be a number, got {value!r}")
+        if info.field_name == "max_instance_hours" and not 0 < value <= MAX_HOURS_CAP:
+            raise ValueError(f"'max_instance_hours' must be more than 0 and at most {MAX_HOURS_CAP:g}, got {value:g}")
+        if info.field_name == "max_instances_per_machine" and (value != int(value) or not 1 <= value <= 1000):
+            raise ValueError(f"'max_instances_per_machine' must be a whole number from 1 to 1000, got {value:g}")
+        return int(value) if info.field_name == "max_instances_per_machine" else float(value)
+
+    @field_validator("backend_id")
+    @classmethod
+    def _backend_id(cls, value: str) -> str:
+        value = value.strip()
+        if value and not (len(value) <= 128 and _TAG_CHARS.match(value) and not value.lower().startswith("aws:")):
+            raise ValueError(f"'backend_id' {value!r} is not a valid tag value (letters, digits, + - = . _ : / @)")
+        return value
+
+    @field_validator("agent_pip_spec")
+    @classmethod
+    def _agent(cls, agent: str) -> str:
+        if any(c in agent for c in "'\"\\`$\n;&|<>"):
+            raise ValueError(f"'agent_pip_spec' {agent!r} must be a plain pip requirement or URL (no quotes or shell)")
+        return agent
+
+    @model_validator(mode="after")
+    def _derived(self) -> AwsConfig:
+        if not self.backend_id:  # the URL's host:port tags this backend's instances unless it is named
+            object.__setattr__(self, "backend_id", urlsplit(self.backend_public_url).netloc)
+        return self
 
     @property
     def partition(self) -> str:
@@ -132,172 +281,46 @@ class AwsConfig:
         return m.group(3) if m else self.instance_profile
 
 
-def _is_str_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)
+_SEVERAL = "\n"  # one field's several problems (tags), split again into the list the user reads
+KNOWN = tuple(AwsConfig.model_fields)
 
 
 def validate(raw: Mapping[str, Any], source: str = "<config>") -> AwsConfig:
     """Check every field of a parsed config and build it; raise AwsConfigError naming all problems at once."""
-    problems: list[str] = []
     if not isinstance(raw, Mapping):
         raise AwsConfigError(source, ["the file must hold a table (key = value lines), not a list or a value"])
-    known = set(REQUIRED) | set(OPTIONAL)
-    for key in raw:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            problems.append(f"'{key}' is not a setting{hint}")
-    for key in REQUIRED:
-        if raw.get(key) in (None, "", [], ()):
-            problems.append(f"'{key}' is missing")
-
-    def text(key: str) -> str | None:
-        value = raw.get(key)
-        if value is None or value == "":
-            return None
-        if not isinstance(value, str):
-            problems.append(f"'{key}' must be a string, got {type(value).__name__} {value!r}")
-            return None
-        return value.strip()
-
-    region = text("region")
-    if region and not _REGION.match(region):
-        problems.append(f"'region' {region!r} is not an AWS region name (like 'us-east-1')")
-    subnet = text("subnet_id")
-    if subnet and not _SUBNET.match(subnet):
-        problems.append(f"'subnet_id' {subnet!r} is not a subnet id (like 'subnet-0123456789abcdef0')")
-
-    sgs_raw = raw.get("security_group_ids")
-    sgs: tuple[str, ...] = ()
-    if isinstance(sgs_raw, str):
-        sgs_raw = [sgs_raw]
-    if sgs_raw not in (None, [], ()):
-        if not _is_str_list(sgs_raw):
-            problems.append(f"'security_group_ids' must be a list of security group ids, got {sgs_raw!r}")
-        else:
-            sgs = tuple(s.strip() for s in sgs_raw)
-            bad = [s for s in sgs if not _SG.match(s)]
-            if bad:
-                problems.append(f"'security_group_ids' holds {bad!r}, not security group ids (like 'sg-0123abcd')")
-            if len(sgs) > 5:
-                problems.append(f"'security_group_ids' lists {len(sgs)} groups; an instance takes at most 5")
-
-    bucket = text("s3_bucket")
-    if bucket:
-        if bucket.startswith("s3://"):
-            problems.append(f"'s3_bucket' {bucket!r} must be the bucket name alone (put the folder in 's3_prefix')")
-        elif not _BUCKET.match(bucket) or ".." in bucket or _is_ip(bucket):
-            problems.append(
-                f"'s3_bucket' {bucket!r} is not a valid bucket name (3-63 lowercase letters, digits, '.', '-')"
-            )
-    prefix_raw = raw.get("s3_prefix", DEFAULT_PREFIX)
-    prefix = DEFAULT_PREFIX
-    if not isinstance(prefix_raw, str):
-        problems.append(f"'s3_prefix' must be a string like 'aibro/', got {prefix_raw!r}")
-    elif prefix_raw.strip().startswith("/") or "//" in prefix_raw or len(prefix_raw) > 512:
-        problems.append(f"'s3_prefix' {prefix_raw!r} must be a relative key prefix like 'aibro/' (no leading '/')")
-    else:
-        prefix = prefix_raw.strip()
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
-
-    profile = text("instance_profile")
-    if profile and not (_PROFILE_ARN.match(profile) or (_PROFILE_NAME.match(profile) and ":" not in profile)):
-        problems.append(
-            f"'instance_profile' {profile!r} is neither an instance profile name nor its ARN "
-            "(arn:aws:iam::<account>:instance-profile/<name>)"
-        )
-    role_arn = text("instance_role_arn")
-    if role_arn and not _ROLE_ARN.match(role_arn):
-        problems.append(f"'instance_role_arn' {role_arn!r} is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
-
-    ami = text("ami_id")
-    ssm = text("ami_ssm_parameter")
-    if ami and ssm:
+    given = {k: v for k, v in raw.items() if v not in (None, "", [], ())}  # an empty value is a missing one
+    problems: list[str] = []
+    if given.get("ami_id") and given.get("ami_ssm_parameter"):
         problems.append("give one of 'ami_id' and 'ami_ssm_parameter', not both")
-    elif not ami and not ssm:
+    elif not given.get("ami_id") and not given.get("ami_ssm_parameter"):
         problems.append("'ami_id' or 'ami_ssm_parameter' is missing (the machine image the instances boot)")
-    if ami and not _AMI.match(ami):
-        problems.append(f"'ami_id' {ami!r} is not an AMI id (like 'ami-0123456789abcdef0')")
-    if ssm and not _SSM_NAME.match(ssm):
-        problems.append(f"'ami_ssm_parameter' {ssm!r} is not an SSM parameter name (like '/aws/service/.../ami-id')")
-
-    url = text("backend_public_url")
-    host_port = ""
-    if url:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            problems.append(f"'backend_public_url' {url!r} must be an http(s) URL the instances can reach")
-        elif parts.username or parts.password or parts.query or parts.fragment:
-            problems.append(f"'backend_public_url' {url!r} must not hold credentials, a query or a fragment")
-        elif parts.hostname == "localhost" or _is_local_ip(parts.hostname):
-            problems.append(f"'backend_public_url' {url!r} names this host; EC2 instances cannot reach it there")
-        else:
-            host_port = parts.netloc
-        url = url.rstrip("/")
-
-    key_name = text("key_name")
-    if key_name and not _KEY_NAME.match(key_name):
-        problems.append(f"'key_name' {key_name!r} is not a key pair name (printable ASCII, at most 255)")
-
-    tags_raw = raw.get("tags", {})
-    tags: dict[str, str] = {}
-    if not isinstance(tags_raw, Mapping):
-        problems.append(f"'tags' must be a table of key = \"value\" pairs, got {tags_raw!r}")
-    else:
-        for k, val in tags_raw.items():
-            if not isinstance(val, str):
-                problems.append(f"tag '{k}' must have a string value, got {val!r}")
-            elif str(k).lower().startswith(("aws:", "aibro:")) or str(k) == "Name":
-                problems.append(f"tag '{k}' is reserved (aws:*, aibro:* and Name are set by AWS and aibro)")
-            elif not (
-                0 < len(str(k)) <= 128 and len(val) <= 256 and _TAG_CHARS.match(str(k)) and _TAG_CHARS.match(val)
-            ):
-                problems.append(f"tag {k!r} = {val!r} is not a valid EC2 tag (key <= 128, value <= 256 characters)")
-            else:
-                tags[str(k)] = val
-        if len(tags_raw) > MAX_USER_TAGS:
-            problems.append(f"'tags' holds {len(tags_raw)} tags; at most {MAX_USER_TAGS} (aibro adds its own)")
-
-    hours = _number(raw, "max_instance_hours", DEFAULT_MAX_HOURS, problems)
-    if not 0 < hours <= MAX_HOURS_CAP:
-        problems.append(f"'max_instance_hours' must be more than 0 and at most {MAX_HOURS_CAP:g}, got {hours:g}")
-    per_machine = _number(raw, "max_instances_per_machine", DEFAULT_MAX_PER_MACHINE, problems)
-    if per_machine != int(per_machine) or not 1 <= per_machine <= 1000:
-        problems.append(f"'max_instances_per_machine' must be a whole number from 1 to 1000, got {per_machine:g}")
-
-    backend_id = text("backend_id") or host_port
-    if (
-        "backend_id" in raw
-        and backend_id
-        and not (len(backend_id) <= 128 and _TAG_CHARS.match(backend_id) and not backend_id.lower().startswith("aws:"))
-    ):
-        problems.append(f"'backend_id' {backend_id!r} is not a valid tag value (letters, digits, + - = . _ : / @)")
-    agent = text("agent_pip_spec") or DEFAULT_AGENT_SPEC
-    if any(c in agent for c in "'\"\\`$\n;&|<>"):
-        problems.append(f"'agent_pip_spec' {agent!r} must be a plain pip requirement or URL (no quotes or shell)")
-
+    try:
+        config = AwsConfig.model_validate(given)
+    except ValidationError as exc:
+        problems = [*_messages(exc), *problems]
     if problems:
         raise AwsConfigError(source, problems)
-    assert region and subnet and bucket and profile and url  # all checked above
-    return AwsConfig(
-        region=region,
-        subnet_id=subnet,
-        security_group_ids=sgs,
-        s3_bucket=bucket,
-        s3_prefix=prefix,
-        instance_profile=profile,
-        backend_public_url=url,
-        ami_id=ami,
-        ami_ssm_parameter=ssm,
-        key_name=key_name,
-        tags=tags,
-        max_instance_hours=float(hours),
-        max_instances_per_machine=int(per_machine),
-        backend_id=backend_id,
-        instance_role_arn=role_arn,
-        agent_pip_spec=agent,
-    )
+    return config
+
+
+def _messages(exc: ValidationError) -> list[str]:
+    """pydantic's errors in the words of this file: what is wrong and what it should be."""
+    out: list[str] = []
+    for error in exc.errors(include_url=False):
+        key = str(error["loc"][0]) if error["loc"] else ""
+        kind = error["type"]
+        if kind == "missing":
+            out.append(f"'{key}' is missing")
+        elif kind == "extra_forbidden":
+            close = difflib.get_close_matches(key, KNOWN, n=1)
+            out.append(f"'{key}' is not a setting" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        elif kind == "value_error":
+            out += str(error["ctx"]["error"]).split(_SEVERAL)
+        else:
+            value = error.get("input")
+            out.append(f"'{key}' must be a string, got {type(value).__name__} {value!r}")
+    return out
 
 
 def _is_local_ip(name: str) -> bool:
@@ -315,14 +338,6 @@ def _is_ip(name: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _number(raw: Mapping[str, Any], key: str, default: float, problems: list[str]) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        problems.append(f"'{key}' must be a number, got {value!r}")
-        return default
-    return float(value)
 
 
 def parse_file(path: str | Path) -> dict[str, Any]:
