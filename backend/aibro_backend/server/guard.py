@@ -25,10 +25,6 @@ log = logging.getLogger("aibro.backend")
 LINGER_MAX = 64 * 1024  # a refused body up to this size is read and dropped, so the client can read the answer
 # ... and up to this size when the client's token holds and only the body's size is refused (413): a client that
 # sends its whole body before it reads (most do) then reads the 413 instead of meeting a reset connection
-
-
-# ... and up to this size when the client's token holds and only the body's size is refused (413): a client that
-# sends its whole body before it reads (most do) then reads the 413 instead of meeting a reset connection
 DRAIN_MAX = 64 * 1024 * 1024
 
 

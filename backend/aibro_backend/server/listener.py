@@ -24,8 +24,6 @@ log = logging.getLogger("aibro.backend")
 
 
 FD_RESERVE = 256  # descriptors kept free of client connections: the database, logs, blob files, worker pipes
-
-
 ACCEPT_PAUSE_S = 0.5
 
 

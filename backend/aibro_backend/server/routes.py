@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import logging
 
-import tornado.httpserver
 import tornado.web
 
 from aibro_core import routes as api_routes
@@ -14,8 +12,6 @@ from ..api import tokens, transfer, user, worker
 from ..api.base import BaseHandler
 from ..api.openapi import OpenApiHandler
 from .state import Backend
-
-log = logging.getLogger("aibro.backend")
 
 
 class NotFoundHandler(BaseHandler):

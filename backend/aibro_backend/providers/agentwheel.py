@@ -1,0 +1,107 @@
+"""The worker agent as a wheel the backend builds from its own code: what a bare machine installs (checked against
+its SHA-256), never a name from a package registry.
+
+The wheel holds `aibro_backend` and `aibro_core` exactly as this backend runs them, and declares the agent's
+third-party needs (AGENT_REQUIRES, which pip takes from the machine's image when present). Its version is the
+backend's plus a digest of the code (`0.1.0+3f2a…`), so an agent built from other code never passes for this one;
+the same code always makes the same bytes (sorted entries, fixed times), so a machine can cache it by hash.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import aibro_core
+
+from .. import __version__
+
+# backend/pyproject.toml's dependencies, which tests/test_agent_wheel.py keeps equal to these
+AGENT_REQUIRES = (
+    "numpy",
+    "packaging>=23",
+    "requests>=2.28",
+    "tensorflow>=2.16",
+    "keras>=3.3",
+    "tensorboard",
+)
+PACKAGES = (Path(__file__).resolve().parents[1], Path(aibro_core.__file__).resolve().parent)
+SKIP_SUFFIXES = (".pyc", ".pyo")
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+WHEEL = b"Wheel-Version: 1.0\nGenerator: aibro-backend\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+
+
+@dataclass(frozen=True)
+class AgentWheel:
+    path: Path
+    version: str
+    sha256: str
+    size: int
+
+    @property
+    def filename(self) -> str:
+        return self.path.name
+
+
+def _sources() -> list[tuple[str, Path]]:
+    """(name in the wheel, file) for every file of the two packages, sorted."""
+    out = []
+    for root in PACKAGES:
+        for path in root.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and not path.name.endswith(SKIP_SUFFIXES):
+                out.append((f"{root.name}/{path.relative_to(root).as_posix()}", path))
+    return sorted(out)
+
+
+def agent_version(sources: list[tuple[str, Path]] | None = None) -> str:
+    """The backend's version with a digest of its code: what an agent must report to run this backend's jobs."""
+    digest = hashlib.sha256()
+    for name, path in sources if sources is not None else _sources():
+        digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return f"{__version__}+{digest.hexdigest()[:12]}"
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _metadata(version: str) -> str:
+    lines = ["Metadata-Version: 2.1", "Name: aibro-backend", f"Version: {version}", "Requires-Python: >=3.10"]
+    lines += [f"Requires-Dist: {req}" for req in AGENT_REQUIRES]
+    lines.append("Summary: the aibro worker agent, as built by the backend that runs its jobs")
+    return "\n".join(lines) + "\n"
+
+
+def build(dest_dir: Path) -> AgentWheel:
+    """Build the agent wheel into `dest_dir` (reused when this code's wheel is already there)."""
+    sources = _sources()
+    version = agent_version(sources)
+    path = Path(dest_dir) / f"aibro_backend-{version}-py3-none-any.whl"
+    if not path.is_file():
+        Path(dest_dir).mkdir(parents=True, exist_ok=True)
+        info = f"aibro_backend-{version}.dist-info"
+        files = [(name, p.read_bytes()) for name, p in sources]
+        files += [
+            (f"{info}/METADATA", _metadata(version).encode()),
+            (f"{info}/WHEEL", WHEEL),
+            (f"{info}/entry_points.txt", b"[console_scripts]\naibro-worker = aibro_backend.worker.agent:main\n"),
+        ]
+        record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files)
+        files.append((f"{info}/RECORD", (record + f"{info}/RECORD,,\n").encode()))
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, data in files:
+                entry = zipfile.ZipInfo(name, ZIP_TIME)
+                entry.external_attr = 0o644 << 16
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                zf.writestr(entry, data)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, path)
+    data = path.read_bytes()
+    return AgentWheel(path, version, hashlib.sha256(data).hexdigest(), len(data))
