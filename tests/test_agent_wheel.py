@@ -11,6 +11,7 @@ import tomllib
 
 from aibro_backend import __version__
 from aibro_backend.providers import agentwheel
+from aibro_backend.worker import version
 
 pytestmark = pytest.mark.fast
 REPO = Path(__file__).resolve().parent.parent
@@ -45,5 +46,6 @@ def test_the_same_code_makes_the_same_bytes_and_other_code_another_version(tmp_p
     assert (first.sha256, first.version) == (again.sha256, again.version)
     changed = tmp_path / "agent.py"
     changed.write_text("print('other code')\n")
-    sources = [(n, changed if n == "aibro_backend/worker/agent.py" else p) for n, p in agentwheel._sources()]
-    assert agentwheel.agent_version(sources) != first.version
+    sources = [(n, changed if n == "aibro_backend/worker/agent.py" else p) for n, p in version.code_files()]
+    assert version.version_of(sources) != first.version
+    assert version.agent_version() == first.version, "an agent runs as the version the wheel of its code carries"

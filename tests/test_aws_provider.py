@@ -9,6 +9,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import subprocess
 import threading
 import time
 import uuid
@@ -739,3 +740,24 @@ def test_config_type_is_frozen(account: dict[str, Any]) -> None:
     assert isinstance(cfg, AwsConfig)
     with pytest.raises(ValidationError, match="frozen"):
         cfg.region = "eu-west-1"  # type: ignore[misc]
+
+
+def test_user_data_installs_the_agent_the_backend_serves_by_its_hash(account: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 26: never `pip install aibro-backend` (a name nobody publishes, that anyone could take): the machine
+    downloads the backend's own wheel, keeps it only if its SHA-256 is the one named here, and installs that file."""
+    from aibro_backend.providers import agentwheel
+    from aibro_backend.providers.aws import build_user_data
+
+    agent = agentwheel.build(tmp_path)
+    script = build_user_data(validate(raw_config(account)), "inst-1", "aibro_e_" + "x" * 32, agent)
+    assert agent.sha256 in script and f'!= "{agent.version}"' in script
+    assert f"pip install --quiet --disable-pip-version-check /opt/aibro/{agent.filename}" in script
+    assert "aibro-backend" not in script.replace(agent.filename, ""), "no agent by a package name"
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    download = script.split("<<'AIBRO_GET'\n", 1)[1].split("AIBRO_GET\n", 1)[0]
+    compile(download, "agent-download", "exec")
+
+
+def test_the_old_agent_pip_spec_setting_is_refused_naming_why(account: dict[str, Any]) -> None:
+    with pytest.raises(AwsConfigError, match="'agent_pip_spec' is gone: the backend serves its own agent"):
+        validate(raw_config(account, agent_pip_spec="aibro-backend"))

@@ -171,7 +171,8 @@ def test_the_server_extension_proxy_verifies_with_the_ca_bundle(
     _refusal_names_the_fix(refused.value.detail, b.url)
 
 
-def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict) -> None:
+def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict, tmp_path: Path) -> None:
+    from aibro_backend.providers import agentwheel
     from aibro_backend.providers.aws import (
         USER_DATA_LIMIT,
         build_user_data,
@@ -181,6 +182,7 @@ def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict
     from aibro_backend.providers.aws_config import AwsConfig
 
     pem = https_backend["pem"]["ca"].read_text()
+    agent = agentwheel.served(tmp_path / "agent")
     cfg = AwsConfig.model_construct(
         region="us-east-1",
         subnet_id="subnet-1",
@@ -189,12 +191,12 @@ def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict
         instance_profile="profile",
         backend_public_url="https://aibro.example.test:8888",
     )
-    script = build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, ca_pem=pem)
+    script = build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, agent, ca_pem=pem)
     assert len(script.encode()) <= USER_DATA_LIMIT
     assert parse_user_data_env(script)["AIBRO_CA_BUNDLE"] == "/etc/aibro/ca.pem"
     assert parse_user_data_ca(script) == pem, "the bootstrap writes the PEM as given"
-    assert "AIBRO_CA_BUNDLE" not in parse_user_data_env(build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32))
+    assert "AIBRO_CA_BUNDLE" not in parse_user_data_env(build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, agent))
     with pytest.raises(ValueError, match="the CA bundle: give only the CA that signed"):
-        build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, ca_pem=pem * 40)
+        build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, agent, ca_pem=pem * 40)
     with pytest.raises(ValueError, match="PEM certificates"):
-        build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, ca_pem="AIBRO_ENV\nrm -rf /")
+        build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, agent, ca_pem="AIBRO_ENV\nrm -rf /")

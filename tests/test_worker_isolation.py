@@ -1,9 +1,10 @@
 """A worker never sees the client's files, and the worker agent installs and trains on a bare host.
 
 Every local worker runs `python -I -m aibro_backend.worker` in a fresh private directory with an environment built
-from an allow-list: no PYTHONPATH, none of the backend's state or credentials. The agent is its own distribution
-(backend/pyproject.toml, `aibro-backend`): installed into a fresh venv with only what it declares, that venv
-holds none of the notebook stack, and a backend whose AIBRO_WORKER_PYTHON names it trains a real job there.
+from an allow-list: no PYTHONPATH, none of the backend's state or credentials. The agent is its own distribution:
+the wheel the backend builds of itself (providers/agentwheel.py), installed into a fresh venv with only what it
+declares and no package index (tests/wheelhouse.py), holds none of the notebook stack, and a backend whose
+AIBRO_WORKER_PYTHON names that venv trains a real job there.
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
+import wheelhouse
 from backend_proc import own_backend
 
+from aibro_backend.providers import agentwheel
 from aibro_backend.providers.local import FROM_SCHEDULER, INHERITED, pid_alive
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
 from conftest import make_model
-from helpers import instance_pid, run_as_user, worker_process
+from helpers import instance_pid, run_as_user, slow_data, worker_process
 
-REPO = Path(__file__).resolve().parent.parent
 NEVER = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "AIBRO_HOME", "AIBRO_TOKEN", "AIBRO_BACKEND_URL")
 NOTEBOOK_STACK = ("jupyterlab", "ipywidgets", "bqplot", "aibro_jupyter", "tornado")
 
@@ -105,31 +107,28 @@ def _pip_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def agent_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv (no system site packages) holding `pip install backend/` and only what that declares."""
+    """A fresh venv (no system site packages) holding the agent wheel the backend builds of itself and only what
+    that wheel declares, installed with no package index: from a wheelhouse packed from this environment."""
     root = tmp_path_factory.mktemp("agent-venv")
-    src = root / "backend"  # a copy: no build output ever lands in the repository
-    shutil.copytree(
-        REPO / "backend", src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
-    )
+    agent = agentwheel.build(root / "agent")
+    start = time.monotonic()
+    wheelhouse.build(list(agentwheel.AGENT_REQUIRES), root / "wheels")
+    packed = time.monotonic() - start
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_pip_env())
     python = venv / "bin" / "python"
     start = time.monotonic()
+    install = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-index"]
     pip = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", str(src)],
+        [*install, "--find-links", str(root / "wheels"), str(agent.path)],
         capture_output=True,
         text=True,
         timeout=1500,
         env=_pip_env(),
     )
     took = time.monotonic() - start
-    print(f"\n[worker isolation] pip install of the agent into a fresh venv took {took:.0f} s")
-    if pip.returncode != 0:
-        out = pip.stdout[-3000:] + pip.stderr[-3000:]
-        offline = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable")
-        if any(s in out for s in offline):
-            pytest.skip(f"no package index reachable to install the agent's declared dependencies:\n{out[-800:]}")
-        pytest.fail(f"pip install of backend/ failed:\n{out}")
+    print(f"\n[worker isolation] wheelhouse packed in {packed:.0f} s; the agent installed in {took:.0f} s")
+    assert pip.returncode == 0, f"pip install of the agent wheel failed:\n{pip.stdout[-3000:]}{pip.stderr[-3000:]}"
     assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
     return python
 
@@ -244,3 +243,35 @@ def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path:
         foreign = sorted(p for p in mapped if "-packages/" in p and not p.startswith(f"{site}/"))
         assert foreign == [], "the worker loaded libraries from outside its venv"
         assert not (client_files / f"imported-by-{pid}").exists(), "the worker imported the client's files"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.backend_log(r"aibro\.scheduler WARNING inst-\w+: agent 0\.\S+ is not this backend's")
+def test_an_agent_of_other_code_never_runs_a_job(agent_venv: Path, tmp_path: Path) -> None:
+    """Issue 26 item 2: the agent venv with one line of its code changed reports another version; the backend
+    refuses it a job, closes its instance with both versions in its state, and the job fails naming them."""
+    from aibro_backend.worker.version import agent_version
+
+    site = next((agent_venv.parent.parent / "lib").glob("python3*/site-packages"))
+    agent_py = site / "aibro_backend" / "worker" / "agent.py"
+    original = agent_py.read_text()
+    agent_py.write_text(original + "\n# another build of the agent\n")
+    try:
+        with own_backend(tmp_path / "home", AIBRO_WORKER_PYTHON=str(agent_venv), AIBRO_SPARE_WORKER="0") as b:
+            client = b.client()
+            x, y = slow_data(64)
+            job_id = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1)["job_id"]
+            deadline = time.monotonic() + 600
+            while client.job(job_id)["status"] not in (v.COMPLETED, v.CANCELED):
+                assert time.monotonic() < deadline, client.job(job_id)
+                time.sleep(0.5)
+            job = client.job(job_id)
+            expected = agent_version()
+            assert job["status"] == v.CANCELED and job["epochs_done"] == 0, job
+            assert f"is not this backend's {expected}" in job["error"] and "GET /worker/agent" in job["error"]
+            (inst,) = client.instances()
+            refusal = [h[1] for h in inst["history"] if "is not this backend's" in h[1]]
+            assert refusal and refusal[0].startswith("agent 0.") and expected in refusal[0], inst["history"]
+            assert refusal[0].split()[1] != expected, "the refused agent reported its own, other version"
+    finally:
+        agent_py.write_text(original)

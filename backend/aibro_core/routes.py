@@ -111,6 +111,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "exchange the one-time enrollment token (bearer or body) for this instance's worker token, answered once",
         who="enroll",
     ),
+    Endpoint(
+        "get",
+        "/worker/agent",
+        "the worker agent wheel this backend builds of itself, for the first boot of a machine it started "
+        "(X-Agent-Version, X-Agent-Sha256); its enrollment or worker token",
+        who="enroll",
+    ),
     Endpoint("get", "/worker/assignment", "what this instance does next", who="worker"),
     Endpoint("get", "/worker/blobs/{sha256}", "a blob of the job assigned to this instance", who="worker"),
     Endpoint(

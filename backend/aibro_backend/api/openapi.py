@@ -20,6 +20,8 @@ from . import models as m
 from .base import UserHandler
 
 REF = "#/components/schemas/{model}"
+COUNT = {"type": "string", "pattern": "^[0-9]+$"}
+HEADER_SCHEMAS = {"X-Received": COUNT, "X-Blob-Size": COUNT, "X-Upload-Via": {"type": "string", "enum": ["s3"]}}
 SECURITY = {"user": "bearer", "worker": "worker", "enroll": "enroll"}  # who -> the scheme that names it
 ERROR_TEXT = {
     400: "the request is malformed: the message names the field and the fix",
@@ -99,6 +101,11 @@ ANSWERS: dict[str, Answer] = {
     "post /instances/{instance_id}/terminate": Answer(m.InstanceAnswer, (404, 409)),
     "get /openapi.json": Answer(m.OpenApiDocument),
     "post /worker/enroll": Answer(m.WorkerEnrolled, (400,), m.WorkerEnroll),
+    "get /worker/agent": Answer(
+        "binary",
+        (),
+        headers={200: {"X-Agent-Version": "the agent's version", "X-Agent-Sha256": "the wheel's SHA-256 (hex)"}},
+    ),
     "get /worker/assignment": Answer(m.Assignment, ()),
     "get /worker/blobs/{sha256}": Answer("binary", (403, 404)),
     "post /worker/jobs/{job_id}/events": Answer(m.EventsAck, (400, 409), m.WorkerEvents),
@@ -214,7 +221,7 @@ def document() -> dict[str, Any]:
                 responses[str(status)]["content"] = error
         for status, headers in r.headers.items():
             responses[str(status)]["headers"] = {
-                name: {"description": text, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+                name: {"description": text, "schema": HEADER_SCHEMAS.get(name, {"type": "string"})}
                 for name, text in headers.items()
             }
         op: dict[str, Any] = {

@@ -24,6 +24,7 @@ from tornado.iostream import StreamClosedError
 
 from aibro_core import vocabulary as v
 
+from ..providers import agentwheel
 from ..server.limits import limits_of
 from ..server.state import Backend
 from ..storage.blobs import (
@@ -36,7 +37,7 @@ from ..storage.blobs import (
     check_upload_id,
 )
 from ..storage.s3blobs import S3Backing, S3BlobError
-from .base import ApiError, UserHandler
+from .base import ApiError, BaseHandler, UserHandler, bearer_of
 from .jobspec import spec_blobs
 from .models import NameUpload, S3Upload
 from .worker import WorkerHandler
@@ -355,6 +356,22 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
         size, sha = await self.finish_upload(blobs.finish_artifact, job_id, name)
         self.backend.store.add_artifact(job_id, name, size, sha)
         self.send({"name": name, "size": size, "sha256": sha, "complete": True, "received": size})
+
+
+class AgentHandler(BaseHandler):
+    """The agent wheel (providers/agentwheel.py) to a machine this backend started: its enrollment token, unused
+    and unexpired, or its worker token. The machine checks the SHA-256 its user data names before installing."""
+
+    async def get(self) -> None:
+        token = bearer_of(self.request.headers.get("Authorization"))
+        store = self.backend.store
+        if token is None or (store.instance_for_enroll(token) is None and store.instance_for_token(token) is None):
+            raise ApiError(401, "the agent is served to this backend's machines: send their enrollment or worker token")
+        wheel = agentwheel.served(self.backend.home / "state" / "agent")
+        self.set_header("X-Agent-Version", wheel.version)
+        self.set_header("X-Agent-Sha256", wheel.sha256)
+        self.set_header("Content-Disposition", f'attachment; filename="{wheel.filename}"')
+        await send_file(self, wheel.path)
 
 
 class BlobUploadHandler(UserHandler):

@@ -12,6 +12,7 @@ from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
 from ..storage.store import NewEvent, NoSuchJob
+from ..worker import version
 from .base import ApiError, BaseHandler
 from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 from .workerbatch import read_fast
@@ -71,6 +72,11 @@ class AssignmentHandler(WorkerHandler):
         job = store.job(inst["job_id"]) if inst["job_id"] else None
         if job is None or job["status"] not in v.JOB_ACTIVE:
             self.send({"action": "wait", "cooling_until": inst["cooling_until"]})
+            return
+        reported, expected = self.request.headers.get(version.HEADER, ""), version.agent_version()
+        if reported != expected:
+            self.backend.scheduler.refuse_agent(inst, reported or "of an unknown version", expected)
+            self.send({"action": "exit"})
             return
         if inst["status"] == v.LAUNCHING:
             store.set_instance_state(inst["id"], v.EXECUTING, "", job_id=job["id"])

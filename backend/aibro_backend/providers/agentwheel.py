@@ -17,9 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import aibro_core
-
-from .. import __version__
+from ..worker.version import code_files, version_of
 
 # backend/pyproject.toml's dependencies, which tests/test_agent_wheel.py keeps equal to these
 AGENT_REQUIRES = (
@@ -30,8 +28,6 @@ AGENT_REQUIRES = (
     "keras>=3.3",
     "tensorboard",
 )
-PACKAGES = (Path(__file__).resolve().parents[1], Path(aibro_core.__file__).resolve().parent)
-SKIP_SUFFIXES = (".pyc", ".pyo")
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 WHEEL = b"Wheel-Version: 1.0\nGenerator: aibro-backend\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
 
@@ -48,24 +44,6 @@ class AgentWheel:
         return self.path.name
 
 
-def _sources() -> list[tuple[str, Path]]:
-    """(name in the wheel, file) for every file of the two packages, sorted."""
-    out = []
-    for root in PACKAGES:
-        for path in root.rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts and not path.name.endswith(SKIP_SUFFIXES):
-                out.append((f"{root.name}/{path.relative_to(root).as_posix()}", path))
-    return sorted(out)
-
-
-def agent_version(sources: list[tuple[str, Path]] | None = None) -> str:
-    """The backend's version with a digest of its code: what an agent must report to run this backend's jobs."""
-    digest = hashlib.sha256()
-    for name, path in sources if sources is not None else _sources():
-        digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return f"{__version__}+{digest.hexdigest()[:12]}"
-
-
 def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -79,8 +57,8 @@ def _metadata(version: str) -> str:
 
 def build(dest_dir: Path) -> AgentWheel:
     """Build the agent wheel into `dest_dir` (reused when this code's wheel is already there)."""
-    sources = _sources()
-    version = agent_version(sources)
+    sources = code_files()
+    version = version_of(sources)
     path = Path(dest_dir) / f"aibro_backend-{version}-py3-none-any.whl"
     if not path.is_file():
         Path(dest_dir).mkdir(parents=True, exist_ok=True)
@@ -105,3 +83,14 @@ def build(dest_dir: Path) -> AgentWheel:
         os.replace(tmp, path)
     data = path.read_bytes()
     return AgentWheel(path, version, hashlib.sha256(data).hexdigest(), len(data))
+
+
+_served: dict[Path, AgentWheel] = {}
+
+
+def served(dest_dir: Path) -> AgentWheel:
+    """The wheel this process serves, built once into `dest_dir`."""
+    dest_dir = Path(dest_dir)
+    if dest_dir not in _served:
+        _served[dest_dir] = build(dest_dir)
+    return _served[dest_dir]

@@ -38,17 +38,20 @@ import hashlib
 import logging
 import os
 import re
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aibro_core.backoff import Backoff
 
-from . import aws_catalog
+from . import agentwheel, aws_catalog
 from . import base as provider_base
+from .agentwheel import AgentWheel
 from .aws_config import AwsConfig, resolve_ami
 
 log = logging.getLogger("aibro.aws")
@@ -125,8 +128,37 @@ def parse_expires(value: str | None) -> float | None:
         return None
 
 
+# run by the machine's own Python at first boot: the served agent, over the backend's TLS (its CA when given),
+# retried while the backend is out of reach, and kept only when its SHA-256 is the one the user data names
+AGENT_DOWNLOAD = """import hashlib, os, ssl, sys, time, urllib.request
+dest, want = sys.argv[1], sys.argv[2]
+url = os.environ["AIBRO_WORKER_URL"] + "/api/v1/worker/agent"
+ctx = ssl.create_default_context(cafile=os.environ.get("AIBRO_CA_BUNDLE") or None)
+ask = urllib.request.Request(url, headers={"Authorization": "Bearer " + os.environ["AIBRO_ENROLL_TOKEN"]})
+for attempt in range(40):
+    try:
+        data = urllib.request.urlopen(ask, timeout=120, context=ctx).read()
+        break
+    except OSError as exc:
+        print("aibro: downloading the agent from", url, "failed:", exc, file=sys.stderr)
+        time.sleep(min(30, 2 ** attempt))
+else:
+    sys.exit("aibro: the backend never served the agent")
+got = hashlib.sha256(data).hexdigest()
+if got != want:
+    sys.exit("aibro: the agent served has SHA-256 " + got + ", not " + want + ": not installed")
+with open(dest, "wb") as f:
+    f.write(data)
+"""
+
+
 def build_user_data(
-    config: AwsConfig, instance_id: str, enroll_token: str, spot: bool = False, ca_pem: str | None = None
+    config: AwsConfig,
+    instance_id: str,
+    enroll_token: str,
+    agent: AgentWheel,
+    spot: bool = False,
+    ca_pem: str | None = None,
 ) -> str:
     """The first-boot script: writes the worker's environment and a systemd unit that starts it on every boot.
 
@@ -134,6 +166,8 @@ def build_user_data(
     only what is harmless once used: the one-time enrollment token, which the agent exchanges for its own
     per-instance token (kept in AIBRO_WORKER_TOKEN_FILE, mode 0600, for the boots after a stop/start). `ca_pem`:
     the CA certificate(s) that verify the backend's HTTPS (public), written to /etc/aibro/ca.pem for the agent.
+    The agent is the wheel this backend serves (GET /worker/agent), installed only when its SHA-256 is `agent`'s;
+    its dependencies come from the image's Python when it has them (--system-site-packages), else from pip.
     """
     if not _INSTANCE_ID.match(instance_id):
         raise ValueError(f"instance id {instance_id!r} must be 1-40 letters, digits, '.', '_' or '-'")
@@ -165,9 +199,14 @@ mkdir -p /etc/aibro /var/lib/aibro/work /var/lib/aibro/envs
 cat > /etc/aibro/worker.env <<'AIBRO_ENV'
 {env}
 AIBRO_ENV
-{ca}if [ ! -x /opt/aibro/venv/bin/python ]; then
-  python3 -m venv --system-site-packages /opt/aibro/venv
-  /opt/aibro/venv/bin/pip install --quiet '{config.agent_pip_spec}'
+{ca}if [ "$(cat /opt/aibro/agent-version 2>/dev/null)" != "{agent.version}" ]; then
+  mkdir -p /opt/aibro
+  [ -x /opt/aibro/venv/bin/python ] || python3 -m venv --system-site-packages /opt/aibro/venv
+  set -a; . /etc/aibro/worker.env; set +a
+  /opt/aibro/venv/bin/python - /opt/aibro/{agent.filename} {agent.sha256} <<'AIBRO_GET'
+{AGENT_DOWNLOAD}AIBRO_GET
+  /opt/aibro/venv/bin/pip install --quiet --disable-pip-version-check /opt/aibro/{agent.filename}
+  echo "{agent.version}" > /opt/aibro/agent-version
 fi
 cat > /etc/systemd/system/aibro-worker.service <<'AIBRO_UNIT'
 [Unit]
@@ -272,11 +311,14 @@ class AwsProvider(provider_base.Provider):
         backoff_cap_s: float = 8.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
+        agent: AgentWheel | None = None,
     ) -> None:
+        """`agent`: the wheel the backend serves its machines (built from this code when not given)."""
         import boto3
         from botocore.config import Config
 
         self.config = config
+        self.agent = agent or agentwheel.served(Path(tempfile.gettempdir()) / f"aibro-agent-{os.getuid()}")
         self.session = session or boto3.Session(region_name=config.region)
         boto_config = Config(
             retries={"total_max_attempts": 1},
@@ -424,7 +466,7 @@ class AwsProvider(provider_base.Provider):
                 "the AWS provider needs a one-time enrollment token in env AIBRO_ENROLL_TOKEN (the long-lived "
                 "AIBRO_WORKER_TOKEN never goes into user data)"
             )
-        user_data = build_user_data(self.config, instance_id, token, spot=spot, ca_pem=_backend_ca())
+        user_data = build_user_data(self.config, instance_id, token, self.agent, spot=spot, ca_pem=_backend_ca())
         with self._lock:
             known = self._tracked.get(instance_id)
             if known is not None and known.state not in ("failed", "terminated"):

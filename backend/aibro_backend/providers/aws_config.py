@@ -18,7 +18,6 @@ generate. A flat table::
     # backend_id = "team-a"                 # optional: the aibro:backend tag value (default: the URL's host:port)
     # max_instance_hours = 12               # optional: an instance older than this is terminated (default 24)
     # max_instances_per_machine = 8         # optional: how many of one machine may run at once
-    # agent_pip_spec = "aibro-backend"      # optional: what the instance pip-installs when its AMI lacks the agent
     [tags]                                  # optional: added to every instance and volume
     team = "ml"
 
@@ -68,13 +67,11 @@ OPTIONAL = (
     "max_instances_per_machine",
     "backend_id",
     "instance_role_arn",
-    "agent_pip_spec",
 )
 DEFAULT_PREFIX = "aibro/"
 DEFAULT_MAX_HOURS = 24.0
 MAX_HOURS_CAP = 24.0 * 14
 DEFAULT_MAX_PER_MACHINE = 8
-DEFAULT_AGENT_SPEC = "aibro-backend"
 # aibro adds its own tags (aibro:* and Name); EC2 allows 50 per resource.
 MAX_USER_TAGS = 40
 
@@ -145,7 +142,6 @@ class AwsConfig(BaseModel):
     max_instances_per_machine: int = DEFAULT_MAX_PER_MACHINE
     backend_id: str = ""
     instance_role_arn: RoleArn | None = None
-    agent_pip_spec: Text = DEFAULT_AGENT_SPEC
 
     @field_validator("security_group_ids", mode="before")
     @classmethod
@@ -247,13 +243,6 @@ class AwsConfig(BaseModel):
             raise ValueError(f"'backend_id' {value!r} is not a valid tag value (letters, digits, + - = . _ : / @)")
         return value
 
-    @field_validator("agent_pip_spec")
-    @classmethod
-    def _agent(cls, agent: str) -> str:
-        if any(c in agent for c in "'\"\\`$\n;&|<>"):
-            raise ValueError(f"'agent_pip_spec' {agent!r} must be a plain pip requirement or URL (no quotes or shell)")
-        return agent
-
     @model_validator(mode="after")
     def _derived(self) -> AwsConfig:
         if not self.backend_id:  # the URL's host:port tags this backend's instances unless it is named
@@ -291,6 +280,8 @@ def validate(raw: Mapping[str, Any], source: str = "<config>") -> AwsConfig:
         raise AwsConfigError(source, ["the file must hold a table (key = value lines), not a list or a value"])
     given = {k: v for k, v in raw.items() if v not in (None, "", [], ())}  # an empty value is a missing one
     problems: list[str] = []
+    if given.pop("agent_pip_spec", None) is not None:
+        problems.append("'agent_pip_spec' is gone: the backend serves its own agent to its machines (drop the line)")
     if given.get("ami_id") and given.get("ami_ssm_parameter"):
         problems.append("give one of 'ami_id' and 'ami_ssm_parameter', not both")
     elif not given.get("ami_id") and not given.get("ami_ssm_parameter"):

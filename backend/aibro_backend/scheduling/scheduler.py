@@ -329,6 +329,25 @@ class Scheduler:
         self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} {why}; resuming from epoch {done}"})
         self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
 
+    def refuse_agent(self, inst: dict[str, Any], reported: str, expected: str) -> None:
+        """An agent of other code asked for a job: it never runs one. The machine closes with both versions in its
+        state, and the job goes on with the next machine in its list, or fails naming both versions."""
+        why = f"agent {reported} is not this backend's {expected}"
+        job = self.store.job(inst["job_id"]) if inst["job_id"] else None
+        self.store.set_instance_state(inst["id"], v.CLOSING, why, job_id=None)
+        log.warning("%s: %s; closing it", inst["id"], why)
+        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+            return
+        self.store.update_job(job["id"], instance_id=None, machine_id=None)
+        machine = inst["machine_id"]
+        message = f"{inst['id']} ({machine}) refused: {why}"
+        self.emit(job["id"], v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job["attempt"]})
+        left = [m for m in job["spec"]["machines"] if m not in self._passed_over(job)]
+        if left:
+            self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"trying {left[0]}")
+        else:
+            self.fail(job["id"], f"{message}: install this backend's agent there (GET /worker/agent serves it)")
+
     def spot_interrupted(self, job: dict[str, Any], inst: dict[str, Any], notice: str) -> None:
         """The worker of a spot machine stopped at a batch boundary because the cloud is reclaiming the machine
         (its finished epochs are checkpointed): the machine is terminated, and the job goes back to the queue to

@@ -25,7 +25,7 @@ from aibro_core.files import write_private
 from aibro_core.serveflags import add_serve_flags
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
-from ..providers import jobnet
+from ..providers import agentwheel, jobnet
 from ..providers.local import LocalProvider
 from ..providers.sandbox import SandboxRequired, require_confinement
 from ..scheduling.policy import Policy
@@ -35,6 +35,7 @@ from ..storage.bus import EventBus
 from ..storage.s3blobs import s3_backing
 from ..storage.store import Store
 from ..worker.joblimits import JobLimits
+from ..worker.version import agent_version
 from .accesslog import RedactingFormatter, log_request
 from .accounts import store_path
 from .guard import GuardedApplication
@@ -46,7 +47,7 @@ from .state import Backend
 log = logging.getLogger("aibro.backend")
 
 
-def load_aws_provider(config_path: str) -> Any:
+def load_aws_provider(config_path: str, home: Path) -> Any:
     """The AWS provider from the config file, validated and checked against the account (every problem named in
     one AwsConfigError) before the backend listens; boto3 uses its usual credential chain."""
     from ..providers.aws_config import AwsConfigError, load_aws_config
@@ -60,7 +61,7 @@ def load_aws_provider(config_path: str) -> Any:
     config = load_aws_config(config_path)
     session = boto3.Session(region_name=config.region)
     config = load_aws_config(config_path, session)
-    return AwsProvider(config, session)
+    return AwsProvider(config, session, agent=agentwheel.served(home / "state" / "agent"))
 
 
 RAY_FIX = (
@@ -90,6 +91,7 @@ CHECKPOINT_S = 1.0  # WAL checkpoints run this often, off the event loop (store.
 
 
 def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> Backend:
+    log.info("agent version %s (what its workers must run)", agent_version())  # of the code loaded now
     for d in (home, home / "state"):  # private whatever the umask was when an older version made them
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         d.chmod(0o700)
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         from ..providers.aws_config import AwsConfigError
 
         try:
-            extra["aws"] = load_aws_provider(args.aws_config)
+            extra["aws"] = load_aws_provider(args.aws_config, Path(args.home))
         except AwsConfigError as exc:
             print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)

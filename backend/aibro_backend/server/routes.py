@@ -43,6 +43,7 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "/instances/{instance_id}/terminate": user.TerminateHandler,
     "/openapi.json": OpenApiHandler,
     "/worker/enroll": worker.EnrollHandler,
+    "/worker/agent": transfer.AgentHandler,
     "/worker/assignment": worker.AssignmentHandler,
     "/worker/blobs/{sha256}": transfer.WorkerBlobHandler,
     "/worker/jobs/{job_id}/events": worker.WorkerEventsHandler,

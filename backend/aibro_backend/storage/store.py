@@ -607,6 +607,13 @@ class Store:
             return None, "unknown or already used enrollment token"
         return self.instance(row["id"]), token
 
+    def instance_for_enroll(self, enroll_token: str) -> dict[str, Any] | None:
+        """The live instance whose enrollment token this is, unused and unexpired (the token is not burnt)."""
+        row = self.db.execute("SELECT * FROM instances WHERE enroll_hash=?", (hash_token(enroll_token),)).fetchone()
+        if row is None or (row["enroll_expires"] or 0) <= time.time() or row["status"] in (v.CLOSING, v.CLOSED):
+            return None
+        return _instance_row(row)
+
     def instance(self, instance_id: str, user_id: int | None = None) -> dict[str, Any] | None:
         if user_id is None:
             row = self.db.execute("SELECT * FROM instances WHERE id=?", (instance_id,)).fetchone()

@@ -29,7 +29,7 @@ from aibro_core.files import write_private
 from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
-from . import heap, netbridge
+from . import heap, netbridge, version
 from .joblimits import JobLimits, MemoryWatch
 from .jobprocs import become_subreaper, end_job_processes
 from .outbox import Outbox
@@ -68,6 +68,7 @@ class Worker:
 
     def __init__(self, url: str, token: str, instance_id: str, workdir: Path, limits: JobLimits | None = None) -> None:
         self.t = Transport(url, token, timeout=60)
+        self.t.session.headers[version.HEADER] = version.agent_version()  # a job runs only on the backend's own code
         self.limits = limits or JobLimits()
         self.instance_id = instance_id
         self.workdir = workdir
@@ -520,6 +521,7 @@ def worker_token(url: str, env: dict[str, str] | os._Environ, workdir: Path) -> 
     if not enroll:
         raise SystemExit("no worker token: set AIBRO_WORKER_TOKEN, or AIBRO_ENROLL_TOKEN to enroll")
     t = Transport(url, enroll, timeout=60)
+    t.session.headers[version.HEADER] = version.agent_version()
     answer = retrying(lambda: t.json("POST", "/worker/enroll", json={}), "enroll")
     write_private(token_file, answer["token"])
     log.info("enrolled as %s; token kept in %s", answer["instance_id"], token_file)
@@ -529,6 +531,7 @@ def worker_token(url: str, env: dict[str, str] | os._Environ, workdir: Path) -> 
 def main() -> None:
     os.umask(0o077)  # what the job writes here (logs, checkpoints, caches) is private, however this was started
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log.info("agent %s", version.agent_version())  # of the code this process loaded
     url = os.environ["AIBRO_WORKER_URL"]
     instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")
     workdir = Path(os.environ.get("AIBRO_WORKER_DIR") or tempfile.mkdtemp(prefix="aibro-worker-"))

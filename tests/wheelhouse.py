@@ -1,0 +1,76 @@
+"""A wheelhouse made from what this test environment has installed, so an install into a fresh venv needs no
+package index: each installed distribution is packed back into a wheel (its files, as its RECORD lists them)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+LEFT_OUT = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
+
+
+def closure(requirements: list[str]) -> list[metadata.Distribution]:
+    """The installed distributions that `requirements` need, transitively (markers evaluated here, no extras)."""
+    found: dict[str, metadata.Distribution] = {}
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in found:
+            continue
+        dist = metadata.distribution(req.name)
+        found[name] = dist
+        for raw in dist.requires or []:
+            sub = Requirement(raw)
+            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
+                todo.append(sub)
+    return sorted(found.values(), key=lambda d: canonicalize_name(d.metadata["Name"]))
+
+
+def _hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def repack(dist: metadata.Distribution, dest: Path) -> Path:
+    """Pack an installed distribution back into a wheel in `dest` (files outside site-packages, such as console
+    scripts that pip writes again from entry_points.txt, are left out)."""
+    name = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower()
+    info = next(f for f in dist.files or [] if f.name == "METADATA").parent.as_posix()
+    wheel_meta = Path(str(dist.locate_file(f"{info}/WHEEL"))).read_text()
+    tags = [line.split(":", 1)[1].strip().split("-") for line in wheel_meta.splitlines() if line.startswith("Tag:")]
+    tag = "-".join(".".join(sorted({t[i] for t in tags})) for i in range(3))  # py2-none-any, py3-... -> py2.py3-...
+    out = dest / f"{name}-{dist.version}-{tag}.whl"
+    if out.exists():
+        return out
+    record = []
+    tmp = out.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
+        for rel in sorted(dist.files or [], key=str):
+            arc = rel.as_posix()
+            if arc.startswith("..") or "__pycache__" in arc or (arc.startswith(info) and rel.name in LEFT_OUT):
+                continue
+            path = Path(str(dist.locate_file(rel)))
+            if not path.is_file():
+                continue
+            zf.write(path, arc)
+            record.append(f"{arc},{_hash(path)},{path.stat().st_size}")
+        record.append(f"{info}/RECORD,,")
+        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    tmp.rename(out)
+    return out
+
+
+def build(requirements: list[str], dest: Path) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    return [repack(d, dest) for d in closure(requirements)]
