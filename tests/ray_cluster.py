@@ -79,7 +79,9 @@ class RayCluster:
             "AIBRO_TOKEN": SECRET,
         }
 
-    def _start(self, name: str, make_args: Callable[[], list[str]], attempts: int = 2) -> None:
+    def _start(
+        self, name: str, make_args: Callable[[], list[str]], attempts: int = 2, bin_dir: Path | None = None
+    ) -> None:
         """`ray start` for one node, with fresh ports and a fresh temp dir on a second try: on a loaded host a
         port picked free can be taken before Ray binds it, and the node then never registers."""
         t0 = time.monotonic()
@@ -87,10 +89,14 @@ class RayCluster:
             logf = Path(self.tmp) / f"{name}-{attempt}.log"
             tmp = Path(self.tmp) / name  # a temp dir per node: nodes started at once would race for socket names
             tmp.mkdir()
-            cmd = ["ray", "start", "--disable-usage-stats", "--temp-dir", str(tmp), "--include-log-monitor=false"]
+            ray = str(bin_dir / "ray") if bin_dir else "ray"
+            cmd = [ray, "start", "--disable-usage-stats", "--temp-dir", str(tmp), "--include-log-monitor=false"]
+            env = self.env
+            if bin_dir is not None:  # a node whose Python is another venv's: its raylet and workers run that one
+                env = {**env, "PATH": f"{bin_dir}:{env.get('PATH', '')}", "VIRTUAL_ENV": str(bin_dir.parent)}
             with open(logf, "wb") as out:
                 proc = subprocess.Popen(
-                    [*cmd, *make_args()], stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                    [*cmd, *make_args()], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
                 )
             self.sessions[name] = proc.pid
             try:
@@ -137,7 +143,11 @@ class RayCluster:
         self.client_address = f"ray://127.0.0.1:{ports[1]}"
         self.address = (Path(self.tmp) / "head" / "ray_current_cluster").read_text().strip()
 
-    def node(self, name: str, gpus: int = 0, resources: dict[str, float] | None = None) -> None:
+    def node(
+        self, name: str, gpus: int = 0, resources: dict[str, float] | None = None, bin_dir: Path | None = None
+    ) -> None:
+        """`bin_dir`: the venv whose `ray start` (and so whose Python) runs this node; the test's own by default."""
+
         def args() -> list[str]:
             flags, _ = node_ports()
             flags += ["--address", self.address, "--num-cpus", "1"]
@@ -146,7 +156,7 @@ class RayCluster:
                 flags += ["--num-gpus", str(gpus)]  # Ray takes the count as given: a GPU node without a GPU
             return flags
 
-        self._start(name, args)
+        self._start(name, args, bin_dir=bin_dir)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill a node's `ray start` process group (raylet, agents; its workers notice and exit)."""

@@ -17,20 +17,23 @@ LEFT_OUT = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
 
 
 def closure(requirements: list[str]) -> list[metadata.Distribution]:
-    """The installed distributions that `requirements` need, transitively (markers evaluated here, no extras)."""
+    """The installed distributions that `requirements` need, transitively (markers evaluated here, extras named
+    in a requirement followed)."""
     found: dict[str, metadata.Distribution] = {}
+    done: set[tuple[str, str]] = set()
     todo = [Requirement(r) for r in requirements]
     while todo:
         req = todo.pop()
         name = canonicalize_name(req.name)
-        if name in found:
-            continue
-        dist = metadata.distribution(req.name)
-        found[name] = dist
-        for raw in dist.requires or []:
-            sub = Requirement(raw)
-            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
-                todo.append(sub)
+        dist = found.setdefault(name, metadata.distribution(req.name))
+        for extra in ("", *sorted(req.extras)):
+            if (name, extra) in done:
+                continue
+            done.add((name, extra))
+            for raw in dist.requires or []:
+                sub = Requirement(raw)
+                if sub.marker is None or sub.marker.evaluate({"extra": extra}):
+                    todo.append(sub)
     return sorted(found.values(), key=lambda d: canonicalize_name(d.metadata["Name"]))
 
 

@@ -1,7 +1,8 @@
 """On a Ray node: the detached actor that holds an instance's reservation and runs the worker agent as its child.
 
 Plain class: the bridge (providers/ray_bridge.py) wraps it with `ray.remote`, so importing it never needs Ray;
-every node imports it from its own `aibro-backend` install. See providers/ray.py for why an actor."""
+every node imports it from the code the bridge ships in the job's runtime_env (no aibro install on the nodes).
+See ARCHITECTURE.md ("The Ray provider") for why an actor."""
 
 from __future__ import annotations
 
@@ -50,12 +51,13 @@ class InstanceActor:
 
     def _command(self) -> tuple[list[str], dict[str, str], Path, str]:
         from .local import worker_env, worker_python
-        from .sandbox import Sandbox
+        from .sandbox import Sandbox, agent_argv
 
         spec = self._spec
         python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
-        argv = list(spec.get("argv") or [python, "-I", "-m", "aibro_backend.worker"])
-        box = Sandbox.choose(python, spec.get("sandbox") or "auto")
+        roots = shipped_code_roots()
+        argv = list(spec.get("argv") or agent_argv(python, roots))
+        box = Sandbox.choose(python, spec.get("sandbox") or "auto", roots)
         root = Path(spec.get("worker_root") or os.path.join(tempfile.gettempdir(), "aibro-ray"))
         if root.is_symlink() or (root.exists() and root.stat().st_uid != os.geteuid()):
             raise RuntimeError(f"{root} is not a folder of this node's Ray user: remove it, or set another worker_root")
@@ -134,3 +136,12 @@ class InstanceActor:
             if self._done.wait(wait):
                 break
         return self._code
+
+
+def shipped_code_roots() -> list[str]:
+    """The folders this actor's aibro_backend and aibro_core come from: the backend's own code, which the bridge
+    ships in the job's runtime_env (py_modules), so the agent runs it whatever the node's Python has installed."""
+    import aibro_backend
+    import aibro_core
+
+    return list(dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (aibro_backend, aibro_core)))

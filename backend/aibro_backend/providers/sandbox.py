@@ -58,12 +58,24 @@ def require_confinement(kind: str, users: int, mode: str) -> str | None:
 
 
 _PROBE = (
-    "import json, os, sys, aibro_backend, aibro_core\n"
+    "import json, os, sys\n"
+    "sys.path[0:0] = sys.argv[1:]\n"
+    "import aibro_backend, aibro_core\n"
     "paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}\n"
     "paths |= {os.path.dirname(os.path.realpath(os.path.dirname(sys.executable)))}\n"
     "pkgs = [os.path.dirname(m.__file__) for m in (aibro_backend, aibro_core)]\n"
     "print(json.dumps({'paths': sorted(p for p in paths if p), 'packages': pkgs}))\n"
 )
+# the agent from code shipped beside the interpreter rather than installed in it (a Ray node's runtime_env): the
+# folders holding aibro_backend and aibro_core go first on sys.path, and -I still keeps PYTHONPATH and user sites out
+_BOOT = "import runpy, sys; sys.path[0:0] = sys.argv[1:]; del sys.argv[1:]; runpy.run_module({!r}, run_name='__main__')"
+
+
+def agent_argv(python: str, code_roots: list[str] | None = None, module: str = "aibro_backend.worker") -> list[str]:
+    """The command that runs `module` of the agent: installed in `python`, or from `code_roots`."""
+    if not code_roots:
+        return [python, "-I", "-m", module]
+    return [python, "-I", "-c", _BOOT.format(module), *code_roots]
 
 
 @dataclass
@@ -75,9 +87,11 @@ class Sandbox:
     readonly: list[str] = field(default_factory=list)
     drop_uid: bool = False
     uid_base: int = UID_BASE
+    code_roots: list[str] = field(default_factory=list)
 
     @classmethod
-    def choose(cls, python: str, mode: str | None = None) -> Sandbox:
+    def choose(cls, python: str, mode: str | None = None, code_roots: list[str] | None = None) -> Sandbox:
+        """`code_roots`: where the agent's code is when `python` does not have it installed (see agent_argv)."""
         mode = (mode or os.environ.get("AIBRO_SANDBOX") or "auto").lower()
         if mode not in ("auto", "bwrap", "none"):
             raise ValueError(f"AIBRO_SANDBOX={mode!r}: use auto, bwrap or none")
@@ -89,8 +103,9 @@ class Sandbox:
                 raise ValueError("AIBRO_SANDBOX=bwrap but bwrap is not installed: apt-get install bubblewrap")
             return cls("none", python)
         try:
-            readonly = _worker_paths(python)
+            readonly = _worker_paths(python, code_roots or [])
             box = cls("bwrap", python, readonly, drop_uid=os.geteuid() == 0, uid_base=uid_base)
+            box.code_roots = list(code_roots or [])
             box._selftest()
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if mode == "bwrap":
@@ -151,7 +166,7 @@ class Sandbox:
         uid = self.uid_for(0)
         self.prepare(probe, uid)
         try:
-            argv = [self.python, "-I", "-c", "import aibro_backend.worker.usercode"]
+            argv = agent_argv(self.python, self.code_roots, "aibro_backend.worker.usercode")
             done = subprocess.run(
                 self.command(argv, probe, [], uid),
                 capture_output=True,
@@ -165,10 +180,10 @@ class Sandbox:
             shutil.rmtree(probe, ignore_errors=True)
 
 
-def _worker_paths(python: str) -> list[str]:
+def _worker_paths(python: str, code_roots: list[str]) -> list[str]:
     """What the worker's interpreter needs to see: its installation and the aibro worker packages, nothing more
     (an editable install's source folder is bound package by package, never the folder around it)."""
-    done = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([python, "-I", "-c", _PROBE, *code_roots], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         raise ValueError(f"cannot inspect {python}: {done.stderr.strip()[-300:]}")
     found = json.loads(done.stdout)
