@@ -7,7 +7,12 @@ per substatus, from its timeline:
   stopped  - a job after the instance's cool-down ended and it was STOPPED (start_instances, agent returns).
 Printed side by side (median over rounds), with the parts only a real AWS account can give.
 
-Run: `python benchmarks/bench_aws_gearup.py [--rounds N] [--keep]`. Needs moto[server]. See benchmarks/README.md.
+With `--first-boot`, a new launch is also timed as a bare machine really boots (tests/firstboot.py: the user data
+run as root in bubblewrap with the system's Python and no aibro, pip from a local wheelhouse): power-on to the
+agent installed, to enrolled, to the job trained, beside the played launch (a warm Python: the ceiling).
+
+Run: `python benchmarks/bench_aws_gearup.py [--rounds N] [--first-boot] [--keep]`. Needs moto[server] (and
+bubblewrap and root for --first-boot). See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -115,10 +120,70 @@ def table(rounds: list[dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def first_boot(root: Path, aws_env: dict[str, str], x: Any, y: Any) -> list[str]:
+    """One new launch on a bare machine (tests/firstboot.py), timed from power-on; returns the table's lines."""
+    import base64
+    from urllib.parse import urlsplit
+
+    import boto3
+    import firstboot
+    import wheelhouse
+    from aws_moto import REGION
+
+    from aibro_backend.providers import shipping
+
+    why = firstboot.usable()
+    if why:
+        return [f"first boot not measured: {why}"]
+    t0 = time.monotonic()
+    wheelhouse.build(list(shipping.AGENT_REQUIRES), root / "wheels")
+    packed = time.monotonic() - t0
+    public = "http://backend.aibro.test:8888"
+    config = write_config(root / "boot.toml", make_account(), backend_public_url=public)
+    backend_id = load_aws_config(config).backend_id
+    with own_backend(root / "boot-home", "--provider", "aws", "--aws-config", str(config), **aws_env) as b:
+        tr = Training(b.client())
+        job = tr.submit(model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, batch_size=64)
+        ec2 = boto3.Session(region_name=REGION).client("ec2")
+        user_data = ""
+        while not user_data:
+            pages = ec2.describe_instances(Filters=[{"Name": "tag:aibro:backend", "Values": [backend_id]}])
+            for inst in (i for r in pages["Reservations"] for i in r["Instances"]):
+                raw = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
+                user_data = base64.b64decode(raw["UserData"]["Value"]).decode()
+            time.sleep(0.2)
+        s3 = int(urlsplit(aws_env["AWS_ENDPOINT_URL"]).port or 0)
+        routes = {8888: int(urlsplit(b.url).port or 0), s3: s3}
+        machine = firstboot.Machine(root / "machine", root / "wheels", ["backend.aibro.test"], routes)
+        try:
+            on = time.time()
+            machine.boot(user_data)
+            view = tr.watch(job["job_id"])
+            trained = time.time() - on
+            installed = (machine.disk["/opt/aibro"] / "agent-version").stat().st_mtime - on
+            enrolled = next((ln for ln in machine.log("aibro-worker.log").splitlines() if "enrolled as" in ln), "")[:23]
+            enrolled_s = time.mktime(time.strptime(enrolled[:19], "%Y-%m-%d %H:%M:%S")) + float(enrolled[20:23]) / 1000
+            spent = per_substatus(tr.client.job(job["job_id"])["timeline"])
+        finally:
+            machine.close()
+    if view.status != v.COMPLETED:
+        return [f"first boot: the job ended {view.status}: {view.errors}"]
+    return [
+        "| first boot of a bare machine (s from power-on) | seconds |",
+        "|---|---:|",
+        f"| agent downloaded, checked and installed (with TensorFlow from the wheelhouse) | {installed:.1f} |",
+        f"| enrolled | {enrolled_s - on:.1f} |",
+        f"| job trained (1 epoch) | {trained:.1f} |",
+        f"| of which GEARING UP ENV (job timeline) | {spent.get(v.GEARING_UP_ENV, 0.0):.2f} |",
+        f"(the wheelhouse, {packed:.0f} s to pack, stands in for the image's package mirror)",
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help=f"rounds of new/cooling/stopped (at most {len(TYPES)})")
     ap.add_argument("--keep", action="store_true", help="keep the working directory (backend and agent logs)")
+    ap.add_argument("--first-boot", action="store_true", help="also time a bare machine's real first boot")
     args = ap.parse_args()
     rounds_n = max(1, min(args.rounds, len(TYPES)))
     root = Path(tempfile.mkdtemp(prefix="aibro-bench-aws-"))
@@ -135,8 +200,12 @@ def main() -> None:
                     for machine in TYPES[:rounds_n]:
                         rounds.append(round_trip(tr, machine, x, y))
                         print(f"round on {machine}: done", flush=True)
+            boot = first_boot(root, aws_env, x, y) if args.first_boot else []
         print()
         print(table(rounds))
+        if boot:
+            print()
+            print("\n".join(boot))
         print()
         print(REAL_ONLY)
     finally:

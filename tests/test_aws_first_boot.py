@@ -19,7 +19,7 @@ import wheelhouse
 from aws_moto import REGION, make_account, moto_server, write_config
 from backend_proc import own_backend
 
-from aibro_backend.providers import agentwheel
+from aibro_backend.providers import shipping
 from aibro_backend.providers.aws_config import load_aws_config
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
@@ -36,7 +36,7 @@ PUBLIC = "http://backend.aibro.test:8888"  # a name the machine resolves to its 
 def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("first-boot")
     wheels = root / "wheels"
-    wheelhouse.build(list(agentwheel.AGENT_REQUIRES), wheels)
+    wheelhouse.build(list(shipping.AGENT_REQUIRES), wheels)
     with moto_server() as env:
         account = make_account()
         config = write_config(root / "aws.toml", account, backend_public_url=PUBLIC)
@@ -86,7 +86,7 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
         make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=2, batch_size=32, cool_down_period_s=900
     )
     ec2_id, user_data = _running_instance(cloud["backend_id"])
-    served = agentwheel.served(b.home / "state" / "agent")
+    served = shipping.served(b.home / "state" / "agent")
     assert served.sha256 in user_data and "pip install --quiet --disable-pip-version-check /opt/aibro/" in user_data
     installs = [line for line in user_data.splitlines() if "pip install" in line]
     assert installs and all(line.endswith(f"/opt/aibro/{served.filename}") for line in installs), installs

@@ -745,10 +745,10 @@ def test_config_type_is_frozen(account: dict[str, Any]) -> None:
 def test_user_data_installs_the_agent_the_backend_serves_by_its_hash(account: dict[str, Any], tmp_path: Path) -> None:
     """Issue 26: never `pip install aibro-backend` (a name nobody publishes, that anyone could take): the machine
     downloads the backend's own wheel, keeps it only if its SHA-256 is the one named here, and installs that file."""
-    from aibro_backend.providers import agentwheel
+    from aibro_backend.providers import shipping
     from aibro_backend.providers.aws import build_user_data
 
-    agent = agentwheel.build(tmp_path)
+    agent = shipping.build(tmp_path)
     script = build_user_data(validate(raw_config(account)), "inst-1", "aibro_e_" + "x" * 32, agent)
     assert agent.sha256 in script and f'!= "{agent.version}"' in script
     assert f"pip install --quiet --disable-pip-version-check /opt/aibro/{agent.filename}" in script

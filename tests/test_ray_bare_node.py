@@ -17,7 +17,7 @@ import wheelhouse
 from backend_proc import OwnBackend, own_backend
 from ray_cluster import POOL, RayCluster, ray_available
 
-from aibro_backend.providers import agentwheel
+from aibro_backend.providers import shipping
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(1800)
 def bare_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with Ray and TensorFlow and no aibro, installed from a wheelhouse packed from this environment."""
     root = tmp_path_factory.mktemp("bare-node")
-    need = ["ray[default]", *agentwheel.AGENT_REQUIRES]
+    need = ["ray[default]", *shipping.AGENT_REQUIRES]
     wheelhouse.build(need, root / "wheels")
     venv = root / "venv"
     env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_USER")}

@@ -172,7 +172,7 @@ def test_the_server_extension_proxy_verifies_with_the_ca_bundle(
 
 
 def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict, tmp_path: Path) -> None:
-    from aibro_backend.providers import agentwheel
+    from aibro_backend.providers import shipping
     from aibro_backend.providers.aws import (
         USER_DATA_LIMIT,
         build_user_data,
@@ -182,7 +182,7 @@ def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict
     from aibro_backend.providers.aws_config import AwsConfig
 
     pem = https_backend["pem"]["ca"].read_text()
-    agent = agentwheel.served(tmp_path / "agent")
+    agent = shipping.served(tmp_path / "agent")
     cfg = AwsConfig.model_construct(
         region="us-east-1",
         subnet_id="subnet-1",

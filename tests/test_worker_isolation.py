@@ -2,7 +2,7 @@
 
 Every local worker runs `python -I -m aibro_backend.worker` in a fresh private directory with an environment built
 from an allow-list: no PYTHONPATH, none of the backend's state or credentials. The agent is its own distribution:
-the wheel the backend builds of itself (providers/agentwheel.py), installed into a fresh venv with only what it
+the wheel the backend builds of itself (providers/shipping.py), installed into a fresh venv with only what it
 declares and no package index (tests/wheelhouse.py), holds none of the notebook stack, and a backend whose
 AIBRO_WORKER_PYTHON names that venv trains a real job there.
 """
@@ -22,7 +22,7 @@ import pytest
 import wheelhouse
 from backend_proc import own_backend
 
-from aibro_backend.providers import agentwheel
+from aibro_backend.providers import shipping
 from aibro_backend.providers.local import FROM_SCHEDULER, INHERITED, pid_alive
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
@@ -110,9 +110,9 @@ def agent_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv (no system site packages) holding the agent wheel the backend builds of itself and only what
     that wheel declares, installed with no package index: from a wheelhouse packed from this environment."""
     root = tmp_path_factory.mktemp("agent-venv")
-    agent = agentwheel.build(root / "agent")
+    agent = shipping.build(root / "agent")
     start = time.monotonic()
-    wheelhouse.build(list(agentwheel.AGENT_REQUIRES), root / "wheels")
+    wheelhouse.build(list(shipping.AGENT_REQUIRES), root / "wheels")
     packed = time.monotonic() - start
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_pip_env())

@@ -24,7 +24,7 @@ from tornado.iostream import StreamClosedError
 
 from aibro_core import vocabulary as v
 
-from ..providers import agentwheel
+from ..providers import shipping
 from ..server.limits import limits_of
 from ..server.state import Backend
 from ..storage.blobs import (
@@ -359,7 +359,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
 
 
 class AgentHandler(BaseHandler):
-    """The agent wheel (providers/agentwheel.py) to a machine this backend started: its enrollment token, unused
+    """The agent wheel (providers/shipping.py) to a machine this backend started: its enrollment token, unused
     and unexpired, or its worker token. The machine checks the SHA-256 its user data names before installing."""
 
     async def get(self) -> None:
@@ -367,7 +367,7 @@ class AgentHandler(BaseHandler):
         store = self.backend.store
         if token is None or (store.instance_for_enroll(token) is None and store.instance_for_token(token) is None):
             raise ApiError(401, "the agent is served to this backend's machines: send their enrollment or worker token")
-        wheel = agentwheel.served(self.backend.home / "state" / "agent")
+        wheel = shipping.served(self.backend.home / "state" / "agent")
         self.set_header("X-Agent-Version", wheel.version)
         self.set_header("X-Agent-Sha256", wheel.sha256)
         self.set_header("Content-Disposition", f'attachment; filename="{wheel.filename}"')

@@ -49,10 +49,10 @@ from typing import Any
 
 from aibro_core.backoff import Backoff
 
-from . import agentwheel, aws_catalog
+from . import aws_catalog, shipping
 from . import base as provider_base
-from .agentwheel import AgentWheel
 from .aws_config import AwsConfig, resolve_ami
+from .shipping import AgentWheel
 
 log = logging.getLogger("aibro.aws")
 
@@ -318,7 +318,7 @@ class AwsProvider(provider_base.Provider):
         from botocore.config import Config
 
         self.config = config
-        self.agent = agent or agentwheel.served(Path(tempfile.gettempdir()) / f"aibro-agent-{os.getuid()}")
+        self.agent = agent or shipping.served(Path(tempfile.gettempdir()) / f"aibro-agent-{os.getuid()}")
         self.session = session or boto3.Session(region_name=config.region)
         boto_config = Config(
             retries={"total_max_attempts": 1},

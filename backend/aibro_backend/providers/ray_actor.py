@@ -51,11 +51,12 @@ class InstanceActor:
 
     def _command(self) -> tuple[list[str], dict[str, str], Path, str]:
         from .local import worker_env, worker_python
-        from .sandbox import Sandbox, agent_argv
+        from .sandbox import Sandbox
+        from .shipping import agent_argv, code_roots
 
         spec = self._spec
         python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
-        roots = shipped_code_roots()
+        roots = code_roots()
         argv = list(spec.get("argv") or agent_argv(python, roots))
         box = Sandbox.choose(python, spec.get("sandbox") or "auto", roots)
         root = Path(spec.get("worker_root") or os.path.join(tempfile.gettempdir(), "aibro-ray"))
@@ -136,12 +137,3 @@ class InstanceActor:
             if self._done.wait(wait):
                 break
         return self._code
-
-
-def shipped_code_roots() -> list[str]:
-    """The folders this actor's aibro_backend and aibro_core come from: the backend's own code, which the bridge
-    ships in the job's runtime_env (py_modules), so the agent runs it whatever the node's Python has installed."""
-    import aibro_backend
-    import aibro_core
-
-    return list(dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (aibro_backend, aibro_core)))

@@ -15,9 +15,9 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from . import shipping
 from .ray_actor import InstanceActor
 
 log = logging.getLogger("aibro.ray")
@@ -139,7 +139,7 @@ class _Bridge:
                     namespace=self.cfg["namespace"],
                     logging_level=logging.WARNING,
                     log_to_driver=False,
-                    runtime_env=shipped_runtime_env(),
+                    runtime_env=shipping.ray_runtime_env(),
                 )
             except Exception as exc:  # noqa: BLE001 - the message goes to the backend
                 self.lost(f"cannot connect to the Ray cluster at {self.address}: {type(exc).__name__}: {exc}")
@@ -413,13 +413,3 @@ def bridge_main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s ray-bridge %(levelname)s %(message)s")
     out = os.fdopen(int(cfg["fd"]), "w", buffering=1)
     _Bridge(cfg, out).run()
-
-
-def shipped_runtime_env() -> dict[str, Any]:
-    """The backend ships its own agent to every node: its two packages as py_modules (content-hashed, uploaded
-    once, on the path of this job's actors), so a node needs Ray and TensorFlow, not aibro."""
-    import aibro_backend
-    import aibro_core
-
-    modules = [str(Path(m.__file__).resolve().parent) for m in (aibro_backend, aibro_core)]
-    return {"py_modules": modules, "excludes": ["__pycache__", "*.pyc"]}

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import jobnet
+from .shipping import agent_argv
 
 log = logging.getLogger("aibro.sandbox")
 
@@ -66,16 +67,6 @@ _PROBE = (
     "pkgs = [os.path.dirname(m.__file__) for m in (aibro_backend, aibro_core)]\n"
     "print(json.dumps({'paths': sorted(p for p in paths if p), 'packages': pkgs}))\n"
 )
-# the agent from code shipped beside the interpreter rather than installed in it (a Ray node's runtime_env): the
-# folders holding aibro_backend and aibro_core go first on sys.path, and -I still keeps PYTHONPATH and user sites out
-_BOOT = "import runpy, sys; sys.path[0:0] = sys.argv[1:]; del sys.argv[1:]; runpy.run_module({!r}, run_name='__main__')"
-
-
-def agent_argv(python: str, code_roots: list[str] | None = None, module: str = "aibro_backend.worker") -> list[str]:
-    """The command that runs `module` of the agent: installed in `python`, or from `code_roots`."""
-    if not code_roots:
-        return [python, "-I", "-m", module]
-    return [python, "-I", "-c", _BOOT.format(module), *code_roots]
 
 
 @dataclass

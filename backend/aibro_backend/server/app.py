@@ -25,7 +25,7 @@ from aibro_core.files import write_private
 from aibro_core.serveflags import add_serve_flags
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
-from ..providers import agentwheel, jobnet
+from ..providers import jobnet, shipping
 from ..providers.local import LocalProvider
 from ..providers.sandbox import SandboxRequired, require_confinement
 from ..scheduling.policy import Policy
@@ -61,7 +61,7 @@ def load_aws_provider(config_path: str, home: Path) -> Any:
     config = load_aws_config(config_path)
     session = boto3.Session(region_name=config.region)
     config = load_aws_config(config_path, session)
-    return AwsProvider(config, session, agent=agentwheel.served(home / "state" / "agent"))
+    return AwsProvider(config, session, agent=shipping.served(home / "state" / "agent"))
 
 
 RAY_FIX = (

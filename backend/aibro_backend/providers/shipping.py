@@ -1,5 +1,7 @@
-"""The worker agent as a wheel the backend builds from its own code: what a bare machine installs (checked against
-its SHA-256), never a name from a package registry.
+"""How the worker agent reaches a machine, in one place. The local provider runs it from the backend's own Python
+(`agent_argv` without code roots); a cloud machine downloads the wheel built here (`served`, GET /worker/agent,
+checked against the SHA-256 its user data names), never a name from a package registry; a Ray node gets the
+backend's packages in the job's runtime_env (`ray_runtime_env`) and runs them from there (`code_roots`).
 
 The wheel holds `aibro_backend` and `aibro_core` exactly as this backend runs them, and declares the agent's
 third-party needs (AGENT_REQUIRES, which pip takes from the machine's image when present). Its version is the
@@ -16,6 +18,10 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import aibro_backend
+import aibro_core
 
 from ..worker.version import code_files, version_of
 
@@ -94,3 +100,27 @@ def served(dest_dir: Path) -> AgentWheel:
     if dest_dir not in _served:
         _served[dest_dir] = build(dest_dir)
     return _served[dest_dir]
+
+
+def ray_runtime_env() -> dict[str, Any]:
+    """The runtime_env of the Ray bridge's job: the backend's two packages as py_modules (content-hashed, uploaded
+    once, on the path of this job's actors), so a node needs Ray and TensorFlow, not aibro."""
+    modules = [str(Path(m.__file__).resolve().parent) for m in (aibro_backend, aibro_core)]
+    return {"py_modules": modules, "excludes": ["__pycache__", "*.pyc"]}
+
+
+def code_roots() -> list[str]:
+    """The folders this process's aibro_backend and aibro_core come from (on a Ray node: the shipped code)."""
+    return list(dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (aibro_backend, aibro_core)))
+
+
+# the agent from code beside the interpreter rather than installed in it: the folders holding aibro_backend and
+# aibro_core go first on sys.path, and -I still keeps PYTHONPATH and user site-packages out
+_BOOT = "import runpy, sys; sys.path[0:0] = sys.argv[1:]; del sys.argv[1:]; runpy.run_module({!r}, run_name='__main__')"
+
+
+def agent_argv(python: str, roots: list[str] | None = None, module: str = "aibro_backend.worker") -> list[str]:
+    """The command that runs `module` of the agent: installed in `python`, or from `roots` (code_roots)."""
+    if not roots:
+        return [python, "-I", "-m", module]
+    return [python, "-I", "-c", _BOOT.format(module), *roots]
