@@ -14,11 +14,12 @@ from aibro_backend.providers.aws import AwsProvider
 from aibro_backend.providers.base import Provider
 from aibro_backend.providers.local import LocalProvider
 from aibro_backend.providers.ray import RayProvider
+from aibro_backend.providers.ssh import SshProvider
 
 pytestmark = pytest.mark.fast
 BACKEND = Path(__file__).resolve().parents[1] / "backend" / "aibro_backend"
 CALLERS = [BACKEND / "scheduling" / "scheduler.py", BACKEND / "server" / "app.py", BACKEND / "api" / "user.py"]
-PROVIDERS = [LocalProvider, AwsProvider, RayProvider]
+PROVIDERS = [LocalProvider, AwsProvider, RayProvider, SshProvider]
 
 
 def _is_provider(node: ast.AST) -> bool:
@@ -50,8 +51,9 @@ def test_every_operation_used_is_declared_with_a_docstring() -> None:
                 used.add(node.attr)
     used -= {"values", "items", "get"}  # the dict of providers itself
     assert {"launch", "alive", "terminate", "reap", "adopt", "reconcile", "poll", "can_stop"} <= used, used
-    # asked of one concrete provider where app.py holds it as its own type: the local one (by name), Ray's at load
-    local_only = {"prime", "net_dir", "sandbox", "wait_ready"}
+    # asked of one concrete provider where app.py holds it as its own type: the local one (by name), Ray's and
+    # SSH's at load (wait_ready, check)
+    local_only = {"prime", "net_dir", "sandbox", "wait_ready", "check"}
     undeclared = sorted(name for name in used - local_only if not hasattr(Provider, name))
     assert not undeclared, f"used on providers but not declared in providers/base.py: {undeclared}"
     for name in used - local_only:

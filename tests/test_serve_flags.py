@@ -17,6 +17,7 @@ GIVEN = [
     *("--host", "0.0.0.0", "--port", "8765", "--certfile", "c.pem", "--keyfile", "k.pem", "--ca-bundle", "ca.pem"),
     *("--provider", "aws", "--provider", "ray", "--aws-config", "aws.toml", "--ray-address", "10.0.0.1:6379"),
     *("--ray-worker-url", "http://10.0.0.2:8765", "--ray-node-resource", "team-a", "--sandbox", "none"),
+    *("--provider", "ssh", "--ssh-hosts", "hosts.toml", "--ssh-worker-url", "http://10.0.0.2:8765"),
 ]
 
 

@@ -24,10 +24,10 @@ SERVE_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "--provider",
         {
             "action": "append",
-            "choices": ["local", "aws", "ray"],
+            "choices": ["local", "aws", "ray", "ssh"],
             "default": None,
             "help": "machines beside the local provider (always on): aws (needs --aws-config), ray (needs "
-            "--ray-address)",
+            "--ray-address), ssh (needs --ssh-hosts)",
         },
     ),
     ("--aws-config", {"default": None, "metavar": "FILE", "help": "the AWS provider's config (TOML or JSON)"}),
@@ -37,6 +37,8 @@ SERVE_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "--ray-node-resource",
         {"default": None, "metavar": "NAME", "help": "use only Ray nodes with this custom resource"},
     ),
+    ("--ssh-hosts", {"default": None, "metavar": "FILE", "help": "the SSH provider's hosts file (TOML)"}),
+    ("--ssh-worker-url", {"default": None, "metavar": "URL", "help": "this backend's URL as the SSH hosts reach it"}),
     (
         "--sandbox",
         {
@@ -47,7 +49,15 @@ SERVE_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         },
     ),
 )
-ONLY_SERVE = ("--provider", "--aws-config", "--ray-address", "--ray-worker-url", "--ray-node-resource")
+ONLY_SERVE = (
+    "--provider",
+    "--aws-config",
+    "--ray-address",
+    "--ray-worker-url",
+    "--ray-node-resource",
+    "--ssh-hosts",
+    "--ssh-worker-url",
+)
 
 
 def add_serve_flags(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:

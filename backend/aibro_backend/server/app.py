@@ -87,6 +87,23 @@ def load_ray_provider(address: str, home: Path, worker_url: str | None, node_res
     return provider
 
 
+def load_ssh_provider(hosts_file: str, home: Path, worker_url: str | None) -> Any:
+    """The SSH provider: its hosts file checked, then every host logged in to (its key recorded on first contact),
+    before the backend listens; every problem is named in one HostsError."""
+    from ..providers.ssh import SshProvider
+    from ..providers.ssh_hosts import HostsError, load_hosts
+
+    hosts = load_hosts(hosts_file)
+    grace = float(os.environ.get("AIBRO_SSH_UNREACHABLE_S") or 60)  # a host out of reach this long loses its jobs
+    agent = shipping.served(home / "state" / "agent")
+    provider = SshProvider(hosts, home / "state", agent, worker_url=worker_url, unreachable_grace_s=grace)
+    problems = provider.check()
+    if problems:
+        provider.close()
+        raise HostsError(hosts_file, problems)
+    return provider
+
+
 CHECKPOINT_S = 1.0  # WAL checkpoints run this often, off the event loop (store.Store)
 
 
@@ -225,11 +242,11 @@ async def serve(
     reconciler.stop()
     write_watch.stop()
     shutdown_instances(backend)
+    await server.close_everything()  # first: a provider's close may block the loop, and requests must not wait on it
     for provider in backend.scheduler.providers.values():
         provider.close()
     for proxy in job_proxies:
         proxy.close()
-    await server.close_everything()
     try:
         info = json.loads((home / "backend.json").read_text())
         if info.get("pid") == os.getpid():
@@ -410,6 +427,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--provider aws needs --aws-config FILE (region, subnet, security groups, bucket, ...)")
     if args.aws_config and "aws" not in args.provider:
         parser.error("--aws-config goes with --provider aws")
+    if "ssh" in args.provider and not args.ssh_hosts:
+        parser.error("--provider ssh needs --ssh-hosts FILE (one [[host]] table per machine: name, host, user, ...)")
+    if (args.ssh_hosts or args.ssh_worker_url) and "ssh" not in args.provider:
+        parser.error("--ssh-hosts and --ssh-worker-url go with --provider ssh")
     for stream in (sys.stdout, sys.stderr):  # the daemon's log file shows what happened, as it happens
         getattr(stream, "reconfigure", lambda **_: None)(line_buffering=True)
     handler = logging.StreamHandler()
@@ -449,6 +470,14 @@ def main(argv: list[str] | None = None) -> None:
                 args.ray_address, Path(args.home), args.ray_worker_url, args.ray_node_resource
             )
         except RayClusterError as exc:
+            print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+    if args.ssh_hosts:
+        from ..providers.ssh_hosts import HostsError
+
+        try:
+            extra["ssh"] = load_ssh_provider(args.ssh_hosts, Path(args.home), args.ssh_worker_url)
+        except HostsError as exc:
             print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
     run_loop(serve(Path(args.home), args.host, args.port, tls, extra))

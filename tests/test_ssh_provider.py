@@ -1,0 +1,251 @@
+"""The user's own machines over SSH (issue 26 item 5), against real OpenSSH servers the test starts on 127.0.0.1
+(Debian's openssh-server, which the README's test command installs): each with its own host key, an unprivileged
+user of its own and an authorized_keys file. The hosts' Python is the system's, with no aibro; pip there is
+configured with a local wheelhouse (no index), as a lab machine's mirror would be. The backend installs the agent
+it serves into a venv in the user's home, trains on the host, resumes a job on the second host when the first
+one's sshd goes away, refuses a host whose key changed, and stops its workers when it stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import wheelhouse
+from backend_proc import OwnBackend, own_backend
+from ray_cluster import free_port
+
+from aibro_backend.providers import shipping
+from aibro_core import vocabulary as v
+from aibro_jupyter import Training
+
+from conftest import make_model
+from helpers import slow_data
+
+SSHD = "/usr/sbin/sshd"
+USERS = ("aibro-ssh-a", "aibro-ssh-b")
+pytestmark = [
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the test makes users of its own for the SSH hosts (needs root)"),
+    pytest.mark.backend_log(r"aibro\.ssh WARNING", r"aibro\.scheduler WARNING"),
+]
+
+
+def _run(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+class Sshd:
+    """One OpenSSH server on 127.0.0.1:port for one user, with its own host key."""
+
+    def __init__(self, root: Path, user: str, client_pub: str, wheels: Path) -> None:
+        self.root, self.user, self.port = root, user, free_port()
+        root.mkdir(parents=True, exist_ok=True)
+        self.new_host_key()
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            _run("useradd", "--create-home", "--shell", "/bin/sh", user)
+        _run("usermod", "--password", "*", user)  # no password at all, but not locked: sshd lets its keys in
+        home = Path(pwd.getpwnam(user).pw_dir)
+        for sub in (".ssh", ".config/pip"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        (home / ".ssh" / "authorized_keys").write_text(client_pub)
+        (home / ".config" / "pip" / "pip.conf").write_text(f"[global]\nno-index = true\nfind-links = {wheels}\n")
+        shutil.rmtree(home / ".aibro", ignore_errors=True)  # a fresh host: no agent installed yet
+        _run("chown", "-R", f"{user}:{user}", str(home))
+        os.chmod(home / ".ssh", 0o700)
+        os.chmod(home / ".ssh" / "authorized_keys", 0o600)
+        self.home = home
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def new_host_key(self) -> None:
+        key = self.root / "host_ed25519"
+        for path in (key, key.with_suffix(".pub")):
+            path.unlink(missing_ok=True)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+
+    def start(self) -> None:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # its privilege separation folder
+        config = self.root / "sshd_config"
+        config.write_text(
+            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.root / 'host_ed25519'}\n"
+            f"PidFile {self.root / 'sshd.pid'}\nUsePAM no\nPasswordAuthentication no\n"
+            f"KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nAllowUsers {self.user}\n"
+        )
+        log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 60
+        while "Server listening" not in (self.root / "sshd.log").read_text():
+            assert self.proc.poll() is None, (self.root / "sshd.log").read_text()
+            assert time.monotonic() < deadline, "sshd did not start"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def agents(self) -> list[str]:
+        """The user's agent processes on this 'host'."""
+        done = subprocess.run(["pgrep", "-u", self.user, "-f", "aibro_backend.worker"], capture_output=True, text=True)
+        return done.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if shutil.which("sshd") is None and not Path(SSHD).exists():
+        pytest.fail("openssh-server is not installed (the README's test command installs it)")
+    root = tmp_path_factory.mktemp("ssh")
+    wheels = Path(tempfile.mkdtemp(prefix="aibro-ssh-wheels-"))  # readable by the hosts' users
+    wheelhouse.build(list(shipping.AGENT_REQUIRES), wheels)
+    os.chmod(wheels, 0o755)
+    for whl in wheels.iterdir():
+        os.chmod(whl, 0o644)
+    key = root / "id_ed25519"
+    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+    servers = {u[-1]: Sshd(root / u, u, key.with_suffix(".pub").read_text(), wheels) for u in USERS}
+    for server in servers.values():
+        server.start()
+    lines = []
+    for name, server in servers.items():
+        lines += ["[[host]]", f'name = "{name}"', 'host = "127.0.0.1"', f"port = {server.port}"]
+        lines += [f'user = "{server.user}"', f'identity_file = "{key}"', "max_jobs = 1", "gpus = 0", ""]
+    hosts_file = root / "hosts.toml"
+    hosts_file.write_text("\n".join(lines))
+    try:
+        yield {"root": root, "servers": servers, "file": hosts_file, "key": key}
+    finally:
+        for server in servers.values():
+            server.stop()
+            subprocess.run(["pkill", "-KILL", "-u", server.user], capture_output=True)
+        shutil.rmtree(wheels, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def backend(hosts: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBackend]:
+    home = tmp_path_factory.mktemp("ssh-backend") / "home"
+    with own_backend(home, "--provider", "ssh", "--ssh-hosts", str(hosts["file"]), AIBRO_SSH_UNREACHABLE_S="10") as b:
+        yield b
+
+
+def _serve(home: Path, hosts_file: Path) -> subprocess.CompletedProcess[str]:
+    from helpers import user_env
+
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "aibro_backend", "--home", str(home), "--port", "0"]
+    cmd += ["--provider", "ssh", "--ssh-hosts", str(hosts_file)]
+    return subprocess.run(cmd, env=user_env(home), capture_output=True, text=True, timeout=120)
+
+
+def test_a_wrong_key_file_is_named_at_serve(hosts: dict[str, Any], tmp_path: Path) -> None:
+    not_a_key = tmp_path / "not-a-key"
+    not_a_key.write_text("hello\n")
+    bad = tmp_path / "hosts.toml"
+    bad.write_text(hosts["file"].read_text().replace(str(hosts["key"]), str(not_a_key), 1))
+    done = _serve(tmp_path / "home", bad)
+    assert done.returncode == 2 and f"the identity file {not_a_key} is not a private key" in done.stderr, done.stderr
+    other = tmp_path / "other_key"
+    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other))
+    bad.write_text(hosts["file"].read_text().replace(str(hosts["key"]), str(other), 1))
+    done = _serve(tmp_path / "home2", bad)
+    assert done.returncode == 2 and "cannot reach a over SSH" in done.stderr and "Permission denied" in done.stderr
+
+
+def test_a_job_trains_on_an_ssh_host_with_the_served_agent(backend: OwnBackend, hosts: dict[str, Any]) -> None:
+    client = backend.client()
+    machines = {m["machine_id"]: m for m in client.machines()}
+    assert {"ssh:a", "ssh:b"} <= set(machines) and machines["ssh:a"]["price_per_hour"] == 0.0
+    x, y = slow_data(300)
+    job = Training(client).submit(make_model(), x, y, machine_ids="ssh:a", epochs=2, batch_size=32)
+    done = _wait(client, job["job_id"])
+    assert done["status"] == v.COMPLETED and done["epochs_done"] == 2, done
+    served = shipping.served(backend.home / "state" / "agent")
+    installed = hosts["servers"]["a"].home / ".aibro" / "agent" / served.version
+    assert (installed / "ok").exists() and (installed / served.filename).read_bytes() == served.path.read_bytes()
+    env_files = list((hosts["servers"]["a"].home / ".aibro" / "workers").glob("*/env"))
+    assert env_files and all(f.stat().st_mode & 0o077 == 0 for f in env_files), "the worker's secrets are 0600"
+
+
+def test_a_host_whose_sshd_goes_away_has_its_job_resumed_on_the_next_host(
+    backend: OwnBackend, hosts: dict[str, Any]
+) -> None:
+    client = backend.client()
+    x, y = slow_data(3000)
+    job = Training(client).submit(make_model(), x, y, machine_ids=["ssh:a", "ssh:b"], epochs=6, batch_size=16)
+    deadline = time.monotonic() + 600
+    while client.job(job["job_id"])["epochs_done"] < 1:
+        assert time.monotonic() < deadline, client.job(job["job_id"])
+        time.sleep(0.5)
+    server = hosts["servers"]["a"]
+    server.stop()  # the host drops off the network: no SSH, and its worker (frozen) reaches nobody either
+    subprocess.run(["pkill", "-STOP", "-u", server.user], capture_output=True)
+    try:
+        done = _wait(client, job["job_id"])
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", server.user], capture_output=True)
+    assert done["status"] == v.COMPLETED and done["machine_id"] == "ssh:b", done
+    messages = [e["data"].get("message", "") for e in client.events(job["job_id"], 0)["events"]]
+    assert any("was lost (cannot reach a over SSH" in m and "resuming from epoch" in m for m in messages), messages
+    epochs = [e["data"]["epoch"] for e in client.events(job["job_id"], 0)["events"] if e["type"] == v.EV_EPOCH]
+    assert sorted(set(epochs)) == list(range(6))
+    server.start()
+
+
+def test_a_host_whose_key_changed_is_refused_naming_it(backend: OwnBackend, hosts: dict[str, Any]) -> None:
+    server = hosts["servers"]["a"]
+    server.stop()
+    server.new_host_key()
+    server.start()
+    client = backend.client()
+    x, y = slow_data(64)
+    job = Training(client).submit(make_model(), x, y, machine_ids="ssh:a", epochs=1)
+    done = _wait(client, job["job_id"])
+    messages = " ".join(e["data"].get("message", "") for e in client.events(job["job_id"], 0)["events"])
+    assert done["status"] == v.CANCELED and "SSH host key of a (127.0.0.1" in messages and "changed" in messages
+
+
+def test_stopping_the_backend_stops_its_workers(hosts: dict[str, Any], tmp_path: Path) -> None:
+    server = hosts["servers"]["b"]
+    home = tmp_path / "home"
+    with own_backend(home, "--provider", "ssh", "--ssh-hosts", str(hosts["file"])) as b:
+        client = b.client()
+        x, y = slow_data(3000)
+        job = Training(client).submit(make_model(), x, y, machine_ids="ssh:b", epochs=50, batch_size=16)
+        deadline = time.monotonic() + 600
+        while client.job(job["job_id"])["status"] != v.TRAINING:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        instance_id = client.job(job["job_id"])["instance_id"]
+        remote = json.loads((home / "state" / "ssh" / "instances.json").read_text())[instance_id]
+        pid = int(remote["pid"])  # the 'host' is this machine: its pid is one here
+        assert str(pid) in server.agents(), "the worker runs on the host"
+    deadline = time.monotonic() + 60
+    while _running(pid):
+        assert time.monotonic() < deadline, "the backend stopped but its worker on b still runs"
+        time.sleep(0.5)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(client: Any, job_id: str, within_s: float = 900) -> dict[str, Any]:
+    deadline = time.monotonic() + within_s
+    while client.job(job_id)["status"] not in (v.COMPLETED, v.CANCELED):
+        assert time.monotonic() < deadline, client.job(job_id)
+        time.sleep(0.5)
+    return client.job(job_id)
