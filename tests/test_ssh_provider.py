@@ -249,3 +249,31 @@ def _wait(client: Any, job_id: str, within_s: float = 900) -> dict[str, Any]:
         assert time.monotonic() < deadline, client.job(job_id)
         time.sleep(0.5)
     return client.job(job_id)
+
+
+def test_a_restarted_backend_finds_its_running_worker_and_the_job_completes(
+    hosts: dict[str, Any], tmp_path: Path
+) -> None:
+    """A crash (kill -9) leaves the worker on the host running; the backend started again on the same home and
+    port finds it (state/ssh/instances.json), and the job completes there without a new instance."""
+    import signal
+    from urllib.parse import urlsplit
+
+    home = tmp_path / "home"
+    args = ("--provider", "ssh", "--ssh-hosts", str(hosts["file"]))
+    with own_backend(home, *args) as b:
+        port = str(urlsplit(b.url).port)
+        client = b.client()
+        x, y = slow_data(2000)
+        job = Training(client).submit(make_model(), x, y, machine_ids="ssh:b", epochs=8, batch_size=16)
+        deadline = time.monotonic() + 600
+        while client.job(job["job_id"])["epochs_done"] < 1:
+            assert time.monotonic() < deadline, client.job(job["job_id"])
+            time.sleep(0.5)
+        instance_id = client.job(job["job_id"])["instance_id"]
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait(timeout=30)
+    with own_backend(home, *args, "--port", port) as again:
+        done = _wait(again.client(), job["job_id"])
+        assert done["status"] == v.COMPLETED and done["instance_id"] == instance_id, done
+        assert done["attempt"] == 0, "no resume: the same worker went on"
