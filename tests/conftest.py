@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -38,6 +41,28 @@ def kill_workers(home: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
             except OSError:
                 pass
+
+
+@pytest.fixture(scope="session")
+def wheels() -> Iterator[Path]:
+    """One wheelhouse for the session, packed from this environment (tests/wheelhouse.py): the agent's
+    dependencies and Ray's, for installs with no package index; readable by every user (the SSH hosts' users
+    install from it), removed at the end."""
+    import wheelhouse
+
+    from aibro_backend.providers.shipping import AGENT_REQUIRES
+
+    root = Path(tempfile.mkdtemp(prefix="aibro-wheels-"))
+    try:
+        started = time.monotonic()
+        wheelhouse.build(["ray[default]", *AGENT_REQUIRES], root)
+        print(f"\n[wheelhouse] packed in {time.monotonic() - started:.0f} s")
+        os.chmod(root, 0o755)
+        for whl in root.iterdir():
+            os.chmod(whl, 0o644)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

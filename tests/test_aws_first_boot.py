@@ -9,13 +9,13 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
 import firstboot
 import pytest
-import wheelhouse
 from aws_moto import REGION, make_account, moto_server, write_config
 from backend_proc import own_backend
 
@@ -33,10 +33,8 @@ PUBLIC = "http://backend.aibro.test:8888"  # a name the machine resolves to its 
 
 
 @pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def cloud(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("first-boot")
-    wheels = root / "wheels"
-    wheelhouse.build(list(shipping.AGENT_REQUIRES), wheels)
     with moto_server() as env:
         account = make_account()
         config = write_config(root / "aws.toml", account, backend_public_url=PUBLIC)

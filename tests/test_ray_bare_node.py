@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import wheelhouse
 from backend_proc import OwnBackend, own_backend
 from ray_cluster import POOL, RayCluster, ray_available
 
@@ -28,17 +27,16 @@ pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
-def bare_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bare_bin(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Path:
     """A venv with Ray and TensorFlow and no aibro, installed from a wheelhouse packed from this environment."""
     root = tmp_path_factory.mktemp("bare-node")
     need = ["ray[default]", *shipping.AGENT_REQUIRES]
-    wheelhouse.build(need, root / "wheels")
     venv = root / "venv"
     env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_USER")}
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
     done = subprocess.run(
-        [*pip, "--no-index", "--find-links", str(root / "wheels"), *need],
+        [*pip, "--no-index", "--find-links", str(wheels), *need],
         capture_output=True,
         text=True,
         timeout=1500,

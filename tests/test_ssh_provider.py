@@ -13,14 +13,12 @@ import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import wheelhouse
 from backend_proc import OwnBackend, own_backend
 from ray_cluster import free_port
 
@@ -103,15 +101,10 @@ class Sshd:
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def hosts(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[dict[str, Any]]:
     if shutil.which("sshd") is None and not Path(SSHD).exists():
         pytest.fail("openssh-server is not installed (the README's test command installs it)")
     root = tmp_path_factory.mktemp("ssh")
-    wheels = Path(tempfile.mkdtemp(prefix="aibro-ssh-wheels-"))  # readable by the hosts' users
-    wheelhouse.build(list(shipping.AGENT_REQUIRES), wheels)
-    os.chmod(wheels, 0o755)
-    for whl in wheels.iterdir():
-        os.chmod(whl, 0o644)
     key = root / "id_ed25519"
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
     servers = {u[-1]: Sshd(root / u, u, key.with_suffix(".pub").read_text(), wheels) for u in USERS}
@@ -129,7 +122,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for server in servers.values():
             server.stop()
             subprocess.run(["pkill", "-KILL", "-u", server.user], capture_output=True)
-        shutil.rmtree(wheels, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

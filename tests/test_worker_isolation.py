@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import wheelhouse
 from backend_proc import own_backend
 
 from aibro_backend.providers import shipping
@@ -106,28 +105,25 @@ def _pip_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def agent_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def agent_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Path:
     """A fresh venv (no system site packages) holding the agent wheel the backend builds of itself and only what
     that wheel declares, installed with no package index: from a wheelhouse packed from this environment."""
     root = tmp_path_factory.mktemp("agent-venv")
     agent = shipping.build(root / "agent")
-    start = time.monotonic()
-    wheelhouse.build(list(shipping.AGENT_REQUIRES), root / "wheels")
-    packed = time.monotonic() - start
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_pip_env())
     python = venv / "bin" / "python"
     start = time.monotonic()
     install = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-index"]
     pip = subprocess.run(
-        [*install, "--find-links", str(root / "wheels"), str(agent.path)],
+        [*install, "--find-links", str(wheels), str(agent.path)],
         capture_output=True,
         text=True,
         timeout=1500,
         env=_pip_env(),
     )
     took = time.monotonic() - start
-    print(f"\n[worker isolation] wheelhouse packed in {packed:.0f} s; the agent installed in {took:.0f} s")
+    print(f"\n[worker isolation] the agent installed in {took:.0f} s")
     assert pip.returncode == 0, f"pip install of the agent wheel failed:\n{pip.stdout[-3000:]}{pip.stderr[-3000:]}"
     assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
     return python
