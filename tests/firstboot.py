@@ -14,6 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
+from aibro_backend.worker import netbridge
+
 SYSTEMCTL = r"""#!/bin/bash
 # systemctl as the played machine has it: `enable --now UNIT` and `start UNIT` run the unit's ExecStart in the
 # background with its EnvironmentFile; daemon-reload and the rest do nothing.
@@ -35,39 +37,15 @@ echo "systemctl shim: started $unit (pid $!)"
 IMAGE_PATH = "/srv/image/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the shims come first
 SHUTDOWN = "#!/bin/sh\ntouch /var/log/shutdown-requested\n"
 
-# inside the machine: listen on 127.0.0.1:PORT for each route and carry each connection over its Unix socket
-FORWARD = r"""
-import asyncio, sys
-
-async def pipe(reader, writer):
-    try:
-        while data := await reader.read(1 << 20):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        writer.close()
-
-def route(path):
-    async def serve(reader, writer):
-        try:
-            up_reader, up_writer = await asyncio.open_unix_connection(path)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-    return serve
-
-async def main():
-    servers = []
-    for spec in sys.argv[1:]:
-        port, path = spec.split("=", 1)
-        servers.append(await asyncio.start_server(route(path), "127.0.0.1", int(port)))
-    print("routes up", flush=True)
-    await asyncio.gather(*(s.serve_forever() for s in servers))
-
-asyncio.run(main())
+# inside the machine: the worker's own bridge (loopback TCP to a Unix socket, stdlib only) for each route
+FORWARD = """import sys, threading
+from pathlib import Path
+sys.path.insert(0, "/srv/image")
+import netbridge
+for port in sys.argv[1:]:
+    netbridge.Bridge(Path(f"/srv/net/{port}.sock"), "127.0.0.1", int(port))
+print("routes up", flush=True)
+threading.Event().wait()
 """
 
 
@@ -96,24 +74,10 @@ class Route:
                 continue
             up.settimeout(None)
             for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=netbridge.pump, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self.sock.close()
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(1 << 20):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 class Machine:
@@ -140,6 +104,7 @@ class Machine:
         for name in ("systemctl", "shutdown"):
             (image / "bin" / name).chmod(0o755)
         (image / "forward.py").write_text(FORWARD)
+        shutil.copy(netbridge.__file__, image / "netbridge.py")
         (image / "pip.conf").write_text("[global]\nno-index = true\nfind-links = /srv/wheels\n")
         names = " ".join(hosts)
         (image / "hosts").write_text(f"127.0.0.1 localhost {names}\n::1 localhost\n")
@@ -173,7 +138,7 @@ class Machine:
         argv += ["--ro-bind", str(self.root / "net"), "/srv/net"]
         argv += ["--clearenv", "--setenv", "PATH", IMAGE_PATH]
         argv += ["--setenv", "HOME", "/root", "--setenv", "LANG", "C.UTF-8", "--chdir", "/"]
-        routes = " ".join(f"{port}=/srv/net/{port}.sock" for port in self.routes)
+        routes = " ".join(str(port) for port in self.routes)
         script = (
             f"python3 -I /srv/image/forward.py {routes} > /var/log/routes.log 2>&1 &\n"
             "for i in $(seq 100); do grep -q 'routes up' /var/log/routes.log 2>/dev/null && break; sleep 0.1; done\n"

@@ -84,10 +84,10 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
         make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=2, batch_size=32, cool_down_period_s=900
     )
     ec2_id, user_data = _running_instance(cloud["backend_id"])
-    served = shipping.served(b.home / "state" / "agent")
-    assert served.sha256 in user_data and "pip install --quiet --disable-pip-version-check /opt/aibro/" in user_data
+    served = shipping.served(b.home)
+    assert served.sha256 in user_data and 'd="/opt/aibro"' in user_data
     installs = [line for line in user_data.splitlines() if "pip install" in line]
-    assert installs and all(line.endswith(f"/opt/aibro/{served.filename}") for line in installs), installs
+    assert installs and all(line.endswith(f'"$d/{served.filename}"') for line in installs), installs
 
     machine = firstboot.Machine(cloud["root"] / ec2_id, cloud["wheels"], ["backend.aibro.test"], cloud["routes"])
     try:

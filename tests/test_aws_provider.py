@@ -750,8 +750,11 @@ def test_user_data_installs_the_agent_the_backend_serves_by_its_hash(account: di
 
     agent = shipping.build(tmp_path)
     script = build_user_data(validate(raw_config(account)), "inst-1", "aibro_e_" + "x" * 32, agent)
-    assert agent.sha256 in script and f'!= "{agent.version}"' in script
-    assert f"pip install --quiet --disable-pip-version-check /opt/aibro/{agent.filename}" in script
+    assert agent.sha256 in script and f'!= "{agent.version}"' in script and 'd="/opt/aibro"' in script
+    installs = [line.strip() for line in script.splitlines() if "pip install" in line]
+    assert installs == [
+        f'"$d/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$d/{agent.filename}"'
+    ]
     assert "aibro-backend" not in script.replace(agent.filename, ""), "no agent by a package name"
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     download = script.split("<<'AIBRO_GET'\n", 1)[1].split("AIBRO_GET\n", 1)[0]

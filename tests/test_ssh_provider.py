@@ -162,9 +162,10 @@ def test_a_job_trains_on_an_ssh_host_with_the_served_agent(backend: OwnBackend, 
     job = Training(client).submit(make_model(), x, y, machine_ids="ssh:a", epochs=2, batch_size=32)
     done = _wait(client, job["job_id"])
     assert done["status"] == v.COMPLETED and done["epochs_done"] == 2, done
-    served = shipping.served(backend.home / "state" / "agent")
+    served = shipping.served(backend.home)
     installed = hosts["servers"]["a"].home / ".aibro" / "agent" / served.version
-    assert (installed / "ok").exists() and (installed / served.filename).read_bytes() == served.path.read_bytes()
+    assert (installed / "agent-version").read_text().strip() == served.version
+    assert (installed / served.filename).read_bytes() == served.path.read_bytes()
     env_files = list((hosts["servers"]["a"].home / ".aibro" / "workers").glob("*/env"))
     assert env_files and all(f.stat().st_mode & 0o077 == 0 for f in env_files), "the worker's secrets are 0600"
 

@@ -367,7 +367,7 @@ class AgentHandler(BaseHandler):
         store = self.backend.store
         if token is None or (store.instance_for_enroll(token) is None and store.instance_for_token(token) is None):
             raise ApiError(401, "the agent is served to this backend's machines: send their enrollment or worker token")
-        wheel = shipping.served(self.backend.home / "state" / "agent")
+        wheel = shipping.served(self.backend.home)
         self.set_header("X-Agent-Version", wheel.version)
         self.set_header("X-Agent-Sha256", wheel.sha256)
         self.set_header("Content-Disposition", f'attachment; filename="{wheel.filename}"')

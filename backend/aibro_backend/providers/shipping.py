@@ -94,12 +94,29 @@ def build(dest_dir: Path) -> AgentWheel:
 _served: dict[Path, AgentWheel] = {}
 
 
-def served(dest_dir: Path) -> AgentWheel:
-    """The wheel this process serves, built once into `dest_dir`."""
-    dest_dir = Path(dest_dir)
+def served(home: Path) -> AgentWheel:
+    """The wheel the backend of `home` serves, built once (into home/state/agent) at start-up, of the code it runs."""
+    dest_dir = Path(home) / "state" / "agent"
     if dest_dir not in _served:
         _served[dest_dir] = build(dest_dir)
     return _served[dest_dir]
+
+
+def install_script(agent: AgentWheel, where: str, fetch: str) -> str:
+    """POSIX sh lines that install `agent` into `where`/venv unless that version is there already: `fetch` puts the
+    wheel's bytes at "$part"; they are installed only if their SHA-256 is the agent's. The venv sees the machine's
+    own packages, so TensorFlow comes from the image when it has it. What EC2 user data and the SSH provider run."""
+    return f"""d="{where}"; part="$d/{agent.filename}.part"
+if [ "$(cat "$d/agent-version" 2>/dev/null)" != "{agent.version}" ]; then
+  mkdir -p "$d"
+  {fetch}
+  echo "{agent.sha256}  $part" | sha256sum -c --quiet - || {{ echo "aibro: not the agent served" >&2; exit 3; }}
+  mv "$part" "$d/{agent.filename}"
+  [ -x "$d/venv/bin/python" ] || python3 -m venv --system-site-packages "$d/venv"
+  "$d/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$d/{agent.filename}"
+  echo "{agent.version}" > "$d/agent-version"
+fi
+"""
 
 
 def ray_runtime_env() -> dict[str, Any]:

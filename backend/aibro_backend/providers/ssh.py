@@ -27,7 +27,7 @@ from typing import Any
 from aibro_core.files import private_dir, write_private
 
 from .base import CapacityError, Provider
-from .shipping import AgentWheel
+from .shipping import AgentWheel, install_script
 from .ssh_hosts import Host
 
 log = logging.getLogger("aibro.ssh")
@@ -66,7 +66,7 @@ class SshProvider(Provider):
         agent: AgentWheel,
         *,
         worker_url: str | None = None,
-        poll_s: float = 3.0,
+        poll_s: float = 10.0,
         unreachable_grace_s: float = 20.0,
         connect_timeout_s: int = 10,
     ) -> None:
@@ -75,7 +75,9 @@ class SshProvider(Provider):
         self.known_hosts = self.state_dir / "known_hosts"
         self.agent = agent
         self.worker_url = worker_url  # the backend as the hosts reach it (default: the URL it listens on)
-        self.poll_s, self.grace_s, self.connect_timeout_s = poll_s, unreachable_grace_s, connect_timeout_s
+        # at least four looks within the grace, and no more than one SSH connection per host every `poll_s`
+        self.poll_s = min(poll_s, unreachable_grace_s / 4)
+        self.grace_s, self.connect_timeout_s = unreachable_grace_s, connect_timeout_s
         self.facts: dict[str, dict[str, Any]] = {}  # per host: vcpus, memory_gib, gpu names (check())
         self._lock = threading.Lock()
         self._host_locks = {name: threading.Lock() for name in self.hosts}
@@ -242,20 +244,15 @@ class SshProvider(Provider):
 
     # -- launching and ending -----------------------------------------------------------------------------------
     def _install(self, host: Host) -> None:
-        """The served agent in a venv on the host, once per version (the venv sees the host's own packages)."""
-        a, d = self.agent, f"{REMOTE}/agent/{self.agent.version}"
-        if self.run(host, f'[ -e "{d}/ok" ] && echo ok || true').strip() == "ok":
-            return
-        self.run(host, f'umask 077; mkdir -p "{d}" && cat > "{d}/{a.filename}.part"', stdin=a.path.read_bytes())
-        install = f"""set -eu
-d="{d}"
-echo "{a.sha256}  $d/{a.filename}.part" | sha256sum -c --quiet - || {{ echo "its SHA-256 differs" >&2; exit 3; }}
-mv "$d/{a.filename}.part" "$d/{a.filename}"
-[ -x "$d/venv/bin/python" ] || python3 -m venv --system-site-packages "$d/venv"
-"$d/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$d/{a.filename}"
-touch "$d/ok"
-"""
-        self.run(host, install, timeout=1800)
+        """The served agent in a venv on the host, once per version (shipping.install_script)."""
+        if self.run(host, f'cat "{self._agent_dir}/agent-version" 2>/dev/null || true').strip() == self.agent.version:
+            return  # nothing to send
+        script = "set -eu; umask 077\n" + install_script(self.agent, self._agent_dir, 'cat > "$part"')
+        self.run(host, script, stdin=self.agent.path.read_bytes(), timeout=1800)
+
+    @property
+    def _agent_dir(self) -> str:
+        return f"{REMOTE}/agent/{self.agent.version}"  # per version: a worker adopted after a crash keeps its code
 
     def _start(self, instance_id: str, host: Host, remote: Remote, env: dict[str, str]) -> None:
         try:
@@ -270,7 +267,7 @@ w="{REMOTE}/workers/{instance_id}"; umask 077; mkdir -p "$w" "{REMOTE}/envs"
 cat > "$w/env"
 cd "$w"
 set -a; . "$w/env"; AIBRO_WORKER_DIR="$w"; AIBRO_ENV_CACHE="{REMOTE}/envs"; set +a
-py="{REMOTE}/agent/{self.agent.version}/venv/bin/python"
+py="{self._agent_dir}/venv/bin/python"
 setsid "$py" -I -m aibro_backend.worker > "$w/worker.log" 2>&1 < /dev/null &
 echo $!
 """

@@ -257,12 +257,19 @@ class Scheduler:
         self.fail(job["id"], f"{error}; start the cluster again (or list other machines) and submit the job again")
 
     def _pass_over(
-        self, inst: dict[str, Any], job: dict[str, Any], message: str, none_left: str, closed_as: str = v.TERMINATED
+        self,
+        inst: dict[str, Any],
+        job: dict[str, Any],
+        message: str,
+        none_left: str,
+        closed_as: str = v.TERMINATED,
+        status: str = v.CLOSED,
     ) -> None:
         """Give this machine up for this attempt of the job (a `passed_over` log event, which a restart keeps) and
         go on with the next one in its list (assigned later in the same tick), or fail the job with `none_left`.
-        The instance ends CLOSED / `closed_as` (STOPPED: a stopped machine that could not start stays stopped)."""
-        self.store.set_instance_state(inst["id"], v.CLOSED, closed_as, job_id=None)
+        The instance ends `status` / `closed_as` (CLOSED / STOPPED: a stopped machine that could not start stays
+        stopped; CLOSING: one still running, which the tick then terminates)."""
+        self.store.set_instance_state(inst["id"], status, closed_as, job_id=None)
         self.store.update_job(job["id"], instance_id=None, machine_id=None)
         machine = inst["machine_id"]
         self.emit(job["id"], v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job["attempt"]})
@@ -333,20 +340,14 @@ class Scheduler:
         """An agent of other code asked for a job: it never runs one. The machine closes with both versions in its
         state, and the job goes on with the next machine in its list, or fails naming both versions."""
         why = f"agent {reported} is not this backend's {expected}"
-        job = self.store.job(inst["job_id"]) if inst["job_id"] else None
-        self.store.set_instance_state(inst["id"], v.CLOSING, why, job_id=None)
         log.warning("%s: %s; closing it", inst["id"], why)
+        job = self.store.job(inst["job_id"]) if inst["job_id"] else None
         if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+            self.store.set_instance_state(inst["id"], v.CLOSING, why, job_id=None)
             return
-        self.store.update_job(job["id"], instance_id=None, machine_id=None)
-        machine = inst["machine_id"]
-        message = f"{inst['id']} ({machine}) refused: {why}"
-        self.emit(job["id"], v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job["attempt"]})
-        left = [m for m in job["spec"]["machines"] if m not in self._passed_over(job)]
-        if left:
-            self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"trying {left[0]}")
-        else:
-            self.fail(job["id"], f"{message}: install this backend's agent there (GET /worker/agent serves it)")
+        message = f"{inst['id']} ({inst['machine_id']}) refused: {why}"
+        fix = f"{message}: install this backend's agent there (GET /worker/agent serves it)"
+        self._pass_over(inst, job, message, fix, closed_as=why, status=v.CLOSING)
 
     def spot_interrupted(self, job: dict[str, Any], inst: dict[str, Any], notice: str) -> None:
         """The worker of a spot machine stopped at a batch boundary because the cloud is reclaiming the machine

@@ -61,7 +61,7 @@ def load_aws_provider(config_path: str, home: Path) -> Any:
     config = load_aws_config(config_path)
     session = boto3.Session(region_name=config.region)
     config = load_aws_config(config_path, session)
-    return AwsProvider(config, session, agent=shipping.served(home / "state" / "agent"))
+    return AwsProvider(config, session, agent=shipping.served(home))
 
 
 RAY_FIX = (
@@ -95,7 +95,7 @@ def load_ssh_provider(hosts_file: str, home: Path, worker_url: str | None) -> An
 
     hosts = load_hosts(hosts_file)
     grace = float(os.environ.get("AIBRO_SSH_UNREACHABLE_S") or 60)  # a host out of reach this long loses its jobs
-    agent = shipping.served(home / "state" / "agent")
+    agent = shipping.served(home)
     provider = SshProvider(hosts, home / "state", agent, worker_url=worker_url, unreachable_grace_s=grace)
     problems = provider.check()
     if problems:
@@ -109,6 +109,7 @@ CHECKPOINT_S = 1.0  # WAL checkpoints run this often, off the event loop (store.
 
 def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> Backend:
     log.info("agent version %s (what its workers must run)", agent_version())  # of the code loaded now
+    shipping.served(home)  # its wheel, of the same code, before anything on disk can change
     for d in (home, home / "state"):  # private whatever the umask was when an older version made them
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         d.chmod(0o700)

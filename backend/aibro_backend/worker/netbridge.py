@@ -58,15 +58,16 @@ class Bridge:
             out.close()
             return
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        back = threading.Thread(target=_pump, args=(out, conn), name="aibro-bridge-conn", daemon=True)
+        back = threading.Thread(target=pump, args=(out, conn), name="aibro-bridge-conn", daemon=True)
         back.start()
-        _pump(conn, out)
+        pump(conn, out)
         back.join()
         conn.close()
         out.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy one direction of a connection until its end, then half-close the other side."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     try:
