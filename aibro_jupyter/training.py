@@ -87,6 +87,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def check_spec(spec: dict[str, Any]) -> None:
+    """The backend's own JobSpec model, run here on the spec as it will travel: a spec the backend would refuse is
+    refused before a byte is uploaded, in the backend's words."""
+    from pydantic import ValidationError as Invalid
+
+    from aibro_core.models import JobSpec, explain
+
+    try:
+        JobSpec.model_validate_json(json.dumps(spec, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, Invalid):
+            raise ValidationError(explain(exc, "the job spec")) from None
+        raise ValidationError(f"the job spec cannot travel as JSON: {exc}") from None
+
+
 def kernel_seed() -> int | None:
     """The seed of the kernel's keras.utils.set_random_seed, if it was called: the worker sets it again just before
     fit, so fit's shuffling draws what it draws here (the weights, dropout's state included, travel in the model)."""
@@ -273,6 +288,11 @@ class Training:
             "seed": kernel_seed(),
             "compile": compile_args,
         }
+        try:
+            check_spec(spec)
+        except BaseException:
+            shutil.rmtree(bundle.workdir, ignore_errors=True)
+            raise
         return bundle, spec
 
     def _create(self, spec: dict[str, Any], wait_s: float, interval: float) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from aibro_backend.api.models import JobSpec
 from aibro_core import bounds
+from aibro_core.models import JobSpec
 from aibro_jupyter.checks import check_job_args, fit_batch_size
 from aibro_jupyter.errors import ValidationError
 

@@ -279,6 +279,15 @@ def test_unknown_machine(client: BackendClient, nothing_uploaded: None) -> None:
         _submit(client, make_model(), x, y, machine_ids="local-cpu,g4dn.xlarge")
 
 
+def test_spec_the_backend_would_refuse_is_refused_before_upload(client: BackendClient, nothing_uploaded: None) -> None:
+    """The kernel runs the backend's own JobSpec model on the spec before a byte leaves (meta has no other check)."""
+    x, y = fresh_data()
+    with pytest.raises(ValidationError, match=r"'meta' must be an object of at most 8 short strings, got \{'run': 3\}"):
+        _submit(client, make_model(), x, y, meta={"run": 3})
+    with pytest.raises(ValidationError, match=r"'meta' must be an object of at most 8 short strings"):
+        _submit(client, make_model(), x, y, meta={f"k{i}": "v" for i in range(9)})
+
+
 # -- the backend itself -----------------------------------------------------------------------------------
 def test_backend_unreachable_names_the_url() -> None:
     x, y = fresh_data()

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aibro_backend.api.models import WorkerEvents
 from aibro_backend.api.workerbatch import read_fast
 from aibro_backend.worker.callbacks import clean_logs
+from aibro_core.models import WorkerEvents
 
 pytestmark = pytest.mark.fast
 

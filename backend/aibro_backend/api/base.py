@@ -10,9 +10,10 @@ import tornado.web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
+from aibro_core.models import explain
+
 from ..server.jsonout import dumps
 from ..server.state import Backend
-from .models import explain
 
 MAX_JSON_DEPTH = 32
 M = TypeVar("M", bound=BaseModel)

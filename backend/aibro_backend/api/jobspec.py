@@ -10,8 +10,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from aibro_core.models import JobSpec, explain
+
 from .base import ApiError
-from .models import JobSpec, explain
 
 
 def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, Any]:

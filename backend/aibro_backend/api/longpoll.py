@@ -13,12 +13,12 @@ from pydantic import ValidationError as PydanticError
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
+from aibro_core.models import INT64_MAX, EventsQuery
 
 from ..server.jsonout import dumps
 from ..server.state import Backend
 from ..storage.bus import job_key, user_key
 from .base import ApiError, not_yours
-from .models import INT64_MAX, EventsQuery
 
 MAX_WAIT_S = 60.0
 QUERY_MESSAGES = {

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of the v1 API, generated from the models in `models.py`; served at /api/v1/openapi.json.
+"""The OpenAPI 3.1 document of the v1 API, generated from `aibro_core/models.py`; served at /api/v1/openapi.json.
 
 Each route below names its parameters, its request body and every status it answers with the model of that
 answer; the JSON Schemas come from pydantic, so what the document promises is what the handlers check.
@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from aibro_core import models as m
 from aibro_core import routes
 
-from . import models as m
 from .base import UserHandler
 
 REF = "#/components/schemas/{model}"

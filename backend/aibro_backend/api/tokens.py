@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 
+from aibro_core import models
+
 from ..server.limits import limits_of
-from . import models
 from .base import ApiError, UserHandler
 
 MAX_EXPIRES_IN_S = 10 * 365 * 86400.0

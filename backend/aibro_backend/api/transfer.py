@@ -23,6 +23,7 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 
 from aibro_core import vocabulary as v
+from aibro_core.models import NameUpload, S3Upload
 
 from ..providers import shipping
 from ..server.limits import limits_of
@@ -39,7 +40,6 @@ from ..storage.blobs import (
 from ..storage.s3blobs import S3Backing, S3BlobError
 from .base import ApiError, BaseHandler, UserHandler, bearer_of
 from .jobspec import spec_blobs
-from .models import NameUpload, S3Upload
 from .worker import WorkerHandler
 
 log = logging.getLogger("aibro.backend")

@@ -8,12 +8,12 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
+from aibro_core.models import ReplayOverrides, finite
 
 from ..scheduling.costs import instance_cost, job_costs
 from . import longpoll
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
-from .models import ReplayOverrides, finite
 from .transfer import quota
 
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")

@@ -10,11 +10,11 @@ from pydantic import ValidationError
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
+from aibro_core.models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
 from ..storage.store import NewEvent, NoSuchJob
 from ..worker import version
 from .base import ApiError, BaseHandler
-from .models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 from .workerbatch import read_fast
 
 SEEN_TOUCH_S = 5.0  # an instance's last_seen is written at most this often: a busy worker's posts cost no write

@@ -34,7 +34,7 @@ class Provider(ABC):
     # -- required --------------------------------------------------------------------------------------------
     @abstractmethod
     def offers(self) -> list[dict[str, Any]]:
-        """The marketplace: one dict per machine_id this provider can start (api/models.py's Offer fields)."""
+        """The marketplace: one dict per machine_id this provider can start (aibro_core/models.py: Machine)."""
 
     @abstractmethod
     def launch(

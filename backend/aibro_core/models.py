@@ -31,17 +31,17 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from aibro_core import vocabulary as v
-from aibro_core.bounds import (
+from . import vocabulary as v
+from .bounds import (
     MAX_BATCH_SIZE,
     MAX_COOL_DOWN_S,
     MAX_DESCRIPTION_CHARS,
     MAX_EPOCHS,
     MAX_WAIT_REQUEST_S,
 )
-from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS, tree_depth
-from aibro_core.errors import ValidationError as RequirementsError
-from aibro_core.requirements import check_requirements
+from .datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS, tree_depth
+from .errors import ValidationError as RequirementsError
+from .requirements import check_requirements
 
 SHA_PATTERN = r"^[0-9a-f]{64}$"
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
