@@ -244,10 +244,10 @@ def test_worker_duplicates_are_dropped(store: Store) -> None:
     assert store.append_event("job-a", "log", {"message": "backend"})["seq"] == 3  # no wseq: never deduplicated
     assert store.append_event("job-a", "log", {"message": "backend"})["seq"] == 4
     assert [e["seq"] for e in page(store, "job-a")] == [1, 2, 3, 4]
-    assert store.job("job-a")["epochs_done"] == 1
+    assert store.job("job-a").epochs_done == 1
     assert (store.max_wseq("job-a", 0), store.max_wseq("job-a", 1), store.max_wseq("job-a", 2)) == (1, 1, 0)
     store.append_event("job-a", "status", {"status": "TRAINING", "substatus": "TRAINING"})
-    assert (store.job("job-a")["status"], store.job("job-a")["substatus"]) == ("TRAINING", "TRAINING")
+    assert (store.job("job-a").status, store.job("job-a").substatus) == ("TRAINING", "TRAINING")
 
 
 def test_user_events_are_ordered_by_gid_and_scoped_to_the_user(store: Store) -> None:

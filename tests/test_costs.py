@@ -10,6 +10,7 @@ import pytest
 
 from aibro_backend.providers.aws_catalog import offers
 from aibro_backend.scheduling.costs import billed_seconds, instance_cost, job_costs, starts
+from aibro_backend.storage.records import InstanceRecord
 from aibro_backend.storage.store import Store
 from aibro_core import vocabulary as v
 
@@ -25,8 +26,13 @@ def near(x: float) -> object:
     return pytest.approx(x, abs=2e-6)
 
 
-def inst(history: list[list], price: float) -> dict:
-    return {"history": history, "price_per_hour": price}
+def inst(history: list[list], price: float | None) -> InstanceRecord:
+    first = history[0][2] if history else 0.0
+    return InstanceRecord(
+        id="inst-1", user_id=1, provider="aws", machine_id="g4dn.xlarge", status=history[-1][0] if history else L,
+        substatus="", pid=None, job_id=None, cool_down_s=0.0, cooling_until=None, created=first, updated=first,
+        last_seen=None, history=history, price_per_hour=price,
+    )  # fmt: skip
 
 
 def test_billing_is_per_whole_second_with_a_60_s_minimum() -> None:
@@ -105,7 +111,7 @@ def test_a_resumed_job_pays_on_every_instance_it_held_and_a_running_one_until_no
     assert costs == {"job-r": near(0.060 + 0.100)}, "minimum on the lost one, 100 s so far on the new"
     local = inst([[L, "", 0.0, "job-l"], [E, "", 1.0, "job-l"], [C, "", 500.0, None]], 0.0)
     assert job_costs([local], now=600.0) == {"job-l": 0.0}, "local machines cost nothing"
-    old = {"history": [[L, "", 0.0], [E, "", 1.0]], "price_per_hour": None}
+    old = inst([[L, "", 0.0], [E, "", 1.0]], None)
     assert job_costs([old], now=50.0) == {}, "rows stored before jobs were recorded bill no job"
 
 
@@ -118,6 +124,6 @@ def test_the_store_records_the_job_an_instance_holds_and_its_start_price(tmp_pat
     store.set_instance_state("inst-1", C, "", job_id=None)
     store.set_instance_state("inst-1", E, "", job_id="job-b")
     row = store.instance("inst-1")
-    assert row["price_per_hour"] == 0.526
-    assert [(h[0], h[3]) for h in row["history"]] == [(L, "job-a"), (E, "job-a"), (C, None), (E, "job-b")]
-    assert set(job_costs([row], now=row["history"][-1][2] + 10)) == {"job-a", "job-b"}
+    assert row.price_per_hour == 0.526
+    assert [(h[0], h[3]) for h in row.history] == [(L, "job-a"), (E, "job-a"), (C, None), (E, "job-b")]
+    assert set(job_costs([row], now=row.history[-1][2] + 10)) == {"job-a", "job-b"}

@@ -57,12 +57,12 @@ def test_the_stores_summary_and_the_job_view(case: dict[str, Any], batches: str,
             store.append_events("job-1", chunk)
         row = store.job("job-1")
         want = case["picture"]
-        assert (row["status"], row["substatus"], row["epochs_done"]) == (
+        assert (row.status, row.substatus, row.epochs_done) == (
             want["status"],
             want["substatus"],
             want["epochs_done"],
         )
-        view = job_view(row, store, {})
+        view = job_view(row, store, {}).model_dump(mode="json")
         seen = _picture(
             view["status"], view["substatus"], view["epochs_done"], want["epochs"], view["error"],
             view["timeline"], view["history"],

@@ -243,7 +243,7 @@ def test_batches_committed_together_match_the_log_and_a_failing_one_is_rolled_ba
     gids = [e["gid"] for e in results[0] + results[2]]
     assert gids == list(range(gids[0], gids[0] + 6)), "the batches that commit take consecutive gids"
     assert store.event_parts("job-b", 0) == log.event_parts("job-b", 0) == []
-    assert store.job("job-c")["epochs_done"] == 1 and store.job("job-b")["epochs_done"] == 0
+    assert store.job("job-c").epochs_done == 1 and store.job("job-b").epochs_done == 0
     for job in ("job-a", "job-c"):
         assert store.event_parts(job, 0) == log.event_parts(job, 0)
     for uid in (alice, bob):
@@ -267,7 +267,7 @@ def test_a_workers_status_event_never_moves_a_job_that_ended_while_its_batch_wai
     status = NewEvent("status", {"status": "TRAINING", "substatus": "TRAINING"}, wseq=1, ts=1000.0)
     (stored,) = store.append_batches([EventBatch("job-a", [status, *batch(1, 2)], 0, from_worker=True)])
     assert [e["type"] for e in stored] == ["log"]
-    assert store.job("job-a")["status"] == "CANCELED"
+    assert store.job("job-a").status == "CANCELED"
 
 
 def test_batches_posted_in_one_turn_of_the_loop_share_one_commit(store: Store, log: Store) -> None:

@@ -13,6 +13,7 @@ import pytest
 from aibro_backend.providers.base import CapacityError, Provider
 from aibro_backend.scheduling.policy import Policy
 from aibro_backend.scheduling.scheduler import Scheduler
+from aibro_backend.storage.records import InstanceRecord
 from aibro_backend.storage.store import Store
 from aibro_core import vocabulary as v
 
@@ -45,11 +46,11 @@ class ScriptedProvider(Provider):
         self.launched.append(machine_id)
         return None
 
-    def alive(self, instance: dict[str, Any]) -> bool:
-        return instance["id"] not in self.terminated
+    def alive(self, instance: InstanceRecord) -> bool:
+        return instance.id not in self.terminated
 
-    def terminate(self, instance: dict[str, Any]) -> None:
-        self.terminated.append(instance["id"])
+    def terminate(self, instance: InstanceRecord) -> None:
+        self.terminated.append(instance.id)
 
 
 @pytest.fixture()
@@ -77,7 +78,7 @@ def test_a_machine_not_ready_in_time_is_passed_over_for_the_next(world) -> None:
     store, provider, sched, uid = world
     job_id = _job(store, uid, ["spot-a", "spot-b"], wait=30)
     sched.tick()
-    assert provider.launched == ["spot-a"] and store.job(job_id)["machine_id"] == "spot-a"
+    assert provider.launched == ["spot-a"] and store.job(job_id).machine_id == "spot-a"
     _age_launch(store, 10)
     sched.tick()
     assert provider.launched == ["spot-a"], "still within wait_request_s: keep waiting"
@@ -86,9 +87,9 @@ def test_a_machine_not_ready_in_time_is_passed_over_for_the_next(world) -> None:
     sched.tick()  # and asks for spot-b
     assert provider.launched == ["spot-a", "spot-b"]
     job = store.job(job_id)
-    assert job["machine_id"] == "spot-b" and job["status"] == v.QUEUING
-    first = [i for i in store.instances() if i["machine_id"] == "spot-a"]
-    assert [i["status"] for i in first] == [v.CLOSED] and provider.terminated == [first[0]["id"]]
+    assert job.machine_id == "spot-b" and job.status == v.QUEUING
+    first = [i for i in store.instances() if i.machine_id == "spot-a"]
+    assert [i.status for i in first] == [v.CLOSED] and provider.terminated == [first[0].id]
     logs = [e["data"]["message"] for e in store.typed_events(job_id, (v.EV_LOG,))]
     assert "spot-a was not ready within 30 s" in logs
 
@@ -102,7 +103,7 @@ def test_none_ready_fails_the_job_with_the_fix(world) -> None:  # noqa: ANN001
         sched.tick()
     assert provider.launched == ["spot-a", "spot-b"]
     job = store.job(job_id)
-    assert job["status"] == v.CANCELED
+    assert job.status == v.CANCELED
     error = next(e["data"]["message"] for e in store.typed_events(job_id, (v.EV_ERROR,)))
     assert "none of the machines (spot-a, spot-b) was ready within wait_request_s=5 s" in error
     assert "--wait-request" in error
@@ -114,7 +115,7 @@ def test_zero_waits_as_long_as_it_takes(world) -> None:  # noqa: ANN001
     sched.tick()
     _age_launch(store, 3600)
     sched.tick()
-    assert provider.launched == ["spot-a"] and store.job(job_id)["machine_id"] == "spot-a"
+    assert provider.launched == ["spot-a"] and store.job(job_id).machine_id == "spot-a"
 
 
 # -- a provider whose launches finish later (a cloud: the AWS provider's shape) ----------------------------------
@@ -153,8 +154,8 @@ class AsyncScriptedProvider(ScriptedProvider):
     def launch_error(self, instance_id: str) -> BaseException | None:
         return self.failures.get(instance_id)
 
-    def alive(self, instance: dict[str, Any]) -> bool:
-        return self.state.get(instance["id"]) in ("launching", "pending", "running")
+    def alive(self, instance: InstanceRecord) -> bool:
+        return self.state.get(instance.id) in ("launching", "pending", "running")
 
     def fail(self, instance_id: str, error: BaseException) -> None:
         self.state[instance_id], self.failures[instance_id] = "failed", error
@@ -182,16 +183,16 @@ def test_a_cloud_launch_stays_launching_while_pending_and_enrolls(cloud) -> None
     inst = _launching(store)
     (env,) = provider.envs
     assert "AIBRO_WORKER_TOKEN" not in env, "a cloud machine's launch data holds no long-lived token"
-    assert env["AIBRO_ENROLL_TOKEN"].startswith("aibro_e_") and env["AIBRO_INSTANCE_ID"] == inst["id"]
+    assert env["AIBRO_ENROLL_TOKEN"].startswith("aibro_e_") and env["AIBRO_INSTANCE_ID"] == inst.id
     assert provider.launch_kwargs == [{"job_id": job_id, "attempt": 0}], "the machine is tagged with its job"
     inst, token = store.enroll(env["AIBRO_ENROLL_TOKEN"])
-    assert inst is not None and store.instance_for_token(token)["id"] == inst["id"]
+    assert inst is not None and store.instance_for_token(token).id == inst.id
     for state in ("launching", "pending", "pending", "running"):
-        provider.state[inst["id"]] = state
+        provider.state[inst.id] = state
         sched.tick()
-        assert store.instance(inst["id"])["status"] == v.LAUNCHING
+        assert store.instance(inst.id).status == v.LAUNCHING
         job = store.job(job_id)
-        assert (job["status"], job["substatus"], job["instance_id"]) == (v.QUEUING, v.CONNECTING_SERVER, inst["id"])
+        assert (job.status, job.substatus, job.instance_id) == (v.QUEUING, v.CONNECTING_SERVER, inst.id)
     assert provider.launched == ["spot-a"]
 
 
@@ -202,14 +203,14 @@ def test_a_capacity_error_passes_over_to_the_next_machine_in_the_same_tick(cloud
     job_id = _job(store, uid, ["spot-a", "spot-b"], wait=600)
     sched.tick()
     first = _launching(store)
-    provider.state[first["id"]] = "pending"
+    provider.state[first.id] = "pending"
     sched.tick()
-    provider.fail(first["id"], CapacityError("spot-a", "InsufficientInstanceCapacity", "no room in us-east-1a"))
+    provider.fail(first.id, CapacityError("spot-a", "InsufficientInstanceCapacity", "no room in us-east-1a"))
     sched.tick()
     assert provider.launched == ["spot-a", "spot-b"], "the next machine is asked for in the same tick"
-    assert store.instance(first["id"])["status"] == v.CLOSED
+    assert store.instance(first.id).status == v.CLOSED
     job = store.job(job_id)
-    assert job["machine_id"] == "spot-b" and job["attempt"] == 0, "a machine without room is no lost worker"
+    assert job.machine_id == "spot-b" and job.attempt == 0, "a machine without room is no lost worker"
     logs = [e["data"] for e in store.typed_events(job_id, (v.EV_LOG,))]
     passed = [d for d in logs if "passed_over" in d]
     assert passed == [
@@ -221,10 +222,10 @@ def test_a_capacity_error_passes_over_to_the_next_machine_in_the_same_tick(cloud
     ]
     assert not any("was lost" in d["message"] for d in logs)
     second = _launching(store)
-    provider.fail(second["id"], CapacityError("spot-b", "SpotMaxPriceTooLow", "price"))
+    provider.fail(second.id, CapacityError("spot-b", "SpotMaxPriceTooLow", "price"))
     sched.tick()
     job = store.job(job_id)
-    assert job["status"] == v.CANCELED and provider.launched == ["spot-a", "spot-b"]
+    assert job.status == v.CANCELED and provider.launched == ["spot-a", "spot-b"]
     error = next(e["data"]["message"] for e in store.typed_events(job_id, (v.EV_ERROR,)))
     assert error.startswith("none of the machines (spot-a, spot-b) had capacity now"), error
 
@@ -234,13 +235,13 @@ def test_a_launch_that_fails_otherwise_is_a_lost_worker_retried(cloud) -> None: 
     job_id = _job(store, uid, ["spot-a", "spot-b"], wait=0)
     sched.tick()
     first = _launching(store)
-    provider.fail(first["id"], RuntimeError("UnauthorizedOperation: not allowed"))
+    provider.fail(first.id, RuntimeError("UnauthorizedOperation: not allowed"))
     sched.tick()
     job = store.job(job_id)
-    assert job["attempt"] == 1 and provider.launched == ["spot-a", "spot-a"], "retried as a new attempt"
+    assert job.attempt == 1 and provider.launched == ["spot-a", "spot-a"], "retried as a new attempt"
     logs = [e["data"]["message"] for e in store.typed_events(job_id, (v.EV_LOG,))]
     assert (
-        f"worker on {first['id']} could not start (UnauthorizedOperation: not allowed); resuming from epoch 0" in logs
+        f"worker on {first.id} could not start (UnauthorizedOperation: not allowed); resuming from epoch 0" in logs
     )
 
 
@@ -261,7 +262,7 @@ def test_reconcile_and_adopt_reach_providers_that_have_them(cloud) -> None:  # n
     _job(store, uid, ["spot-a"], wait=0)
     sched.tick()
     assert [f.result() for f in sched.adopt_all()] == ["adopted"]
-    assert [f.result() for f in sched.reconcile_all()] == [[_launching(store)["id"]]]
+    assert [f.result() for f in sched.reconcile_all()] == [[_launching(store).id]]
     plain = Scheduler(store, {"scripted": ScriptedProvider()}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
     assert plain.adopt_all() == [] and plain.reconcile_all() == [], "the local kind has none: nothing to do"
 
@@ -280,19 +281,19 @@ class StoppingProvider(AsyncScriptedProvider):
     def offers(self) -> list[dict[str, Any]]:
         return [{"machine_id": "od-a", "provider": self.name, "capacity": 5, "spot": False}]
 
-    def alive(self, instance: dict[str, Any]) -> bool:
-        return self.state.get(instance["id"]) in ("launching", "pending", "running", "stopping", "stopped")
+    def alive(self, instance: InstanceRecord) -> bool:
+        return self.state.get(instance.id) in ("launching", "pending", "running", "stopping", "stopped")
 
-    def _op(self, kind: str, instance: dict[str, Any]) -> Future:
-        self.ops.append((kind, instance["id"]))
-        self.futures[instance["id"]] = fut = Future()
+    def _op(self, kind: str, instance: InstanceRecord) -> Future:
+        self.ops.append((kind, instance.id))
+        self.futures[instance.id] = fut = Future()
         return fut
 
-    def stop(self, instance: dict[str, Any]) -> Future:
-        self.state[instance["id"]] = "stopping"
+    def stop(self, instance: InstanceRecord) -> Future:
+        self.state[instance.id] = "stopping"
         return self._op("stop", instance)
 
-    def start(self, instance: dict[str, Any]) -> Future:
+    def start(self, instance: InstanceRecord) -> Future:
         return self._op("start", instance)
 
 
@@ -311,42 +312,42 @@ def test_an_on_demand_cloud_machine_is_stopped_after_its_job_and_restarted_for_t
     first = _od_job(store, uid, "job-1")
     sched.tick()
     inst = _launching(store)
-    provider.state[inst["id"]] = "running"
+    provider.state[inst.id] = "running"
     store.update_job(first, status=v.COMPLETED)
-    sched.release_instance(store.instance(inst["id"]))  # no cool-down: closed now, and on-demand: stopped
-    assert store.instance(inst["id"])["substatus"] == v.STOPPING and provider.ops == [("stop", inst["id"])]
+    sched.release_instance(store.instance(inst.id))  # no cool-down: closed now, and on-demand: stopped
+    assert store.instance(inst.id).substatus == v.STOPPING and provider.ops == [("stop", inst.id)]
     for _ in range(3):
         sched.tick()  # stopping is no reason to terminate it
-    assert store.instance(inst["id"])["status"] == v.CLOSING and provider.terminated == []
-    provider.state[inst["id"]] = "stopped"
-    provider.futures[inst["id"]].set_result("stopped")
+    assert store.instance(inst.id).status == v.CLOSING and provider.terminated == []
+    provider.state[inst.id] = "stopped"
+    provider.futures[inst.id].set_result("stopped")
     sched.tick()
-    assert (store.instance(inst["id"])["status"], store.instance(inst["id"])["substatus"]) == (v.CLOSED, v.STOPPED)
+    assert (store.instance(inst.id).status, store.instance(inst.id).substatus) == (v.CLOSED, v.STOPPED)
 
     second = _od_job(store, uid, "job-2")
     sched.tick()
-    assert provider.ops[-1] == ("start", inst["id"]) and provider.launched == ["od-a"], "restarted, not launched"
+    assert provider.ops[-1] == ("start", inst.id) and provider.launched == ["od-a"], "restarted, not launched"
     job = store.job(second)
-    assert job["instance_id"] == inst["id"] and "restarting stopped instance" in store.typed_events(
-        second, (v.EV_STATUS,)
-    )[-1]["data"].get("message", "")
-    assert store.instance(inst["id"])["status"] == v.LAUNCHING
-    provider.futures[inst["id"]].set_result("pending")
-    provider.state[inst["id"]] = "running"
+    assert job.instance_id == inst.id and "restarting stopped instance" in store.typed_events(second, (v.EV_STATUS,))[
+        -1
+    ]["data"].get("message", "")
+    assert store.instance(inst.id).status == v.LAUNCHING
+    provider.futures[inst.id].set_result("pending")
+    provider.state[inst.id] = "running"
     sched.tick()
-    assert store.instance(inst["id"])["status"] == v.LAUNCHING and store.job(second)["instance_id"] == inst["id"]
+    assert store.instance(inst.id).status == v.LAUNCHING and store.job(second).instance_id == inst.id
 
     # A second machine while one is already stopped: over the limit of 1, it is terminated instead.
     other = _od_job(store, uid, "job-3")
     sched.tick()
-    (new,) = [i for i in store.instances(statuses=(v.LAUNCHING,)) if i["id"] != inst["id"]]
-    provider.state[new["id"]] = "running"
+    (new,) = [i for i in store.instances(statuses=(v.LAUNCHING,)) if i.id != inst.id]
+    provider.state[new.id] = "running"
     store.update_job(second, status=v.COMPLETED)
-    sched.release_instance(store.instance(inst["id"]))
+    sched.release_instance(store.instance(inst.id))
     store.update_job(other, status=v.COMPLETED)
-    sched.release_instance(store.instance(new["id"]))
-    assert store.instance(inst["id"])["substatus"] == v.STOPPING
-    assert store.instance(new["id"])["substatus"] == v.TERMINATING, "one stopping already fills the limit of 1"
+    sched.release_instance(store.instance(new.id))
+    assert store.instance(inst.id).substatus == v.STOPPING
+    assert store.instance(new.id).substatus == v.TERMINATING, "one stopping already fills the limit of 1"
     store.close()
 
 
@@ -359,20 +360,20 @@ def test_a_restart_without_capacity_passes_over_and_stays_stopped(tmp_path: Path
     _od_job(store, uid, "job-1")
     sched.tick()
     inst = _launching(store)
-    provider.state[inst["id"]] = "running"
+    provider.state[inst.id] = "running"
     store.update_job("job-1", status=v.COMPLETED)
-    sched.release_instance(store.instance(inst["id"]))
-    provider.state[inst["id"]] = "stopped"
-    provider.futures[inst["id"]].set_result("stopped")
+    sched.release_instance(store.instance(inst.id))
+    provider.state[inst.id] = "stopped"
+    provider.futures[inst.id].set_result("stopped")
     sched.tick()
     _od_job(store, uid, "job-2")
     sched.tick()
-    provider.futures[inst["id"]].set_exception(CapacityError("InsufficientInstanceCapacity"))
+    provider.futures[inst.id].set_exception(CapacityError("InsufficientInstanceCapacity"))
     sched.tick()
-    row = store.instance(inst["id"])
-    assert (row["status"], row["substatus"]) == (v.CLOSED, v.STOPPED), "still kept for later"
+    row = store.instance(inst.id)
+    assert (row.status, row.substatus) == (v.CLOSED, v.STOPPED), "still kept for later"
     job = store.job("job-2")
-    assert job["status"] == v.CANCELED and provider.launched == ["od-a"]
+    assert job.status == v.CANCELED and provider.launched == ["od-a"]
     passed = [e["data"] for e in store.typed_events("job-2", (v.EV_LOG,)) if "passed_over" in e["data"]]
     assert [d["passed_over"] for d in passed] == ["od-a"]
     store.close()
@@ -389,7 +390,7 @@ def test_instances_of_a_provider_not_served_now_never_stop_the_tick(tmp_path: Pa
     _job(store, uid, ["spot-a"], wait=0)
     sched.tick()
     sched.tick()
-    assert provider.launched == ["spot-a"] and store.instance("inst-cloud")["status"] == v.LAUNCHING
+    assert provider.launched == ["spot-a"] and store.instance("inst-cloud").status == v.LAUNCHING
     store.close()
 
 
@@ -404,5 +405,5 @@ def test_one_tick_places_a_queue_against_capacity_it_has_just_used(world) -> Non
         store.update_job(f"job-{n}", status=v.QUEUING, substatus=v.REQUESTING_SERVER)
     sched.tick()
     assert provider.launched == ["spot-a", "spot-a"]
-    assert [store.job(f"job-{n}")["instance_id"] is not None for n in range(3)] == [True, True, False]
+    assert [store.job(f"job-{n}").instance_id is not None for n in range(3)] == [True, True, False]
     assert "all 2 in use" in store.typed_events("job-2", (v.EV_STATUS,))[-1]["data"]["message"]

@@ -45,8 +45,8 @@ def test_a_first_release_database_is_upgraded_with_its_rows(tmp_path: Path) -> N
         assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert store.user_for_token("tok-alice")["name"] == "alice", "an old token still signs in"
         assert [t["id"].startswith("tok_") for t in store.tokens(1)] == [True], "old tokens got a public id"
-        assert store.job("job-1")["epochs_done"] == 3
-        assert store.instance("inst-1")["price_per_hour"] is None
+        assert store.job("job-1").epochs_done == 3
+        assert store.instance("inst-1").price_per_hour is None
         assert store.stored_bytes(1) == 42 and store.blobs_by_use(1) == [("a" * 64, 42)]
     finally:
         store.close()

@@ -14,6 +14,7 @@ from aibro_core.models import explain
 
 from ..server.jsonout import dumps
 from ..server.state import Backend
+from ..storage.records import JobRecord
 
 MAX_JSON_DEPTH = 32
 M = TypeVar("M", bound=BaseModel)
@@ -138,7 +139,7 @@ class UserHandler(BaseHandler):
     def uid(self) -> int:
         return int(self.user["id"])
 
-    def own_job(self, job_id: str) -> dict[str, Any]:
+    def own_job(self, job_id: str) -> JobRecord:
         job = self.backend.store.job(job_id, self.uid)
         if job is None:
             raise not_yours(job_id)

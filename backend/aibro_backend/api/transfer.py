@@ -294,9 +294,9 @@ class ArtifactHandler(UserHandler):
 
 class WorkerBlobHandler(WorkerHandler):
     async def get(self, sha: str) -> None:
-        inst = self.backend.store.instance(self.instance["id"])
-        job = self.backend.store.job(inst["job_id"]) if inst["job_id"] else None
-        if job is None or sha not in spec_blobs(job["spec"]):
+        inst = self.backend.store.instance(self.instance.id)
+        job = self.backend.store.job(inst.job_id) if inst.job_id else None
+        if job is None or sha not in spec_blobs(job.spec):
             raise ApiError(403, "this blob is not part of the job assigned to this instance")
         s3 = self.backend.blobs.s3
         if s3 is not None:
@@ -487,7 +487,7 @@ def _check_name_free(handler: WorkerHandler, job_id: str, name: str) -> None:
 def _pinned(handler: UserHandler) -> dict[str, int]:
     """The user's blobs that their active jobs read, with their sizes: they stay while those jobs run."""
     store = handler.backend.store
-    shas = {sha for job in store.jobs(handler.uid, v.JOB_ACTIVE) for sha in spec_blobs(job["spec"])}
+    shas = {sha for job in store.jobs(handler.uid, v.JOB_ACTIVE) for sha in spec_blobs(job.spec)}
     return {sha: store.blob_size(sha, handler.uid) or 0 for sha in shas}
 
 

@@ -8,9 +8,11 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
-from aibro_core.models import ReplayOverrides, finite
+from aibro_core.models import Instance, Job, ReplayOverrides, finite
 
 from ..scheduling.costs import instance_cost, job_costs
+from ..storage.records import InstanceRecord, JobRecord
+from ..storage.store import Store
 from . import longpoll
 from .base import ApiError, UserHandler
 from .jobspec import spec_blobs, validate_spec
@@ -19,46 +21,74 @@ from .transfer import quota
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
 
 
-def job_view(job: dict[str, Any], store: Any, costs: dict[str, float] | None = None) -> dict[str, Any]:
-    """What a client sees of a job (models.Job): states, progress, timeline and cost, never other users' data.
+def job_view(job: JobRecord, store: Store, costs: dict[str, float] | None = None) -> Job:
+    """What a client sees of a job: states, progress, timeline and cost, never other users' data.
 
     Built by the one event reduction (aibro_core.jobpicture), which skips an event it cannot use, and read from
     the stored spec defensively: a row stored before requests were validated never turns this into a 500.
     `costs` (job id → USD, from job_costs) saves a listing from reading the user's instances once per job."""
     if costs is None:
-        costs = job_costs(store.instances(job["user_id"]), time.time())
-    spec = job["spec"] if isinstance(job["spec"], dict) else {}
-    picture = JobPicture().apply_all(store.typed_events(job["id"], (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
-    valid = job["status"] in v.JOB_STATUSES and job["substatus"] in v.JOB_SUBSTATUSES
+        costs = job_costs(store.instances(job.user_id), time.time())
+    spec = job.spec if isinstance(job.spec, dict) else {}
+    picture = JobPicture().apply_all(store.typed_events(job.id, (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
+    valid = job.status in v.JOB_STATUSES and job.substatus in v.JOB_SUBSTATUSES
     fit = spec.get("fit") if isinstance(spec.get("fit"), dict) else {}
     code = spec.get("code") if isinstance(spec.get("code"), dict) else {}
-    return {
-        "job_id": job["id"],
-        "status": job["status"] if valid else picture.status,
-        "substatus": job["substatus"] if valid else picture.substatus,
-        "description": str(job["description"] or ""),
-        "machine_id": job["machine_id"],
-        "instance_id": job["instance_id"],
-        "machines": [str(m) for m in spec.get("machines") or []],
-        "cool_down_s": finite(spec.get("cool_down_s", 0)),
-        "wait_request_s": finite(spec.get("wait_request_s", 0)),
-        "epochs": int(finite(fit.get("epochs", 1), 1)),
-        "epochs_done": job["epochs_done"],
-        "attempt": job["attempt"],
-        "created": job["created"],
-        "updated": job["updated"],
-        "cancel_requested": bool(job["cancel_requested"]),
-        "replay_of": job["replay_of"],
-        "record": bool(spec.get("record", True)),
-        "meta": spec.get("meta") or {},
-        "code": code.get("files") or [],
-        "requirements": spec.get("requirements") or [],
-        "files": callback_files(spec),
-        "cost": costs.get(job["id"], 0.0),
-        "timeline": picture.timeline,
-        "history": picture.history_rows(),
-        "error": picture.error,
-    }
+    meta = spec.get("meta") if isinstance(spec.get("meta"), dict) else {}
+    return Job(
+        job_id=job.id,
+        status=job.status if valid else picture.status,
+        substatus=job.substatus if valid else picture.substatus,
+        description=str(job.description or ""),
+        machine_id=job.machine_id,
+        instance_id=job.instance_id,
+        machines=[str(m) for m in spec.get("machines") or []],
+        cool_down_s=finite(spec.get("cool_down_s", 0)),
+        wait_request_s=finite(spec.get("wait_request_s", 0)),
+        epochs=int(finite(fit.get("epochs", 1), 1)),
+        epochs_done=job.epochs_done,
+        attempt=job.attempt,
+        created=job.created,
+        updated=job.updated,
+        cancel_requested=job.cancel_requested,
+        replay_of=job.replay_of,
+        record=bool(spec.get("record", True)),
+        meta={str(k): str(val) for k, val in meta.items()},
+        code=code.get("files") or [],
+        requirements=[str(r) for r in spec.get("requirements") or []],
+        files=callback_files(spec),
+        cost=costs.get(job.id, 0.0),
+        timeline=picture.timeline,
+        history=picture.history_rows(),
+        error=picture.error,
+    )
+
+
+def instance_view(inst: InstanceRecord, now: float, placement: dict[str, Any] | None = None) -> Instance:
+    """What a client sees of an instance: its states and their history, what it costs so far, where it runs."""
+    priced = instance_cost(inst, now)
+    cooling = inst.status == v.COOLING
+    return Instance(
+        id=inst.id,
+        user_id=inst.user_id,
+        provider=inst.provider,
+        machine_id=inst.machine_id,
+        status=inst.status,
+        substatus=inst.substatus,
+        job_id=inst.job_id,
+        cool_down_s=inst.cool_down_s,
+        cooling_until=inst.cooling_until,
+        created=inst.created,
+        updated=inst.updated,
+        last_seen=inst.last_seen,
+        history=inst.history,
+        cooling_left_s=max(0.0, (inst.cooling_until or now) - now) if cooling else 0.0,
+        price_per_hour=inst.price_per_hour,
+        cost=priced.cost,
+        cooling_cost=priced.cooling_cost,
+        billed_s=priced.billed_s,
+        placement=placement,
+    )
 
 
 def callback_files(spec: dict[str, Any]) -> list[dict[str, str]]:
@@ -110,15 +140,15 @@ class JobsHandler(UserHandler):
         store = self.backend.store
         cursor = store.max_gid(self.uid)  # taken first: events after it reach a watcher that follows from here
         costs = job_costs(store.instances(self.uid), time.time())
-        self.send({"jobs": [job_view(j, store, costs) for j in store.jobs(self.uid)], "cursor": cursor})
+        jobs = [job_view(j, store, costs).model_dump(mode="json") for j in store.jobs(self.uid)]
+        self.send({"jobs": jobs, "cursor": cursor})
 
     def post(self) -> None:
         spec = self.body_json()
-        job = submit_job(self, spec)
-        self.send(job, 201)
+        self.send(submit_job(self, spec).model_dump(mode="json"), 201)
 
 
-def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None = None) -> dict[str, Any]:
+def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None = None) -> Job:
     backend = handler.backend
     spec = validate_spec(raw, backend.scheduler.machine_index())
     if not spec["safe_mode"] and not backend.policy.unsafe_allowed(handler.user["name"]):
@@ -160,31 +190,31 @@ def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None 
 
 class JobHandler(UserHandler):
     def get(self, job_id: str) -> None:
-        self.send(job_view(self.own_job(job_id), self.backend.store))
+        self.send(job_view(self.own_job(job_id), self.backend.store).model_dump(mode="json"))
 
 
 class CancelHandler(UserHandler):
     def post(self, job_id: str) -> None:
         job = self.own_job(job_id)
-        if job["status"] in v.JOB_ACTIVE and not job["cancel_requested"]:
+        if job.status in v.JOB_ACTIVE and not job.cancel_requested:
             self.backend.store.update_job(job_id, cancel_requested=1)
             self.backend.scheduler.emit(job_id, v.EV_LOG, {"message": "cancel requested"})
             self.backend.scheduler.tick()
-        self.send(job_view(self.backend.store.job(job_id), self.backend.store))
+        self.send(job_view(self.backend.store.job(job_id), self.backend.store).model_dump(mode="json"))
 
 
 class ReplayHandler(UserHandler):
     def post(self, job_id: str) -> None:
         job = self.own_job(job_id)
-        if not job["spec"].get("record", True):
+        if not job.spec.get("record", True):
             raise ApiError(409, f"job {job_id} was not recorded (record=False), so it cannot be replayed")
-        spec = dict(job["spec"])
+        spec = dict(job.spec)
         overrides = self.body_model(ReplayOverrides, "the replay overrides")
         if overrides.machines:
             spec["machines"] = overrides.machines
         if overrides.description is not None:
             spec["description"] = overrides.description
-        self.send(submit_job(self, spec, replay_of=job_id), 201)
+        self.send(submit_job(self, spec, replay_of=job_id).model_dump(mode="json"), 201)
 
 
 class JobEventsHandler(UserHandler):
@@ -213,20 +243,13 @@ class ArtifactsHandler(UserHandler):
 class InstancesHandler(UserHandler):
     def get(self) -> None:
         now = time.time()
-        out = []
-        for inst in self.backend.store.instances(self.uid):
-            inst.pop("pid", None)
-            cooling = inst["status"] == v.COOLING
-            inst["cooling_left_s"] = max(0.0, (inst["cooling_until"] or now) - now) if cooling else 0
-            _price(inst, now)
-            inst["placement"] = self._placement(inst)
-            out.append(inst)
-        self.send({"instances": out})
+        views = [instance_view(i, now, self._placement(i)) for i in self.backend.store.instances(self.uid)]
+        self.send({"instances": [view.model_dump(mode="json") for view in views]})
 
-    def _placement(self, inst: dict[str, Any]) -> dict[str, Any] | None:
+    def _placement(self, inst: InstanceRecord) -> dict[str, Any] | None:
         """Where a live instance runs, from a provider that says (a Ray node); None otherwise."""
-        provider = self.backend.scheduler.providers.get(inst["provider"])
-        if provider is None or inst["status"] not in v.INSTANCE_LIVE:
+        provider = self.backend.scheduler.providers.get(inst.provider)
+        if provider is None or inst.status not in v.INSTANCE_LIVE:
             return None
         found = provider.info(inst)
         return {k: found.get(k) for k in PLACEMENT_KEYS if found.get(k) is not None}
@@ -237,16 +260,8 @@ class TerminateHandler(UserHandler):
         inst = self.backend.store.instance(instance_id, self.uid)
         if inst is None:
             raise ApiError(404, f"no instance '{instance_id[:80]}' for this user (GET /instances lists them)")
-        if inst["status"] == v.EXECUTING:
-            raise ApiError(409, f"{instance_id} is running job {inst['job_id']}: cancel the job first")
+        if inst.status == v.EXECUTING:
+            raise ApiError(409, f"{instance_id} is running job {inst.job_id}: cancel the job first")
         self.backend.scheduler.terminate_instance(inst)
-        inst = self.backend.store.instance(instance_id, self.uid)
-        inst.pop("pid", None)
-        _price(inst, time.time())
-        self.send({"instance": inst})
-
-
-def _price(inst: dict[str, Any], now: float) -> None:
-    """An instance view's cost fields (models.Instance): its cost so far, the cooling part, billed seconds."""
-    priced = instance_cost(inst, now)
-    inst["cost"], inst["cooling_cost"], inst["billed_s"] = priced.cost, priced.cooling_cost, priced.billed_s
+        view = instance_view(self.backend.store.instance(instance_id, self.uid), time.time())
+        self.send({"instance": view.model_dump(mode="json")})

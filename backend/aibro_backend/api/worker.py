@@ -12,6 +12,7 @@ from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 from aibro_core.models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
+from ..storage.records import InstanceRecord
 from ..storage.store import NewEvent, NoSuchJob
 from ..worker import version
 from .base import ApiError, BaseHandler
@@ -21,7 +22,7 @@ SEEN_TOUCH_S = 5.0  # an instance's last_seen is written at most this often: a b
 
 
 class WorkerHandler(BaseHandler):
-    instance: dict[str, Any]
+    instance: InstanceRecord
 
     def prepare(self) -> None:
         # looked up by the request guard (server/guard.header_refusal), else here
@@ -30,16 +31,16 @@ class WorkerHandler(BaseHandler):
             raise ApiError(401, "unknown worker token")
         self.instance = inst
         now = time.time()
-        if (inst["last_seen"] or 0) < now - SEEN_TOUCH_S:
-            self.backend.store.update_instance(inst["id"], last_seen=now)
+        if (inst.last_seen or 0) < now - SEEN_TOUCH_S:
+            self.backend.store.update_instance(inst.id, last_seen=now)
 
     def assigned_job(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
         """The job only if it is this instance's current assignment (and attempt, when given)."""
-        inst = self.backend.store.instance(self.instance["id"])  # fresh: an upload calls this again after awaits
+        inst = self.backend.store.instance(self.instance.id)  # fresh: an upload calls this again after awaits
         job = self.backend.store.job(job_id)
-        if job is None or inst["job_id"] != job_id or job["instance_id"] != inst["id"]:
-            raise ApiError(409, f"{job_id} is not assigned to {inst['id']}: drop it")
-        if attempt is not None and attempt != job["attempt"]:
+        if job is None or inst.job_id != job_id or job.instance_id != inst.id:
+            raise ApiError(409, f"{job_id} is not assigned to {inst.id}: drop it")
+        if attempt is not None and attempt != job.attempt:
             raise ApiError(409, f"attempt {attempt} of {job_id} is stale: drop it")
         return job
 
@@ -59,38 +60,38 @@ class EnrollHandler(BaseHandler):
         inst, answer = self.backend.store.enroll(token)
         if inst is None:
             raise ApiError(401, answer)
-        self.send({"instance_id": inst["id"], "token": answer})
+        self.send({"instance_id": inst.id, "token": answer})
 
 
 class AssignmentHandler(WorkerHandler):
     def get(self) -> None:
         store = self.backend.store
-        inst = store.instance(self.instance["id"])
-        if inst["status"] in (v.CLOSING, v.CLOSED):
+        inst = store.instance(self.instance.id)
+        if inst.status in (v.CLOSING, v.CLOSED):
             self.send({"action": "exit"})
             return
-        job = store.job(inst["job_id"]) if inst["job_id"] else None
-        if job is None or job["status"] not in v.JOB_ACTIVE:
-            self.send({"action": "wait", "cooling_until": inst["cooling_until"]})
+        job = store.job(inst.job_id) if inst.job_id else None
+        if job is None or job.status not in v.JOB_ACTIVE:
+            self.send({"action": "wait", "cooling_until": inst.cooling_until})
             return
         reported, expected = self.request.headers.get(version.HEADER, ""), version.agent_version()
         if reported != expected:
             self.backend.scheduler.refuse_agent(inst, reported or "of an unknown version", expected)
             self.send({"action": "exit"})
             return
-        if inst["status"] == v.LAUNCHING:
-            store.set_instance_state(inst["id"], v.EXECUTING, "", job_id=job["id"])
+        if inst.status == v.LAUNCHING:
+            store.set_instance_state(inst.id, v.EXECUTING, "", job_id=job.id)
         resume = None
-        if job["epochs_done"] > 0:
-            resume = {"epoch": job["epochs_done"], "checkpoint": v.checkpoint_name(job["epochs_done"] - 1)}
+        if job.epochs_done > 0:
+            resume = {"epoch": job.epochs_done, "checkpoint": v.checkpoint_name(job.epochs_done - 1)}
         self.send(
             {
                 "action": "train",
-                "job_id": job["id"],
-                "attempt": job["attempt"],
-                "spec": job["spec"],
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "spec": job.spec,
                 "resume": resume,
-                "cancel": job["cancel_requested"],
+                "cancel": job.cancel_requested,
             }
         )
 
@@ -114,7 +115,7 @@ class WorkerEventsHandler(WorkerHandler):
                 raise ApiError(400, explain(exc, "the event batch"), **extra) from None
             attempt, events = body.attempt, [NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts) for ev in body.events]
         job = self.assigned_job(job_id, attempt)
-        epochs = int(job["spec"]["fit"]["epochs"])
+        epochs = int(job.spec["fit"]["epochs"])
         for ev in events:
             if ev.type == v.EV_EPOCH and ev.data["epoch"] >= epochs:
                 raise ApiError(400, f"epoch {ev.data['epoch']} is past the job's {epochs} epochs", wseq=ev.wseq)
@@ -122,11 +123,11 @@ class WorkerEventsHandler(WorkerHandler):
         try:
             stored = await self.backend.group_commit.append(job_id, batch, attempt)
         except NoSuchJob:  # deleted while the batch waited for its group
-            raise ApiError(409, f"{job_id} is not assigned to {self.instance['id']}: drop it") from None
+            raise ApiError(409, f"{job_id} is not assigned to {self.instance.id}: drop it") from None
         for event in stored:
             self.backend.scheduler.on_event(event)
         # the cancel flag as the job was read above: a cancel asked meanwhile reaches the worker with its next batch
-        self.send({"acked": self.backend.store.max_wseq(job_id, attempt), "cancel": job["cancel_requested"]})
+        self.send({"acked": self.backend.store.max_wseq(job_id, attempt), "cancel": job.cancel_requested})
 
 
 def _wseq_at(raw: dict[str, Any], loc: tuple[Any, ...]) -> int | None:
@@ -146,10 +147,10 @@ class WorkerFinishHandler(WorkerHandler):
         store, scheduler = self.backend.store, self.backend.scheduler
         outcome = body.outcome
         if outcome == v.SPOT_INTERRUPTED:
-            scheduler.spot_interrupted(job, store.instance(self.instance["id"]), (body.error or "")[:1000])
+            scheduler.spot_interrupted(job, store.instance(self.instance.id), (body.error or "")[:1000])
             self.send({"ok": True})
             return
-        if job["status"] in v.JOB_ACTIVE:
+        if job.status in v.JOB_ACTIVE:
             if outcome == v.OUTCOME_COMPLETED:
                 history = build_history(store.typed_events(job_id, (v.EV_EPOCH,)))
                 size, sha = self.backend.blobs.write_artifact(job_id, "history.json", json.dumps(history).encode())
@@ -162,7 +163,7 @@ class WorkerFinishHandler(WorkerHandler):
                 scheduler.set_status(job_id, v.CANCELED, v.SUB_CANCELED, "canceled")
             else:
                 scheduler.fail(job_id, (body.error or "the worker failed without saying why")[:4000])
-        scheduler.release_instance(store.instance(self.instance["id"]))
+        scheduler.release_instance(store.instance(self.instance.id))
         self.send({"ok": True})
 
 

@@ -49,6 +49,7 @@ from typing import Any
 
 from aibro_core.backoff import Backoff
 
+from ..storage.records import InstanceRecord
 from . import aws_catalog, shipping
 from . import base as provider_base
 from .aws_config import AwsConfig, resolve_ami
@@ -582,13 +583,13 @@ class AwsProvider(provider_base.Provider):
         return t.snapshot() if t else None
 
     # -- the Provider interface the scheduler's tick uses -------------------------------------------------------
-    def alive(self, instance: dict[str, Any]) -> bool:
+    def alive(self, instance: InstanceRecord) -> bool:
         """True while the request is in flight or the machine runs (or was stopped by us); no AWS call.
 
         An id this process has never seen (a backend restart before `adopt`) counts as alive until a complete
         listing made since start says it is not there.
         """
-        t = self._tracked.get(instance["id"])
+        t = self._tracked.get(instance.id)
         if t is None or t.state == "unknown":
             if self._listed_at is None:
                 self.refresh()
@@ -605,7 +606,7 @@ class AwsProvider(provider_base.Provider):
         if self._listed_at is None or self.clock() - self._listed_at >= self.refresh_interval_s:
             self.refresh()
 
-    def terminate(self, instance: dict[str, Any]) -> Future:
+    def terminate(self, instance: InstanceRecord) -> Future:
         """Make sure the instance goes away; returns at once (a Future). Repeated calls share one request."""
         t = self._track_for(instance)
         t.terminate_requested = True
@@ -636,13 +637,13 @@ class AwsProvider(provider_base.Provider):
         t.op, t.op_kind = self.executor.submit(run), kind
         return t.op
 
-    def _track_for(self, instance: dict[str, Any]) -> _Tracked:
+    def _track_for(self, instance: InstanceRecord) -> _Tracked:
         with self._lock:
-            t = self._tracked.get(instance["id"])
+            t = self._tracked.get(instance.id)
             if t is None:
-                machine = instance.get("machine_id") or ""
-                t = _Tracked(instance["id"], machine, aws_catalog.parse_machine_id(machine)[1], state="unknown")
-                self._tracked[instance["id"]] = t
+                machine = instance.machine_id or ""
+                t = _Tracked(instance.id, machine, aws_catalog.parse_machine_id(machine)[1], state="unknown")
+                self._tracked[instance.id] = t
             return t
 
     def _ec2_id(self, t: _Tracked) -> str | None:
@@ -663,7 +664,7 @@ class AwsProvider(provider_base.Provider):
         return t.state
 
     # -- what a cloud adds: stop / start, listing, reconciling, adopting ------------------------------------------
-    def stop(self, instance: dict[str, Any]) -> Future:
+    def stop(self, instance: InstanceRecord) -> Future:
         """Stop an on-demand instance (its disk stays; a later `start` is a fast restart). Spot ones cannot be."""
         t = self._track_for(instance)
         if t.spot:
@@ -679,7 +680,7 @@ class AwsProvider(provider_base.Provider):
         t.state = out["StoppingInstances"][0]["CurrentState"]["Name"]
         return t.state
 
-    def start(self, instance: dict[str, Any], stopping_wait_s: float = 120.0) -> Future:
+    def start(self, instance: InstanceRecord, stopping_wait_s: float = 120.0) -> Future:
         """Start a stopped instance again and renew its aibro:expires-at. A capacity error raises CapacityError."""
         t = self._track_for(instance)
         with self._lock:

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
+from ..storage.records import InstanceRecord
+
 
 class CapacityError(RuntimeError):
     """The provider has no room for this machine now (cloud capacity, spot price, quota). A provider whose launches
@@ -53,11 +55,11 @@ class Provider(ABC):
         the job moves on to the next in its list."""
 
     @abstractmethod
-    def alive(self, instance: dict[str, Any]) -> bool:
+    def alive(self, instance: InstanceRecord) -> bool:
         """Whether the instance's worker can still be running (no I/O: called for every instance on every tick)."""
 
     @abstractmethod
-    def terminate(self, instance: dict[str, Any]) -> Future | None:
+    def terminate(self, instance: InstanceRecord) -> Future | None:
         """Make sure the instance is gone for good, and everything its jobs started with it."""
 
     # -- optional, with what a provider that has nothing to say returns ---------------------------------------
@@ -79,7 +81,7 @@ class Provider(ABC):
         "stopping" | "stopped" | ...}; None if it does not know it."""
         return None
 
-    def pending(self, instance: dict[str, Any]) -> str | None:
+    def pending(self, instance: InstanceRecord) -> str | None:
         """Why a launched instance is not running yet, in words the user sees while the job waits."""
         return None
 
@@ -91,11 +93,11 @@ class Provider(ABC):
         """Why none of this provider's machines can be used now (a Ray cluster that stopped); None when they can."""
         return None
 
-    def lost_reason(self, instance: dict[str, Any]) -> str | None:
+    def lost_reason(self, instance: InstanceRecord) -> str | None:
         """Why a worker that is no longer alive went away, if the provider knows (its node died, say)."""
         return None
 
-    def info(self, instance: dict[str, Any]) -> dict[str, Any]:
+    def info(self, instance: InstanceRecord) -> dict[str, Any]:
         """Extra fields the instance's view shows (the Ray node it runs on, say)."""
         return {}
 
@@ -108,10 +110,10 @@ class Provider(ABC):
         """Every few minutes: end machines the store does not know as live or stopped, so nothing leaks money."""
         return None
 
-    def stop(self, instance: dict[str, Any]) -> Future:
+    def stop(self, instance: InstanceRecord) -> Future:
         """Stop (not terminate) an on-demand machine kept for later (only where `can_stop`)."""
         raise NotImplementedError(f"{self.name} machines cannot be stopped")
 
-    def start(self, instance: dict[str, Any]) -> Future:
+    def start(self, instance: InstanceRecord) -> Future:
         """Start a stopped machine again for a job (only where `can_stop`)."""
         raise NotImplementedError(f"{self.name} machines cannot be started again")

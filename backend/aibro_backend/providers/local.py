@@ -14,6 +14,7 @@ from typing import Any
 
 from aibro_core.files import open_private_log, private_dir
 
+from ..storage.records import InstanceRecord
 from ..worker.jobprocs import descendants
 from ..worker.netbridge import BRIDGE_ENV
 from . import jobnet
@@ -306,16 +307,16 @@ class LocalProvider(Provider):
             user_id, self._prime_later = self._prime_later[0], None
             self.prime(user_id)
 
-    def alive(self, instance: dict[str, Any]) -> bool:
-        pid = instance.get("pid")
+    def alive(self, instance: InstanceRecord) -> bool:
+        pid = instance.pid
         proc = self._procs.get(pid) if pid else None
         if proc is not None and proc.poll() is not None:
             self._procs.pop(pid, None)
             return False
         return pid_alive(pid)
 
-    def terminate(self, instance: dict[str, Any]) -> None:
-        pid = instance.get("pid")
+    def terminate(self, instance: InstanceRecord) -> None:
+        pid = instance.pid
         if pid and pid_alive(pid):
             for below in descendants(pid):  # a detached child of the job is no longer in the worker's group
                 try:
@@ -334,4 +335,4 @@ class LocalProvider(Provider):
                 pass
         self._workdirs.pop(pid, None)
         if not pid_alive(pid):
-            clear_workdir(self.state_dir / "workers" / instance["id"])
+            clear_workdir(self.state_dir / "workers" / instance.id)

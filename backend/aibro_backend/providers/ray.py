@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..storage.records import InstanceRecord
 from .base import Provider
 from .ray_bridge import INSTALL_HINT, LIVE, NAMESPACE, gcs_refusal
 from .ray_machines import build_machines, fits, need_text
@@ -342,32 +343,30 @@ class RayProvider(Provider):
             self._send({"op": "launch", "id": instance_id, "need": found[1], "spec": spec})
         return None
 
-    def alive(self, instance: dict[str, Any]) -> bool:
+    def alive(self, instance: InstanceRecord) -> bool:
         """False once the agent exited, was terminated, or its node or the whole cluster is gone (see
         `lost_reason`). An instance the provider does not know (the backend restarted) is looked up by name."""
         self._ensure_bridge()
-        instance_id = instance["id"]
+        instance_id = instance.id
         with self._lock:
             rec = self._instances.get(instance_id)
             if rec is None:
                 if self._cluster_error:
                     return False
-                rec = self._instances[instance_id] = self._record(instance_id, instance.get("machine_id"), "adopting")
+                rec = self._instances[instance_id] = self._record(instance_id, instance.machine_id, "adopting")
                 self._send({"op": "adopt", "id": instance_id})
             return rec["state"] in LIVE
 
-    def terminate(self, instance: dict[str, Any]) -> None:
+    def terminate(self, instance: InstanceRecord) -> None:
         """Stop the agent and kill the actor, which frees the reservation (repeated calls are harmless)."""
         self._ensure_bridge()
-        instance_id = instance["id"]
+        instance_id = instance.id
         with self._lock:
             rec = self._instances.get(instance_id)
             if rec is not None and rec["state"] not in LIVE:
                 return
             if rec is None:
-                rec = self._instances[instance_id] = self._record(
-                    instance_id, instance.get("machine_id"), "terminating"
-                )
+                rec = self._instances[instance_id] = self._record(instance_id, instance.machine_id, "terminating")
             if self._cluster_error:
                 rec["state"], rec["message"] = "lost", self._cluster_error
                 return
@@ -395,11 +394,11 @@ class RayProvider(Provider):
         with self._lock:
             return self._cluster_error
 
-    def pending(self, instance: dict[str, Any]) -> str | None:
+    def pending(self, instance: InstanceRecord) -> str | None:
         """While Ray cannot place the instance yet: what it waits for, e.g. 'waiting for 1 GPU on the Ray
         cluster (HOST:PORT)'. None once placed (or when it is not waiting for resources)."""
         with self._lock:
-            rec = self._instances.get(instance["id"])
+            rec = self._instances.get(instance.id)
             if rec is None or rec["state"] not in ("starting", "pending") or rec.get("placed_node"):
                 return None
             found = self._machines.get(rec["machine_id"] or "")
@@ -420,20 +419,20 @@ class RayProvider(Provider):
             found = self._machines.get(machine_id)
         return f"waiting for {need_text(found[0])} on the Ray cluster ({self.address})" if found else None
 
-    def lost_reason(self, instance: dict[str, Any]) -> str | None:
+    def lost_reason(self, instance: InstanceRecord) -> str | None:
         """Why a dead instance ended: its node died, the worker exited, or the cluster is gone (names the address)."""
         with self._lock:
-            rec = self._instances.get(instance["id"])
+            rec = self._instances.get(instance.id)
             if rec is None:
                 return self._cluster_error
             if rec["state"] in LIVE:
                 return None
             return rec.get("message") or rec["state"]
 
-    def info(self, instance: dict[str, Any]) -> dict[str, Any]:
+    def info(self, instance: InstanceRecord) -> dict[str, Any]:
         """Where an instance runs, for the instances view: state, node id and ip, hostname, agent pid, GPU ids."""
         with self._lock:
-            rec = dict(self._instances.get(instance["id"]) or {"state": "unknown"})
+            rec = dict(self._instances.get(instance.id) or {"state": "unknown"})
         rec.pop("gen", None)
         rec["ray_address"] = self.address
         if rec.get("state") in ("starting", "pending"):

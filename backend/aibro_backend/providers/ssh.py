@@ -26,6 +26,7 @@ from typing import Any
 
 from aibro_core.files import private_dir, write_private
 
+from ..storage.records import InstanceRecord
 from .base import CapacityError, Provider
 from .shipping import AgentWheel, install_script
 from .ssh_hosts import Host
@@ -200,8 +201,8 @@ class SshProvider(Provider):
         self._pool.submit(self._start, instance_id, host, remote, dict(env))
         return None
 
-    def alive(self, instance: dict[str, Any]) -> bool:
-        remote = self._remotes.get(instance["id"])
+    def alive(self, instance: InstanceRecord) -> bool:
+        remote = self._remotes.get(instance.id)
         return remote is not None and remote.state in ("launching", "running")
 
     def launch_error(self, instance_id: str) -> BaseException | None:
@@ -210,25 +211,25 @@ class SshProvider(Provider):
             return None
         return CapacityError(remote.error) if remote.unreachable else SshError(str(remote.error))
 
-    def pending(self, instance: dict[str, Any]) -> str | None:
-        remote = self._remotes.get(instance["id"])
+    def pending(self, instance: InstanceRecord) -> str | None:
+        remote = self._remotes.get(instance.id)
         if remote is not None and remote.state == "launching":
             return f"installing the agent on {remote.host} (once per version) and starting it"
         return None
 
-    def lost_reason(self, instance: dict[str, Any]) -> str | None:
-        remote = self._remotes.get(instance["id"])
+    def lost_reason(self, instance: InstanceRecord) -> str | None:
+        remote = self._remotes.get(instance.id)
         return remote.error if remote is not None else None
 
-    def info(self, instance: dict[str, Any]) -> dict[str, Any]:
-        remote = self._remotes.get(instance["id"])
+    def info(self, instance: InstanceRecord) -> dict[str, Any]:
+        remote = self._remotes.get(instance.id)
         if remote is None:
             return {}
         host = self.hosts.get(remote.host)
         return {"host": remote.host, "address": f"{host.host}:{host.port}" if host else "", "pid": remote.pid}
 
-    def terminate(self, instance: dict[str, Any]) -> Future | None:
-        return self._pool.submit(self._end, instance["id"])
+    def terminate(self, instance: InstanceRecord) -> Future | None:
+        return self._pool.submit(self._end, instance.id)
 
     def close(self) -> None:
         """The backend stops: its workers stop with it (a restarted backend starts new ones for its jobs)."""

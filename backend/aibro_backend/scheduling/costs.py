@@ -26,6 +26,8 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 
+from ..storage.records import InstanceRecord
+
 MIN_BILLED_S = 60.0
 RUNNING = (v.LAUNCHING, v.EXECUTING, v.COOLING)  # the states in which the machine is up, so billed
 
@@ -85,12 +87,12 @@ class InstanceCost:
     by_job: dict[str, float]
 
 
-def instance_cost(inst: dict[str, Any], now: float) -> InstanceCost:
+def instance_cost(inst: InstanceRecord, now: float) -> InstanceCost:
     """The instance's cost so far in USD, its cooling part, billed seconds, and each job's share."""
-    price = float(inst.get("price_per_hour") or 0.0) / 3600.0
+    price = float(inst.price_per_hour or 0.0) / 3600.0
     total = cooling = billed_total = 0.0
     by_job: dict[str, float] = {}
-    for start in starts(inst.get("history") or [], now):
+    for start in starts(inst.history or [], now):
         used = sum(start.job_seconds.values()) + start.cooling_seconds
         billed = billed_seconds(start.end - start.begin, start.reported)
         extra = max(0.0, billed - used)  # rounding and the minimum: the starting job's, else the instance's

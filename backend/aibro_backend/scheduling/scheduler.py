@@ -14,6 +14,7 @@ from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
 from ..providers.base import CapacityError, Provider
+from ..storage.records import InstanceRecord, JobRecord
 from ..storage.store import Store
 from .policy import Policy
 
@@ -74,54 +75,54 @@ class Scheduler:
         self.emit(job_id, v.EV_ERROR, {"message": message})
         self.set_status(job_id, v.CANCELED, v.SUB_CANCELED, message)
 
-    def release_instance(self, inst: dict[str, Any], cool: bool = True) -> None:
+    def release_instance(self, inst: InstanceRecord, cool: bool = True) -> None:
         """After a job: keep the instance warm for its cool-down, or close it."""
-        if cool and inst["cool_down_s"] > 0 and inst["status"] in (v.EXECUTING, v.LAUNCHING):
+        if cool and inst.cool_down_s > 0 and inst.status in (v.EXECUTING, v.LAUNCHING):
             self.store.set_instance_state(
-                inst["id"], v.COOLING, "", job_id=None, cooling_until=time.time() + inst["cool_down_s"]
+                inst.id, v.COOLING, "", job_id=None, cooling_until=time.time() + inst.cool_down_s
             )
         else:
             self.close_instance(inst)
 
-    def close_instance(self, inst: dict[str, Any]) -> None:
+    def close_instance(self, inst: InstanceRecord) -> None:
         """Close an instance: an on-demand machine of a provider that can stop it (a cloud) is stopped, kept for a
         fast restart, while its user holds fewer than `max_stopped_instances` stopped ones; others terminate."""
         if self._stoppable(inst):
             try:
-                fut = self.providers[inst["provider"]].stop(inst)
+                fut = self.providers[inst.provider].stop(inst)
             except Exception as exc:  # noqa: BLE001 - cannot stop: terminate instead
-                log.warning("cannot stop %s (%s); terminating it", inst["id"], exc)
+                log.warning("cannot stop %s (%s); terminating it", inst.id, exc)
             else:
-                self._ops[inst["id"]] = fut
-                self.store.set_instance_state(inst["id"], v.CLOSING, v.STOPPING, job_id=None)
+                self._ops[inst.id] = fut
+                self.store.set_instance_state(inst.id, v.CLOSING, v.STOPPING, job_id=None)
                 return
-        self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
+        self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
 
-    def terminate_instance(self, inst: dict[str, Any]) -> None:
+    def terminate_instance(self, inst: InstanceRecord) -> None:
         """A user's terminate: the machine goes for good, never stopped for later. A live one closes as any
         terminated instance does (its agent exits; the tick terminates it if it does not); a stopped one runs no
         agent, so its provider terminates it now."""
-        if inst["status"] == v.CLOSED and inst["substatus"] == v.STOPPED:
-            provider = self.providers.get(inst["provider"])
+        if inst.status == v.CLOSED and inst.substatus == v.STOPPED:
+            provider = self.providers.get(inst.provider)
             if provider is not None:
                 provider.terminate(inst)
-            self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
-        elif inst["status"] in v.INSTANCE_LIVE:
-            self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
+            self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
+        elif inst.status in v.INSTANCE_LIVE:
+            self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
 
-    def _stoppable(self, inst: dict[str, Any]) -> bool:
-        provider = self.providers.get(inst["provider"])
+    def _stoppable(self, inst: InstanceRecord) -> bool:
+        provider = self.providers.get(inst.provider)
         if provider is None or not provider.can_stop:
             return False
-        offer = self.machine_index().get(inst["machine_id"], (None, {}))[1]
+        offer = self.machine_index().get(inst.machine_id, (None, {}))[1]
         if offer.get("spot", True):
             return False
-        stopping = [i for i in self.store.instances(inst["user_id"], (v.CLOSING,)) if i["substatus"] == v.STOPPING]
-        return len(self.stopped_instances(inst["user_id"])) + len(stopping) < self.policy.max_stopped_instances
+        stopping = [i for i in self.store.instances(inst.user_id, (v.CLOSING,)) if i.substatus == v.STOPPING]
+        return len(self.stopped_instances(inst.user_id)) + len(stopping) < self.policy.max_stopped_instances
 
-    def stopped_instances(self, user_id: int | None = None) -> list[dict[str, Any]]:
+    def stopped_instances(self, user_id: int | None = None) -> list[InstanceRecord]:
         """Stopped machines kept for a fast restart (CLOSED / STOPPED), oldest first."""
-        return [i for i in self.store.instances(user_id, (v.CLOSED,)) if i["substatus"] == v.STOPPED]
+        return [i for i in self.store.instances(user_id, (v.CLOSED,)) if i.substatus == v.STOPPED]
 
     # -- providers whose machines outlive the backend (clouds) ------------------------------------------
     def adopt_all(self) -> list[Future]:
@@ -134,7 +135,7 @@ class Scheduler:
         futures = []
         for name, provider in self.providers.items():
             live = self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)) + self.stopped_instances()
-            fut = provider.reconcile([i["id"] for i in live if i["provider"] == name])
+            fut = provider.reconcile([i.id for i in live if i.provider == name])
             if fut is not None:
                 futures.append(fut)
         return futures
@@ -153,83 +154,81 @@ class Scheduler:
     def _check_instances(self) -> None:
         now = time.time()
         for inst in self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)):
-            provider = self.providers.get(inst["provider"])
+            provider = self.providers.get(inst.provider)
             if provider is None:  # its provider is not served now (started without --provider aws): leave it be
-                if inst["id"] not in self._unserved:
-                    self._unserved.add(inst["id"])
-                    log.warning(
-                        "%s belongs to provider %r, which this backend does not run", inst["id"], inst["provider"]
-                    )
+                if inst.id not in self._unserved:
+                    self._unserved.add(inst.id)
+                    log.warning("%s belongs to provider %r, which this backend does not run", inst.id, inst.provider)
                 continue
             if not provider.alive(inst):
                 failed = self._launch_failed(provider, inst)
-                if isinstance(failed, CapacityError) and inst["status"] == v.LAUNCHING and inst["job_id"]:
+                if isinstance(failed, CapacityError) and inst.status == v.LAUNCHING and inst.job_id:
                     self._no_capacity(inst, failed)
                     continue
-                self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+                self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
                 gone = provider.cluster_error()
-                if inst["job_id"] and gone:
+                if inst.job_id and gone:
                     self._cluster_lost(inst, gone)
-                elif inst["job_id"]:
+                elif inst.job_id:
                     self._worker_lost(inst, failed)
-            elif inst["status"] == v.COOLING and (inst["cooling_until"] or 0) <= now:
+            elif inst.status == v.COOLING and (inst.cooling_until or 0) <= now:
                 self.close_instance(inst)
-            elif inst["status"] == v.CLOSING and inst["substatus"] == v.STOPPING:
+            elif inst.status == v.CLOSING and inst.substatus == v.STOPPING:
                 self._check_stopping(provider, inst)
-            elif inst["status"] == v.CLOSING and now - inst["updated"] > 10:
+            elif inst.status == v.CLOSING and now - inst.updated > 10:
                 provider.terminate(inst)
-            elif inst["status"] == v.LAUNCHING and inst["id"] in self._ops:
+            elif inst.status == v.LAUNCHING and inst.id in self._ops:
                 self._check_starting(inst)
-            elif inst["status"] == v.LAUNCHING and inst["job_id"]:
+            elif inst.status == v.LAUNCHING and inst.job_id:
                 self._check_request(inst, now)
 
-    def _check_stopping(self, provider: Provider, inst: dict[str, Any]) -> None:
+    def _check_stopping(self, provider: Provider, inst: InstanceRecord) -> None:
         """A stop in flight: CLOSED / STOPPED once the provider sees the machine stopped; terminate if it failed."""
-        fut = self._ops.get(inst["id"])
+        fut = self._ops.get(inst.id)
         if fut is not None and fut.done() and fut.exception() is not None:
-            self._ops.pop(inst["id"], None)
-            log.warning("stopping %s failed (%s); terminating it", inst["id"], fut.exception())
-            self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING)
+            self._ops.pop(inst.id, None)
+            log.warning("stopping %s failed (%s); terminating it", inst.id, fut.exception())
+            self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING)
             return
-        state = (provider.poll(inst["id"]) or {}).get("state")
+        state = (provider.poll(inst.id) or {}).get("state")
         if state == "stopped":
-            self._ops.pop(inst["id"], None)
-            self.store.set_instance_state(inst["id"], v.CLOSED, v.STOPPED)
+            self._ops.pop(inst.id, None)
+            self.store.set_instance_state(inst.id, v.CLOSED, v.STOPPED)
 
-    def _check_starting(self, inst: dict[str, Any]) -> None:
+    def _check_starting(self, inst: InstanceRecord) -> None:
         """A stopped machine being started again for a job: a start that failed puts it back (stopped) and the job
         goes on: to the next machine at once on a capacity error, else to a new machine."""
-        fut = self._ops[inst["id"]]
+        fut = self._ops[inst.id]
         if not fut.done():
             return
-        self._ops.pop(inst["id"], None)
+        self._ops.pop(inst.id, None)
         error = fut.exception()
         if error is None:
             return
-        job = self.store.job(inst["job_id"]) if inst["job_id"] else None
-        self.store.set_instance_state(inst["id"], v.CLOSED, v.STOPPED, job_id=None)
-        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+        job = self.store.job(inst.job_id) if inst.job_id else None
+        self.store.set_instance_state(inst.id, v.CLOSED, v.STOPPED, job_id=None)
+        if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
         if isinstance(error, CapacityError):
-            self._pass_over(inst, job, *self._capacity_messages(inst["machine_id"], job, error), closed_as=v.STOPPED)
+            self._pass_over(inst, job, *self._capacity_messages(inst.machine_id, job, error), closed_as=v.STOPPED)
             return
-        self.store.update_job(job["id"], instance_id=None, machine_id=None)
-        self._skip_stopped.add(inst["id"])
-        self.emit(job["id"], v.EV_LOG, {"message": f"could not restart {inst['id']} ({error}); starting a new one"})
+        self.store.update_job(job.id, instance_id=None, machine_id=None)
+        self._skip_stopped.add(inst.id)
+        self.emit(job.id, v.EV_LOG, {"message": f"could not restart {inst.id} ({error}); starting a new one"})
 
-    def _check_request(self, inst: dict[str, Any], now: float) -> None:
+    def _check_request(self, inst: InstanceRecord, now: float) -> None:
         """A machine that is not ready within the job's `wait_request_s` is given up for the next one in its list."""
-        job = self.store.job(inst["job_id"])
-        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+        job = self.store.job(inst.job_id)
+        if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
         waiting = self._report_pending(inst, job)
-        wait = float(job["spec"]["wait_request_s"])  # set by jobspec.validate_spec on every job
-        asked = max([inst["created"], *(h[2] for h in inst["history"] if h[0] == v.CLOSED)])
+        wait = float(job.spec["wait_request_s"])  # set by jobspec.validate_spec on every job
+        asked = max([inst.created, *(h[2] for h in inst.history if h[0] == v.CLOSED)])
         if wait <= 0 or now - asked < wait:
             return
-        self.providers[inst["provider"]].terminate(inst)
-        machine = inst["machine_id"]
-        listed = ", ".join(job["spec"]["machines"])
+        self.providers[inst.provider].terminate(inst)
+        machine = inst.machine_id
+        listed = ", ".join(job.spec["machines"])
         self._pass_over(
             inst,
             job,
@@ -238,28 +237,28 @@ class Scheduler:
             "wait longer (--wait-request / wait_request_s) or list other machines",
         )
 
-    def _report_pending(self, inst: dict[str, Any], job: dict[str, Any]) -> str | None:
+    def _report_pending(self, inst: InstanceRecord, job: JobRecord) -> str | None:
         """A provider that says what a launched instance still waits for (a Ray cluster with no free GPU) keeps
         its job QUEUING · REQUESTING SERVER with those words; once placed, the job goes on CONNECTING SERVER."""
-        message = self.providers[inst["provider"]].pending(inst)
+        message = self.providers[inst.provider].pending(inst)
         if message:
             self._say_waiting(job, message)
-        elif self._waiting.pop(job["id"], None) is not None:
-            self.set_status(job["id"], v.QUEUING, v.CONNECTING_SERVER, f"placed {inst['id']} ({inst['machine_id']})")
+        elif self._waiting.pop(job.id, None) is not None:
+            self.set_status(job.id, v.QUEUING, v.CONNECTING_SERVER, f"placed {inst.id} ({inst.machine_id})")
         return message
 
-    def _cluster_lost(self, inst: dict[str, Any], error: str) -> None:
+    def _cluster_lost(self, inst: InstanceRecord, error: str) -> None:
         """The provider's whole cluster is gone (`ray stop`): its job fails with the provider's words, which name
         the cluster, instead of waiting for a machine that no longer exists."""
-        job = self.store.job(inst["job_id"])
-        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+        job = self.store.job(inst.job_id)
+        if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
-        self.fail(job["id"], f"{error}; start the cluster again (or list other machines) and submit the job again")
+        self.fail(job.id, f"{error}; start the cluster again (or list other machines) and submit the job again")
 
     def _pass_over(
         self,
-        inst: dict[str, Any],
-        job: dict[str, Any],
+        inst: InstanceRecord,
+        job: JobRecord,
         message: str,
         none_left: str,
         closed_as: str = v.TERMINATED,
@@ -269,168 +268,168 @@ class Scheduler:
         go on with the next one in its list (assigned later in the same tick), or fail the job with `none_left`.
         The instance ends `status` / `closed_as` (CLOSED / STOPPED: a stopped machine that could not start stays
         stopped; CLOSING: one still running, which the tick then terminates)."""
-        self.store.set_instance_state(inst["id"], status, closed_as, job_id=None)
-        self.store.update_job(job["id"], instance_id=None, machine_id=None)
-        machine = inst["machine_id"]
-        self.emit(job["id"], v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job["attempt"]})
-        left = [m for m in job["spec"]["machines"] if m not in self._passed_over(job)]
+        self.store.set_instance_state(inst.id, status, closed_as, job_id=None)
+        self.store.update_job(job.id, instance_id=None, machine_id=None)
+        machine = inst.machine_id
+        self.emit(job.id, v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job.attempt})
+        left = [m for m in job.spec["machines"] if m not in self._passed_over(job)]
         if left:
-            self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"trying {left[0]}")
+            self.set_status(job.id, v.QUEUING, v.REQUESTING_SERVER, f"trying {left[0]}")
         else:
-            self.fail(job["id"], none_left)
+            self.fail(job.id, none_left)
 
     @staticmethod
-    def _launch_failed(provider: Provider, inst: dict[str, Any]) -> BaseException | None:
+    def _launch_failed(provider: Provider, inst: InstanceRecord) -> BaseException | None:
         """Why a provider whose launches finish later (a cloud) failed to start this instance, if it says."""
-        if inst["status"] != v.LAUNCHING:
+        if inst.status != v.LAUNCHING:
             return None
         try:
-            return provider.launch_error(inst["id"])
+            return provider.launch_error(inst.id)
         except Exception:  # noqa: BLE001 - a provider's bookkeeping error is no reason to stop the tick
-            log.exception("launch_error(%s) failed", inst["id"])
+            log.exception("launch_error(%s) failed", inst.id)
             return None
 
-    def _no_capacity(self, inst: dict[str, Any], error: BaseException) -> None:
+    def _no_capacity(self, inst: InstanceRecord, error: BaseException) -> None:
         """The cloud had no room for this machine now: pass over to the next one in the job's list at once."""
-        job = self.store.job(inst["job_id"])
-        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
-            self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
+        job = self.store.job(inst.job_id)
+        if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
+            self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
             return
-        self._pass_over(inst, job, *self._capacity_messages(inst["machine_id"], job, error))
+        self._pass_over(inst, job, *self._capacity_messages(inst.machine_id, job, error))
 
     @staticmethod
-    def _capacity_messages(machine: str, job: dict[str, Any], error: BaseException) -> tuple[str, str]:
+    def _capacity_messages(machine: str, job: JobRecord, error: BaseException) -> tuple[str, str]:
         """The log line of a pass-over for lack of capacity, and the error if no machine is left."""
-        listed = ", ".join(job["spec"]["machines"])
+        listed = ", ".join(job.spec["machines"])
         return (
             f"{machine} has no capacity now ({getattr(error, 'code', '') or error}); trying the next machine",
             f"none of the machines ({listed}) had capacity now ({error}); try again later or list other machines "
             "(on-demand twins end in .od)",
         )
 
-    def _passed_over(self, job: dict[str, Any]) -> set[str]:
+    def _passed_over(self, job: JobRecord) -> set[str]:
         """Machines this attempt of the job gave up waiting for, read from its event log so a restart keeps them."""
         return {
             e["data"]["passed_over"]
-            for e in self.store.typed_events(job["id"], (v.EV_LOG,))
-            if "passed_over" in e["data"] and e["data"].get("attempt") == job["attempt"]
+            for e in self.store.typed_events(job.id, (v.EV_LOG,))
+            if "passed_over" in e["data"] and e["data"].get("attempt") == job.attempt
         }
 
-    def _worker_lost(self, inst: dict[str, Any], launch_error: BaseException | None = None) -> None:
-        job = self.store.job(inst["job_id"])
-        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
+    def _worker_lost(self, inst: InstanceRecord, launch_error: BaseException | None = None) -> None:
+        job = self.store.job(inst.job_id)
+        if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
-        if job["cancel_requested"]:
-            self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled")
+        if job.cancel_requested:
+            self.set_status(job.id, v.CANCELED, v.SUB_CANCELED, "canceled")
             return
-        attempt = job["attempt"] + 1
+        attempt = job.attempt + 1
         crashes = attempt - self._spot_interruptions(job)  # a machine the cloud reclaimed is no crash
         if crashes >= self.policy.max_attempts:
-            self.fail(job["id"], f"the worker was lost {crashes} times; giving up. See the worker log of {inst['id']}.")
+            self.fail(job.id, f"the worker was lost {crashes} times; giving up. See the worker log of {inst.id}.")
             return
-        self.store.update_job(job["id"], attempt=attempt, instance_id=None)
-        done = job["epochs_done"]
-        provider = self.providers.get(inst["provider"])
+        self.store.update_job(job.id, attempt=attempt, instance_id=None)
+        done = job.epochs_done
+        provider = self.providers.get(inst.provider)
         reason = provider.lost_reason(inst) if provider is not None else None
         why = f"could not start ({launch_error})" if launch_error else f"was lost ({reason})" if reason else "was lost"
-        self.emit(job["id"], v.EV_LOG, {"message": f"worker on {inst['id']} {why}; resuming from epoch {done}"})
-        self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
+        self.emit(job.id, v.EV_LOG, {"message": f"worker on {inst.id} {why}; resuming from epoch {done}"})
+        self.set_status(job.id, v.QUEUING, v.REQUESTING_SERVER, f"resuming from epoch {done}")
 
-    def refuse_agent(self, inst: dict[str, Any], reported: str, expected: str) -> None:
+    def refuse_agent(self, inst: InstanceRecord, reported: str, expected: str) -> None:
         """An agent of other code asked for a job: it never runs one. The machine closes with both versions in its
         state, and the job goes on with the next machine in its list, or fails naming both versions."""
         why = f"agent {reported} is not this backend's {expected}"
-        log.warning("%s: %s; closing it", inst["id"], why)
-        job = self.store.job(inst["job_id"]) if inst["job_id"] else None
-        if job is None or job["status"] not in v.JOB_ACTIVE or job["instance_id"] != inst["id"]:
-            self.store.set_instance_state(inst["id"], v.CLOSING, why, job_id=None)
+        log.warning("%s: %s; closing it", inst.id, why)
+        job = self.store.job(inst.job_id) if inst.job_id else None
+        if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
+            self.store.set_instance_state(inst.id, v.CLOSING, why, job_id=None)
             return
-        message = f"{inst['id']} ({inst['machine_id']}) refused: {why}"
+        message = f"{inst.id} ({inst.machine_id}) refused: {why}"
         fix = f"{message}: install this backend's agent there (GET /worker/agent serves it)"
         self._pass_over(inst, job, message, fix, closed_as=why, status=v.CLOSING)
 
-    def spot_interrupted(self, job: dict[str, Any], inst: dict[str, Any], notice: str) -> None:
+    def spot_interrupted(self, job: JobRecord, inst: InstanceRecord, notice: str) -> None:
         """The worker of a spot machine stopped at a batch boundary because the cloud is reclaiming the machine
         (its finished epochs are checkpointed): the machine is terminated, and the job goes back to the queue to
         resume from its last epoch checkpoint on the next machine in its list (the same type again when it lists
         no other). Counted apart from crashes (`max_attempts`), up to MAX_SPOT_INTERRUPTIONS."""
-        self.store.set_instance_state(inst["id"], v.CLOSING, v.TERMINATING, job_id=None)
-        provider = self.providers.get(inst["provider"])
+        self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
+        provider = self.providers.get(inst.provider)
         if provider is not None:
             provider.terminate(inst)
-        if job["status"] not in v.JOB_ACTIVE:
+        if job.status not in v.JOB_ACTIVE:
             return
-        if job["cancel_requested"]:
-            self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled")
+        if job.cancel_requested:
+            self.set_status(job.id, v.CANCELED, v.SUB_CANCELED, "canceled")
             return
-        machine, done = inst["machine_id"], job["epochs_done"]
-        cloud = "AWS" if inst["provider"] == "aws" else "its cloud"
+        machine, done = inst.machine_id, job.epochs_done
+        cloud = "AWS" if inst.provider == "aws" else "its cloud"
         interruptions = self._spot_interruptions(job) + 1
         self.emit(
-            job["id"],
+            job.id,
             v.EV_LOG,
-            {"message": f"{notice or 'spot interruption'} ({machine}, {inst['id']})", v.SPOT_INTERRUPTED: machine},
+            {"message": f"{notice or 'spot interruption'} ({machine}, {inst.id})", v.SPOT_INTERRUPTED: machine},
         )
         if interruptions > MAX_SPOT_INTERRUPTIONS:
             self.fail(
-                job["id"],
+                job.id,
                 f"spot machines were reclaimed by {cloud} {interruptions} times; giving up. List an on-demand "
                 f"machine ({machine.removesuffix('.od')}.od) to finish from epoch {done} without interruptions",
             )
             return
-        attempt = job["attempt"] + 1
-        self.store.update_job(job["id"], attempt=attempt, instance_id=None, machine_id=None)
-        others = [m for m in job["spec"]["machines"] if m != machine]
+        attempt = job.attempt + 1
+        self.store.update_job(job.id, attempt=attempt, instance_id=None, machine_id=None)
+        others = [m for m in job.spec["machines"] if m != machine]
         if others:  # this machine just went away: the next attempt tries the others first
             self.emit(
-                job["id"],
+                job.id,
                 v.EV_LOG,
                 {"message": f"{machine} was reclaimed; trying {others[0]}", "passed_over": machine, "attempt": attempt},
             )
         message = (
             f"spot machine {machine} was reclaimed by {cloud}; resuming from epoch {done} on {(others or [machine])[0]}"
         )
-        self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, message)
+        self.set_status(job.id, v.QUEUING, v.REQUESTING_SERVER, message)
 
-    def _spot_interruptions(self, job: dict[str, Any]) -> int:
+    def _spot_interruptions(self, job: JobRecord) -> int:
         """How many times this job's machine was reclaimed, read from its event log (a restart keeps it)."""
-        return sum(1 for e in self.store.typed_events(job["id"], (v.EV_LOG,)) if v.SPOT_INTERRUPTED in e["data"])
+        return sum(1 for e in self.store.typed_events(job.id, (v.EV_LOG,)) if v.SPOT_INTERRUPTED in e["data"])
 
     def _check_cancels(self) -> None:
         now = time.time()
         for job in self.store.jobs(statuses=v.JOB_ACTIVE):
-            if not job["cancel_requested"]:
+            if not job.cancel_requested:
                 continue
-            if job["status"] == v.QUEUING and not job["instance_id"]:
-                self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled before it started")
-            elif now - job["updated"] > self.policy.cancel_grace_s and job["instance_id"]:
-                inst = self.store.instance(job["instance_id"])
+            if job.status == v.QUEUING and not job.instance_id:
+                self.set_status(job.id, v.CANCELED, v.SUB_CANCELED, "canceled before it started")
+            elif now - job.updated > self.policy.cancel_grace_s and job.instance_id:
+                inst = self.store.instance(job.instance_id)
                 if inst:
-                    if inst["provider"] in self.providers:
-                        self.providers[inst["provider"]].terminate(inst)
-                    self.store.set_instance_state(inst["id"], v.CLOSED, v.TERMINATED, job_id=None)
-                self.set_status(job["id"], v.CANCELED, v.SUB_CANCELED, "canceled; the worker did not stop in time")
+                    if inst.provider in self.providers:
+                        self.providers[inst.provider].terminate(inst)
+                    self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
+                self.set_status(job.id, v.CANCELED, v.SUB_CANCELED, "canceled; the worker did not stop in time")
 
     def _assign_queued(self) -> None:
         placement: _Placement | None = None
         for job in self.store.jobs(statuses=(v.QUEUING,)):
-            if job["instance_id"] or job["cancel_requested"]:
+            if job.instance_id or job.cancel_requested:
                 continue
             placement = placement or _Placement(self)
             try:
                 if self._assign(job, placement):
                     placement = None  # it started, bound or closed an instance: the next job reads them again
             except Exception as exc:  # one bad job (an old row with a bad value) never blocks everyone else's
-                log.exception("cannot schedule %s", job["id"])
+                log.exception("cannot schedule %s", job.id)
                 placement = None
                 self.fail(
-                    job["id"], f"the backend could not schedule this job ({type(exc).__name__}: {exc}); submit it again"
+                    job.id, f"the backend could not schedule this job ({type(exc).__name__}: {exc}); submit it again"
                 )
 
-    def _assign(self, job: dict[str, Any], placement: _Placement) -> bool:
+    def _assign(self, job: JobRecord, placement: _Placement) -> bool:
         """Place one queued job on the first machine of its list that can take it now; True when that changed any
         instance (so the pass reads them again), False when the job waits or failed."""
-        spec = job["spec"]
+        spec = job.spec
         index = self.machine_index()
         passed = self._passed_over(job)
         waiting: list[str] = []
@@ -439,15 +438,15 @@ class Scheduler:
             warm = [
                 i
                 for i in placement.live
-                if i["user_id"] == job["user_id"] and i["status"] == v.COOLING and i["machine_id"] == machine_id
+                if i.user_id == job.user_id and i.status == v.COOLING and i.machine_id == machine_id
             ]
             if warm:
                 inst = warm[0]
                 self.store.set_instance_state(
-                    inst["id"], v.EXECUTING, "", job_id=job["id"], cool_down_s=spec["cool_down_s"], cooling_until=None
+                    inst.id, v.EXECUTING, "", job_id=job.id, cool_down_s=spec["cool_down_s"], cooling_until=None
                 )
-                self._waiting.pop(job["id"], None)
-                self._bind(job, inst["id"], machine_id, f"reusing warm instance {inst['id']}")
+                self._waiting.pop(job.id, None)
+                self._bind(job, inst.id, machine_id, f"reusing warm instance {inst.id}")
                 return True
             if machine_id not in index or machine_id in passed:
                 continue
@@ -456,19 +455,17 @@ class Scheduler:
             if gone:
                 unusable.append(gone)
                 continue
-            live_user = [i for i in placement.live if i["user_id"] == job["user_id"]]
+            live_user = [i for i in placement.live if i.user_id == job.user_id]
             stopped = [
                 i
                 for i in placement.stopped
-                if i["user_id"] == job["user_id"]
-                and i["machine_id"] == machine_id
-                and i["id"] not in self._skip_stopped
+                if i.user_id == job.user_id and i.machine_id == machine_id and i.id not in self._skip_stopped
             ]
             if stopped and len(live_user) < self.policy.max_active_instances and self._restart(job, stopped[-1]):
                 return True
-            live_machine = [i for i in placement.live if i["machine_id"] == machine_id]
+            live_machine = [i for i in placement.live if i.machine_id == machine_id]
             if len(live_user) >= self.policy.max_active_instances:
-                cooling = [i for i in live_user if i["status"] == v.COOLING]
+                cooling = [i for i in live_user if i.status == v.COOLING]
                 if cooling:
                     self.close_instance(cooling[0])
                     placement.read()
@@ -481,67 +478,67 @@ class Scheduler:
             if len(live_machine) >= offer["capacity"]:
                 if self._evict_cooling(job, machine_id, live_machine):
                     return True
-                busy = sum(1 for i in live_machine if i["status"] != v.COOLING)
+                busy = sum(1 for i in live_machine if i.status != v.COOLING)
                 waiting.append(
                     self.providers[provider_name].waiting_for(machine_id)
                     or f"waiting for {machine_id}: all {offer['capacity']} in use ({busy} training)"
                 )
                 continue
-            self._waiting.pop(job["id"], None)
+            self._waiting.pop(job.id, None)
             self._launch(job, provider_name, machine_id)
             return True
         if waiting:
             self._say_waiting(job, waiting[0])
         elif unusable:
-            self.fail(job["id"], f"{unusable[0]}; start the cluster again or list other machines")
+            self.fail(job.id, f"{unusable[0]}; start the cluster again or list other machines")
         return False
 
-    def _restart(self, job: dict[str, Any], inst: dict[str, Any]) -> bool:
+    def _restart(self, job: JobRecord, inst: InstanceRecord) -> bool:
         """Start a stopped machine again for this job (its worker comes back with the token it kept)."""
         try:
-            fut = self.providers[inst["provider"]].start(inst)
+            fut = self.providers[inst.provider].start(inst)
         except Exception as exc:  # noqa: BLE001 - this one cannot start: launch a new one instead
-            log.warning("cannot restart %s: %s", inst["id"], exc)
-            self._skip_stopped.add(inst["id"])
+            log.warning("cannot restart %s: %s", inst.id, exc)
+            self._skip_stopped.add(inst.id)
             return False
-        self._ops[inst["id"]] = fut
-        price = self.machine_index().get(inst["machine_id"], (None, {}))[1].get("price_per_hour")
+        self._ops[inst.id] = fut
+        price = self.machine_index().get(inst.machine_id, (None, {}))[1].get("price_per_hour")
         self.store.set_instance_state(
-            inst["id"],
+            inst.id,
             v.LAUNCHING,
             "",
-            job_id=job["id"],
-            cool_down_s=job["spec"]["cool_down_s"],
+            job_id=job.id,
+            cool_down_s=job.spec["cool_down_s"],
             cooling_until=None,
-            price_per_hour=float(price if price is not None else inst.get("price_per_hour") or 0.0),
+            price_per_hour=float(price if price is not None else inst.price_per_hour or 0.0),
         )
-        self._waiting.pop(job["id"], None)
-        self._bind(job, inst["id"], inst["machine_id"], f"restarting stopped instance {inst['id']}")
+        self._waiting.pop(job.id, None)
+        self._bind(job, inst.id, inst.machine_id, f"restarting stopped instance {inst.id}")
         return True
 
-    def _evict_cooling(self, job: dict[str, Any], machine_id: str, live: list[dict[str, Any]]) -> bool:
+    def _evict_cooling(self, job: JobRecord, machine_id: str, live: list[InstanceRecord]) -> bool:
         """A machine held warm (cooling) never blocks another job that waits for it: the one cooling longest is
         closed to make room, and the waiting job's log says so. Fair to its owner: warmth is a bonus, not a lease."""
-        cooling = sorted((i for i in live if i["status"] == v.COOLING), key=lambda i: i["updated"])
+        cooling = sorted((i for i in live if i.status == v.COOLING), key=lambda i: i.updated)
         if not cooling:
             return False
         victim = cooling[0]
         self.close_instance(victim)
-        whose = "one of yours" if victim["user_id"] == job["user_id"] else "another user's"
+        whose = "one of yours" if victim.user_id == job.user_id else "another user's"
         self.emit(
-            job["id"],
+            job.id,
             v.EV_LOG,
             {"message": f"closed a cooling {machine_id} instance ({whose}) to make room for this job"},
         )
         return True
 
-    def _say_waiting(self, job: dict[str, Any], message: str) -> None:
+    def _say_waiting(self, job: JobRecord, message: str) -> None:
         """A queued job's substatus message says what it waits for (once per change, not every tick)."""
-        if self._waiting.get(job["id"]) != message:
-            self._waiting[job["id"]] = message
-            self.set_status(job["id"], v.QUEUING, v.REQUESTING_SERVER, message)
+        if self._waiting.get(job.id) != message:
+            self._waiting[job.id] = message
+            self.set_status(job.id, v.QUEUING, v.REQUESTING_SERVER, message)
 
-    def _launch(self, job: dict[str, Any], provider_name: str, machine_id: str) -> None:
+    def _launch(self, job: JobRecord, provider_name: str, machine_id: str) -> None:
         instance_id = "inst-" + secrets.token_hex(6)
         token = new_token("w")
         env = {"AIBRO_WORKER_URL": self.worker_url(), "AIBRO_INSTANCE_ID": instance_id}
@@ -551,11 +548,11 @@ class Scheduler:
         price = float(self.machine_index().get(machine_id, (None, {}))[1].get("price_per_hour") or 0.0)
         self.store.create_instance(
             instance_id,
-            job["user_id"],
+            job.user_id,
             provider_name,
             machine_id,
             token,
-            job["spec"]["cool_down_s"],
+            job.spec["cool_down_s"],
             enroll,
             price_per_hour=price,
         )
@@ -565,17 +562,15 @@ class Scheduler:
             env["AIBRO_WORKER_TOKEN"] = token
         provider = self.providers[provider_name]
         try:
-            pid = provider.launch(
-                instance_id, machine_id, env, user_id=job["user_id"], job_id=job["id"], attempt=job["attempt"]
-            )
+            pid = provider.launch(instance_id, machine_id, env, user_id=job.user_id, job_id=job.id, attempt=job.attempt)
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
             self.store.set_instance_state(instance_id, v.CLOSED, v.TERMINATED)
-            self.emit(job["id"], v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})
+            self.emit(job.id, v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})
             return
         self.store.update_instance(instance_id, pid=pid)
-        self.store.set_instance_state(instance_id, v.LAUNCHING, "", job_id=job["id"])
+        self.store.set_instance_state(instance_id, v.LAUNCHING, "", job_id=job.id)
         self._bind(job, instance_id, machine_id, f"started instance {instance_id}")
 
-    def _bind(self, job: dict[str, Any], instance_id: str, machine_id: str, message: str) -> None:
-        self.store.update_job(job["id"], instance_id=instance_id, machine_id=machine_id)
-        self.set_status(job["id"], v.QUEUING, v.CONNECTING_SERVER, f"{message} ({machine_id})")
+    def _bind(self, job: JobRecord, instance_id: str, machine_id: str, message: str) -> None:
+        self.store.update_job(job.id, instance_id=instance_id, machine_id=machine_id)
+        self.set_status(job.id, v.QUEUING, v.CONNECTING_SERVER, f"{message} ({machine_id})")

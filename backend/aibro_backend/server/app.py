@@ -360,7 +360,7 @@ def start_upkeep(backend: Backend) -> PeriodicCallback:
 def shutdown_instances(backend: Backend) -> None:
     """A clean stop takes this host's workers with it; a job they ran resumes from its checkpoint next start."""
     for inst in backend.store.instances(statuses=(*INSTANCE_LIVE, CLOSING)):
-        if inst["provider"] == "local":  # cloud machines stay: the next start adopts them
+        if inst.provider == "local":  # cloud machines stay: the next start adopts them
             backend.scheduler.providers["local"].terminate(inst)
 
 

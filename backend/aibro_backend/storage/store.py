@@ -22,6 +22,7 @@ from aibro_core.jobpicture import JobPicture
 
 from ..server.jsonout import dumps
 from .recent import RecentEvents, encode_event
+from .records import InstanceRecord, JobRecord
 
 log = logging.getLogger(__name__)
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
@@ -336,12 +337,12 @@ class Store:
             ),
         )
 
-    def job(self, job_id: str, user_id: int | None = None) -> dict[str, Any] | None:
+    def job(self, job_id: str, user_id: int | None = None) -> JobRecord | None:
         if user_id is None:
             row = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         else:
             row = self.db.execute("SELECT * FROM jobs WHERE id=? AND user_id=?", (job_id, user_id)).fetchone()
-        return _job_row(row) if row else None
+        return JobRecord.of(row) if row else None
 
     def job_state(self, job_id: str, user_id: int | None = None) -> tuple[str, str] | None:
         """The job's status and substatus alone (a long-poll asks this at every wake-up), or None when there is
@@ -351,7 +352,7 @@ class Store:
         ).fetchone()
         return (row["status"], row["substatus"]) if row else None
 
-    def jobs(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    def jobs(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[JobRecord]:
         sql, args = "SELECT * FROM jobs WHERE 1=1", []
         if user_id is not None:
             sql += " AND user_id=?"
@@ -360,7 +361,7 @@ class Store:
             sql += f" AND status IN ({','.join('?' * len(statuses))})"
             args.extend(statuses)
         sql += " ORDER BY created"
-        return [_job_row(r) for r in self.db.execute(sql, args).fetchall()]
+        return [JobRecord.of(r) for r in self.db.execute(sql, args).fetchall()]
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         fields["updated"] = time.time()
@@ -583,7 +584,7 @@ class Store:
             ),
         )
 
-    def enroll(self, enroll_token: str) -> tuple[dict[str, Any] | None, str]:
+    def enroll(self, enroll_token: str) -> tuple[InstanceRecord | None, str]:
         """Exchange a one-time enrollment token for the instance's worker token: (instance, token) once; after
         that, or once expired, or for a closed instance, (None, why). The enrollment token is burnt by its use and
         the new worker token replaces whatever the instance had (only its hash is kept)."""
@@ -607,25 +608,25 @@ class Store:
             return None, "unknown or already used enrollment token"
         return self.instance(row["id"]), token
 
-    def instance_for_enroll(self, enroll_token: str) -> dict[str, Any] | None:
+    def instance_for_enroll(self, enroll_token: str) -> InstanceRecord | None:
         """The live instance whose enrollment token this is, unused and unexpired (the token is not burnt)."""
         row = self.db.execute("SELECT * FROM instances WHERE enroll_hash=?", (hash_token(enroll_token),)).fetchone()
         if row is None or (row["enroll_expires"] or 0) <= time.time() or row["status"] in (v.CLOSING, v.CLOSED):
             return None
-        return _instance_row(row)
+        return InstanceRecord.of(row)
 
-    def instance(self, instance_id: str, user_id: int | None = None) -> dict[str, Any] | None:
+    def instance(self, instance_id: str, user_id: int | None = None) -> InstanceRecord | None:
         if user_id is None:
             row = self.db.execute("SELECT * FROM instances WHERE id=?", (instance_id,)).fetchone()
         else:
             row = self.db.execute("SELECT * FROM instances WHERE id=? AND user_id=?", (instance_id, user_id)).fetchone()
-        return _instance_row(row) if row else None
+        return InstanceRecord.of(row) if row else None
 
-    def instance_for_token(self, token: str) -> dict[str, Any] | None:
+    def instance_for_token(self, token: str) -> InstanceRecord | None:
         row = self.db.execute("SELECT * FROM instances WHERE token_hash=?", (hash_token(token),)).fetchone()
-        return _instance_row(row) if row else None
+        return InstanceRecord.of(row) if row else None
 
-    def instances(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    def instances(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[InstanceRecord]:
         sql, args = "SELECT * FROM instances WHERE 1=1", []
         if user_id is not None:
             sql += " AND user_id=?"
@@ -634,7 +635,7 @@ class Store:
             sql += f" AND status IN ({','.join('?' * len(statuses))})"
             args.extend(statuses)
         sql += " ORDER BY created"
-        return [_instance_row(r) for r in self.db.execute(sql, args).fetchall()]
+        return [InstanceRecord.of(r) for r in self.db.execute(sql, args).fetchall()]
 
     def set_instance_state(self, instance_id: str, status: str, substatus: str = "", **fields: Any) -> None:
         """Move an instance to a new state and timestamp the transition in its history: [status, substatus, ts,
@@ -643,8 +644,8 @@ class Store:
         if inst is None:
             raise KeyError(instance_id)
         now = time.time()
-        history = inst["history"]
-        job = fields.get("job_id", inst["job_id"])
+        history = list(inst.history)
+        job = fields.get("job_id", inst.job_id)
         last = history[-1] if history else None
         if last is not None and last[:2] == [status, substatus] and len(last) < 4 and job:
             history[-1] = [*last[:3], job]  # the job is bound just after the row is made (same state)
@@ -741,13 +742,6 @@ class _Checkpointer(threading.Thread):
         self.join(timeout=10)
 
 
-def _job_row(row: sqlite3.Row) -> dict[str, Any]:
-    d = dict(row)
-    d["spec"] = json.loads(d["spec"])
-    d["cancel_requested"] = bool(d["cancel_requested"])
-    return d
-
-
 def _event_row(row: sqlite3.Row) -> dict[str, Any]:
     return {
         "gid": row["gid"],
@@ -757,12 +751,3 @@ def _event_row(row: sqlite3.Row) -> dict[str, Any]:
         "ts": row["ts"],
         "data": json.loads(row["data"]),
     }
-
-
-def _instance_row(row: sqlite3.Row) -> dict[str, Any]:
-    d = dict(row)
-    d["history"] = json.loads(d["history"])
-    d.pop("token_hash", None)
-    d.pop("enroll_hash", None)
-    d.pop("enroll_expires", None)
-    return d

@@ -1,0 +1,94 @@
+"""A job and an instance as the store holds them: typed rows the scheduler, the API and the providers read.
+
+What a client sees of them is `aibro_core.models.Job` and `Instance`, built from these by the API (`job_view`,
+`instance_view`); a record is never sent as it is (the instance's token hashes never leave the store).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One row of `jobs`: its spec as validated at submission (api/jobspec.py), its states and progress."""
+
+    id: str
+    user_id: int
+    status: str
+    substatus: str
+    spec: dict[str, Any]
+    description: str
+    created: float
+    updated: float
+    machine_id: str | None
+    instance_id: str | None
+    attempt: int
+    cancel_requested: bool
+    epochs_done: int
+    replay_of: str | None
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> JobRecord:
+        return cls(
+            id=row["id"],
+            user_id=row["user_id"],
+            status=row["status"],
+            substatus=row["substatus"],
+            spec=json.loads(row["spec"]),
+            description=row["description"],
+            created=row["created"],
+            updated=row["updated"],
+            machine_id=row["machine_id"],
+            instance_id=row["instance_id"],
+            attempt=row["attempt"],
+            cancel_requested=bool(row["cancel_requested"]),
+            epochs_done=row["epochs_done"],
+            replay_of=row["replay_of"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    """One row of `instances`, less its token and enrollment hashes: a machine held for one user.
+
+    `history` holds [status, substatus, ts, job_id] for every transition (costs.py bills from it)."""
+
+    id: str
+    user_id: int
+    provider: str
+    machine_id: str
+    status: str
+    substatus: str
+    pid: int | None
+    job_id: str | None
+    cool_down_s: float
+    cooling_until: float | None
+    created: float
+    updated: float
+    last_seen: float | None
+    history: list[list[Any]]
+    price_per_hour: float | None
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> InstanceRecord:
+        return cls(
+            id=row["id"],
+            user_id=row["user_id"],
+            provider=row["provider"],
+            machine_id=row["machine_id"],
+            status=row["status"],
+            substatus=row["substatus"],
+            pid=row["pid"],
+            job_id=row["job_id"],
+            cool_down_s=row["cool_down_s"],
+            cooling_until=row["cooling_until"],
+            created=row["created"],
+            updated=row["updated"],
+            last_seen=row["last_seen"],
+            history=json.loads(row["history"]),
+            price_per_hour=row["price_per_hour"],
+        )
