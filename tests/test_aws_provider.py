@@ -25,6 +25,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 from pydantic import ValidationError
+from records import record
 
 from aibro_backend.providers import aws_catalog  # noqa: E402
 from aibro_backend.providers.aws import (  # noqa: E402
@@ -384,7 +385,7 @@ def test_least_policy_is_scoped_to_this_backend(account: dict[str, Any], tmp_pat
 def test_launch_tags_market_options_and_user_data(provider: AwsProvider, account: dict[str, Any]) -> None:
     ec2 = account["ec2"]
     provider.launch("inst-spot1", "g4dn.xlarge", env("inst-spot1"), user_id=7, job_id="job-1")
-    assert provider.alive({"id": "inst-spot1"})  # in flight counts as alive
+    assert provider.alive(record("inst-spot1"))  # in flight counts as alive
     spot_id = provider.launch_future("inst-spot1").result(timeout=30)
     od_id = launched(provider, "inst-od1", "g4dn.xlarge.od")
     spot, od = describe(ec2, spot_id), describe(ec2, od_id)
@@ -496,7 +497,7 @@ def test_capacity_errors_fail_fast_as_capacity_error(
     assert len(calls) == 1 and sleeps == []  # not retried: the scheduler moves on to the next machine at once
     assert provider.launch_error("inst-full") is err.value
     assert provider.poll("inst-full")["capacity_error"] is True
-    assert not provider.alive({"id": "inst-full"})
+    assert not provider.alive(record("inst-full"))
 
 
 def test_throttling_backs_off_then_succeeds(
@@ -550,7 +551,7 @@ def test_other_launch_errors_are_not_capacity(provider: AwsProvider, monkeypatch
 def test_stop_and_start_an_on_demand_instance(provider: AwsProvider, account: dict[str, Any]) -> None:
     ec2 = account["ec2"]
     ec2_id = launched(provider, "inst-warm", "g4dn.xlarge.od")
-    inst = {"id": "inst-warm", "machine_id": "g4dn.xlarge.od"}
+    inst = record("inst-warm", "g4dn.xlarge.od")
     provider.stop(inst).result(timeout=30)
     assert describe(ec2, ec2_id)["State"]["Name"] == "stopped"
     provider.refresh().result(timeout=30)
@@ -570,12 +571,12 @@ def test_stop_and_start_an_on_demand_instance(provider: AwsProvider, account: di
 
     launched(provider, "inst-spot2", "g4dn.xlarge")
     with pytest.raises(ValueError, match="spot"):
-        provider.stop({"id": "inst-spot2", "machine_id": "g4dn.xlarge"})
+        provider.stop(record("inst-spot2", "g4dn.xlarge"))
 
 
 def test_start_with_no_capacity_is_a_capacity_error(provider: AwsProvider, monkeypatch: pytest.MonkeyPatch) -> None:
     launched(provider, "inst-nostart", "g5.xlarge.od")
-    inst = {"id": "inst-nostart", "machine_id": "g5.xlarge.od"}
+    inst = record("inst-nostart", "g5.xlarge.od")
     provider.stop(inst).result(timeout=30)
 
     def no_room(**kwargs: Any) -> Any:
@@ -590,21 +591,21 @@ def test_terminate_and_lost_instances_are_not_alive(provider: AwsProvider, accou
     ec2 = account["ec2"]
     a = launched(provider, "inst-a", "g4dn.xlarge")
     b = launched(provider, "inst-b", "g4dn.xlarge.od")
-    first = provider.terminate({"id": "inst-a"})
-    assert provider.terminate({"id": "inst-a"}) is first or first.done()  # one request, shared
+    first = provider.terminate(record("inst-a"))
+    assert provider.terminate(record("inst-a")) is first or first.done()  # one request, shared
     first.result(timeout=30)
-    assert not provider.alive({"id": "inst-a"})
+    assert not provider.alive(record("inst-a"))
     assert describe(ec2, a)["State"]["Name"] in ("shutting-down", "terminated")
     # lost behind our back (a spot interruption, a console click): the next listing says so
     ec2.terminate_instances(InstanceIds=[b])
-    assert provider.alive({"id": "inst-b"})
+    assert provider.alive(record("inst-b"))
     provider.refresh().result(timeout=30)
-    assert not provider.alive({"id": "inst-b"})
+    assert not provider.alive(record("inst-b"))
     # an on-demand instance that stopped itself (its agent lost the backend) is not a live worker either
     c = launched(provider, "inst-c", "g5.xlarge.od")
     ec2.stop_instances(InstanceIds=[c])
     provider.refresh().result(timeout=30)
-    assert not provider.alive({"id": "inst-c"})
+    assert not provider.alive(record("inst-c"))
 
 
 def test_terminate_while_the_launch_is_in_flight(
@@ -618,9 +619,9 @@ def test_terminate_while_the_launch_is_in_flight(
 
     monkeypatch.setattr(provider.ec2, "run_instances", slow)
     provider.launch("inst-early", "g4dn.xlarge", env("inst-early"))
-    provider.terminate({"id": "inst-early"}).result(timeout=30)
+    provider.terminate(record("inst-early")).result(timeout=30)
     assert tagged(account["ec2"], provider.config.backend_id) == []
-    assert not provider.alive({"id": "inst-early"})
+    assert not provider.alive(record("inst-early"))
 
 
 def test_reconcile_terminates_unknown_and_expired(provider: AwsProvider, account: dict[str, Any]) -> None:
@@ -641,7 +642,7 @@ def test_reconcile_terminates_unknown_and_expired(provider: AwsProvider, account
     assert describe(ec2, theirs)["State"]["Name"] == "running"
     for gone in (stray, old):
         assert describe(ec2, gone)["State"]["Name"] in ("shutting-down", "terminated")
-    assert not provider.alive({"id": "inst-old"})
+    assert not provider.alive(record("inst-old"))
     assert provider.reconcile({"inst-keep"}).result(timeout=30) == []
 
 
@@ -669,13 +670,13 @@ def test_reconcile_spares_a_launch_newer_than_its_snapshot(
 def test_adopt_after_a_restart(provider: AwsProvider, account: dict[str, Any]) -> None:
     a = launched(provider, "inst-live1", "g4dn.xlarge", user_id=3, job_id="job-9")
     b = launched(provider, "inst-live2", "g5.xlarge.od", user_id=4)
-    provider.stop({"id": "inst-live2"}).result(timeout=30)
+    provider.stop(record("inst-live2")).result(timeout=30)
     gone = launched(provider, "inst-dead", "g6.xlarge")
     account["ec2"].terminate_instances(InstanceIds=[gone])
 
     restarted = AwsProvider(provider.config, account["session"])  # a new backend process, same config
     try:
-        assert restarted.alive({"id": "inst-live1"})  # not listed yet: alive until a listing says otherwise
+        assert restarted.alive(record("inst-live1"))  # not listed yet: alive until a listing says otherwise
         adopted = {d["instance_id"]: d for d in restarted.adopt().result(timeout=30)}
         assert set(adopted) == {"inst-live1", "inst-live2"}
         assert adopted["inst-live1"] | {"launched_at": None, "expires_at": None} == {
@@ -693,9 +694,9 @@ def test_adopt_after_a_restart(provider: AwsProvider, account: dict[str, Any]) -
         }
         assert adopted["inst-live2"]["state"] == "stopped" and adopted["inst-live2"]["ec2_instance_id"] == b
         assert adopted["inst-live1"]["expires_at"] > time.time()
-        assert restarted.alive({"id": "inst-live1"}) and restarted.alive({"id": "inst-live2"})
-        assert not restarted.alive({"id": "inst-dead"})
-        restarted.start({"id": "inst-live2"}).result(timeout=30)
+        assert restarted.alive(record("inst-live1")) and restarted.alive(record("inst-live2"))
+        assert not restarted.alive(record("inst-dead"))
+        restarted.start(record("inst-live2")).result(timeout=30)
         assert describe(account["ec2"], b)["State"]["Name"] == "running"
     finally:
         restarted.close()
@@ -723,7 +724,7 @@ def test_a_slow_ec2_call_does_not_block_the_event_loop(
     async def scenario() -> str:
         provider.launch("inst-slow", "g4dn.xlarge.od", env("inst-slow"))  # the scheduler's synchronous tick
         provider.reap()
-        assert provider.alive({"id": "inst-slow"})
+        assert provider.alive(record("inst-slow"))
         assert provider.offers()
         assert await asyncio.to_thread(entered.wait, 60), "run_instances was never called"
         await asyncio.sleep(0)  # the loop itself turns while EC2 holds the call

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from ray_cluster import POOL, SECRET, RayCluster, free_port, ray_available, start_cluster
+from records import record
 
 from aibro_backend.providers.ray import (
     RayClusterError,
@@ -76,7 +77,7 @@ def env_for(instance_id: str) -> dict[str, str]:
 
 
 def state(provider: RayProvider, instance_id: str) -> str:
-    return provider.info({"id": instance_id})["state"]
+    return provider.info(record(instance_id))["state"]
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +161,7 @@ def test_unreachable_address_is_named(tmp_path: Path) -> None:
         assert address in (p.cluster_error() or "")
         with pytest.raises(RayClusterError, match=address.replace(".", r"\.")):
             p.launch("inst-x", "ray-cpu1", env_for("inst-x"))
-        assert p.offers() == [] and not p.alive({"id": "inst-x"})
+        assert p.offers() == [] and not p.alive(record("inst-x"))
     finally:
         p.close()
     with pytest.raises(ValueError, match="address"):
@@ -202,7 +203,7 @@ def test_offers_from_the_cluster_nodes(cluster: RayCluster, provider: RayProvide
 def test_instance_runs_the_agent_with_its_env_on_a_node_holding_the_reservation(
     cluster: RayCluster, provider: RayProvider
 ) -> None:
-    inst = {"id": "inst-gpu"}
+    inst = record("inst-gpu")
     provider.launch("inst-gpu", "ray-gpu1", env_for("inst-gpu"), user_id=3)
     assert provider.alive(inst)
     wait_for("the GPU instance running", lambda: state(provider, "inst-gpu") == "running")
@@ -232,24 +233,24 @@ def test_instances_spread_over_nodes_and_a_third_waits(cluster: RayCluster, prov
     for i in ids[:2]:
         provider.launch(i, "ray-cpu1", env_for(i), user_id=1)
     wait_for("two CPU instances running", lambda: all(state(provider, i) == "running" for i in ids[:2]))
-    nodes = {provider.info({"id": i})["node_id"] for i in ids[:2]}
+    nodes = {provider.info(record(i))["node_id"] for i in ids[:2]}
     assert nodes == {node_id(provider, "a"), node_id(provider, "b")}  # one per node, each node has 1 CPU
     wait_for("nothing free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 0)
     provider.launch("inst-c3", "ray-cpu1", env_for("inst-c3"), user_id=1)
     waiting = f"waiting for 1 CPU on the Ray cluster ({cluster.address})"
-    wait_for("the third waiting", lambda: provider.pending({"id": "inst-c3"}) == waiting)
+    wait_for("the third waiting", lambda: provider.pending(record("inst-c3")) == waiting)
     time.sleep(2)  # it stays waiting, alive, not failed
-    assert provider.alive({"id": "inst-c3"}) and state(provider, "inst-c3") == "pending"
-    assert provider.info({"id": "inst-c3"})["waiting"] == waiting
+    assert provider.alive(record("inst-c3")) and state(provider, "inst-c3") == "pending"
+    assert provider.info(record("inst-c3"))["waiting"] == waiting
     # Terminate frees the reservation: the waiting one takes the freed node.
-    freed = provider.info({"id": "inst-c1"})["node_id"]
-    provider.terminate({"id": "inst-c1"})
-    wait_for("the first one gone", lambda: not provider.alive({"id": "inst-c1"}), timeout=15)
+    freed = provider.info(record("inst-c1"))["node_id"]
+    provider.terminate(record("inst-c1"))
+    wait_for("the first one gone", lambda: not provider.alive(record("inst-c1")), timeout=15)
     wait_for("the third running", lambda: state(provider, "inst-c3") == "running")
-    assert provider.info({"id": "inst-c3"})["node_id"] == freed and provider.pending({"id": "inst-c3"}) is None
+    assert provider.info(record("inst-c3"))["node_id"] == freed and provider.pending(record("inst-c3")) is None
     for i in ids[1:]:
-        provider.terminate({"id": i})
-    wait_for("all gone", lambda: not any(provider.alive({"id": i}) for i in ids), timeout=15)
+        provider.terminate(record(i))
+    wait_for("all gone", lambda: not any(provider.alive(record(i)) for i in ids), timeout=15)
     wait_for("both CPUs free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 2)
 
 
@@ -286,13 +287,13 @@ def test_the_real_agent_reaches_the_backend_over_http(cluster: RayCluster, tmp_p
     try:
         assert p.wait_ready(60), p.cluster_error()
         p.launch("inst-real", "ray-cpu1", env_for("inst-real"), user_id=2)
-        wait_for("the agent's exit", lambda: not p.alive({"id": "inst-real"}), timeout=90, every=0.3)
+        wait_for("the agent's exit", lambda: not p.alive(record("inst-real")), timeout=90, every=0.3)
         log = (tmp_path / "workers" / "workers" / "inst-real" / "worker.log").read_text()
-        assert p.lost_reason({"id": "inst-real"}) == "the worker exited with code 0", log
+        assert p.lost_reason(record("inst-real")) == "the worker exited with code 0", log
         assert ("/api/v1/worker/assignment", "Bearer aibro_w_inst-real") in _Backend.seen, log
         assert "instance closing; exiting" in log
         # Confined on its node as a local worker would be on this host (bubblewrap when it works here).
-        assert p.info({"id": "inst-real"})["sandbox"] == Sandbox.choose(sys.executable).kind
+        assert p.info(record("inst-real"))["sandbox"] == Sandbox.choose(sys.executable).kind
     finally:
         p.close()
         server.shutdown()
@@ -315,18 +316,18 @@ def test_a_restarted_backend_adopts_its_running_instances(cluster: RayCluster, t
     first = make()
     first.launch("inst-kept", "ray-cpu1", env_for("inst-kept"), user_id=1)
     wait_for("the instance running", lambda: state(first, "inst-kept") == "running")
-    before = first.info({"id": "inst-kept"})
+    before = first.info(record("inst-kept"))
     first.close()  # the backend goes away; its detached actor and agent stay
     second = make()
     try:
-        inst = {"id": "inst-kept", "machine_id": "ray-cpu1"}
+        inst = record("inst-kept", "ray-cpu1")
         assert second.alive(inst)  # from the store's row: looked up by name
         wait_for("adopted", lambda: state(second, "inst-kept") == "running")
         after = second.info(inst)
         assert (after["node_id"], after["pid"]) == (before["node_id"], before["pid"])
         assert not (Path(before["workdir"]) / "stop").exists() and Path(f"/proc/{before['pid']}").exists()
-        wait_for("an unknown one found gone", lambda: not second.alive({"id": "inst-never"}))
-        assert "no Ray actor aibro-inst-never" in (second.lost_reason({"id": "inst-never"}) or "")
+        wait_for("an unknown one found gone", lambda: not second.alive(record("inst-never")))
+        assert "no Ray actor aibro-inst-never" in (second.lost_reason(record("inst-never")) or "")
         second.terminate(inst)
         wait_for("terminated", lambda: not second.alive(inst), timeout=15)
         wait_for("both CPUs free", lambda: (offer(second, "ray-cpu1") or {}).get("available") == 2)
@@ -341,7 +342,7 @@ def test_offers_follow_a_node_joining(cluster: RayCluster, provider: RayProvider
 
 
 def test_killing_a_node_loses_its_instance_within_seconds(cluster: RayCluster, provider: RayProvider) -> None:
-    inst = {"id": "inst-doomed"}
+    inst = record("inst-doomed")
     provider.launch("inst-doomed", "ray-gpu1", env_for("inst-doomed"), user_id=1)
     wait_for("the GPU instance running", lambda: state(provider, "inst-doomed") == "running")
     info = provider.info(inst)
@@ -359,7 +360,7 @@ def test_killing_a_node_loses_its_instance_within_seconds(cluster: RayCluster, p
 
 
 def test_stopping_the_whole_cluster_is_reported_with_its_address(cluster: RayCluster, provider: RayProvider) -> None:
-    inst = {"id": "inst-last"}
+    inst = record("inst-last")
     provider.launch("inst-last", "ray-cpu1", env_for("inst-last"), user_id=1)
     wait_for("the instance running", lambda: state(provider, "inst-last") == "running")
     for name in ("a", "c", "head"):  # what `ray stop` does on each host: SIGTERM to every Ray process

@@ -240,9 +240,7 @@ def test_a_launch_that_fails_otherwise_is_a_lost_worker_retried(cloud) -> None: 
     job = store.job(job_id)
     assert job.attempt == 1 and provider.launched == ["spot-a", "spot-a"], "retried as a new attempt"
     logs = [e["data"]["message"] for e in store.typed_events(job_id, (v.EV_LOG,))]
-    assert (
-        f"worker on {first.id} could not start (UnauthorizedOperation: not allowed); resuming from epoch 0" in logs
-    )
+    assert f"worker on {first.id} could not start (UnauthorizedOperation: not allowed); resuming from epoch 0" in logs
 
 
 def test_reconcile_and_adopt_reach_providers_that_have_them(cloud) -> None:  # noqa: ANN001

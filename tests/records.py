@@ -1,0 +1,18 @@
+"""A store row for a provider under test: providers take the InstanceRecord the scheduler reads from the store."""
+
+from __future__ import annotations
+
+import time
+
+from aibro_backend.storage.records import InstanceRecord
+from aibro_core import vocabulary as v
+
+
+def record(instance_id: str, machine_id: str = "", provider: str = "", status: str = v.LAUNCHING) -> InstanceRecord:
+    """An instance row as the store would hold it just after its launch."""
+    now = time.time()
+    return InstanceRecord(
+        id=instance_id, user_id=1, provider=provider, machine_id=machine_id, status=status, substatus="", pid=None,
+        job_id=None, cool_down_s=0.0, cooling_until=None, created=now, updated=now, last_seen=None,
+        history=[[status, "", now]], price_per_hour=0.0,
+    )  # fmt: skip
