@@ -42,6 +42,7 @@ class ScriptedProvider(Provider):
         *,
         job_id: str | None = None,
         attempt: int = 0,
+        tensorflow: str | None = None,
     ) -> int | None:
         self.launched.append(machine_id)
         return None
@@ -63,8 +64,9 @@ def world(tmp_path: Path):  # noqa: ANN201
     store.close()
 
 
-def _job(store: Store, uid: int, machines: list[str], wait: float) -> str:
+def _job(store: Store, uid: int, machines: list[str], wait: float, versions: dict[str, str] | None = None) -> str:
     spec = {"machines": machines, "cool_down_s": 0, "wait_request_s": wait, "fit": {"epochs": 1}}
+    spec["versions"] = versions or {}
     store.create_job("job-1", uid, spec)
     return "job-1"
 
@@ -142,10 +144,11 @@ class AsyncScriptedProvider(ScriptedProvider):
         *,
         job_id: str | None = None,
         attempt: int = 0,
+        tensorflow: str | None = None,
     ) -> None:
         self.launched.append(machine_id)
         self.envs.append(dict(env))
-        self.launch_kwargs.append({"job_id": job_id, "attempt": attempt})
+        self.launch_kwargs.append({"job_id": job_id, "attempt": attempt, "tensorflow": tensorflow})
         self.state[instance_id] = "launching"
 
     def poll(self, instance_id: str) -> dict[str, Any] | None:
@@ -171,9 +174,16 @@ def cloud(tmp_path: Path):  # noqa: ANN201
     store.close()
 
 
-def _launching(store: Store) -> dict[str, Any]:
+def _launching(store: Store) -> InstanceRecord:
     (inst,) = store.instances(statuses=(v.LAUNCHING,))
     return inst
+
+
+def test_the_launch_names_the_kernels_tensorflow_for_a_machine_without_one(cloud) -> None:  # noqa: ANN001
+    store, provider, sched, uid = cloud
+    _job(store, uid, ["spot-a"], wait=0, versions={"python": "3.11.7", "tensorflow": "2.20.1", "keras": "3.12.0"})
+    sched.tick()
+    assert [kw["tensorflow"] for kw in provider.launch_kwargs] == ["2.20"]
 
 
 def test_a_cloud_launch_stays_launching_while_pending_and_enrolls(cloud) -> None:  # noqa: ANN001
@@ -184,7 +194,7 @@ def test_a_cloud_launch_stays_launching_while_pending_and_enrolls(cloud) -> None
     (env,) = provider.envs
     assert "AIBRO_WORKER_TOKEN" not in env, "a cloud machine's launch data holds no long-lived token"
     assert env["AIBRO_ENROLL_TOKEN"].startswith("aibro_e_") and env["AIBRO_INSTANCE_ID"] == inst.id
-    assert provider.launch_kwargs == [{"job_id": job_id, "attempt": 0}], "the machine is tagged with its job"
+    assert provider.launch_kwargs == [{"job_id": job_id, "attempt": 0, "tensorflow": None}], "tagged with its job"
     inst, token = store.enroll(env["AIBRO_ENROLL_TOKEN"])
     assert inst is not None and store.instance_for_token(token).id == inst.id
     for state in ("launching", "pending", "pending", "running"):

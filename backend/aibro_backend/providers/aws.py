@@ -156,6 +156,7 @@ def build_user_data(
     agent: AgentWheel,
     spot: bool = False,
     ca_pem: str | None = None,
+    tensorflow: str | None = None,
 ) -> str:
     """The first-boot script: writes the worker's environment and a systemd unit that starts it on every boot.
 
@@ -164,7 +165,8 @@ def build_user_data(
     per-instance token (kept in AIBRO_WORKER_TOKEN_FILE, mode 0600, for the boots after a stop/start). `ca_pem`:
     the CA certificate(s) that verify the backend's HTTPS (public), written to /etc/aibro/ca.pem for the agent.
     The agent is the wheel this backend serves (GET /worker/agent), installed only when its SHA-256 is `agent`'s;
-    its dependencies come from the image's Python when it has them (--system-site-packages), else from pip.
+    its dependencies come from the image's Python when it has them (--system-site-packages), else from pip, with
+    TensorFlow at `tensorflow` (the launching job's kernel's major.minor) when given.
     """
     if not _INSTANCE_ID.match(instance_id):
         raise ValueError(f"instance id {instance_id!r} must be 1-40 letters, digits, '.', '_' or '-'")
@@ -188,7 +190,7 @@ def build_user_data(
     )
     ca = f"cat > {CA_PATH} <<'AIBRO_CA'\n{ca_pem.strip()}\nAIBRO_CA\nchmod 644 {CA_PATH}\n" if ca_pem else ""
     fetch = f"""python3 - "$part" <<'AIBRO_GET'\n{AGENT_DOWNLOAD}AIBRO_GET"""
-    install = shipping.install_script(agent, "/opt/aibro", fetch)
+    install = shipping.install_script(agent, "/opt/aibro", fetch, tensorflow)
     script = f"""#!/bin/bash
 # aibro worker bootstrap (first boot only). No long-lived secret here: a one-time enrollment token that the
 # agent exchanges for its per-instance token. The systemd unit brings the worker back after every stop/start.
@@ -441,6 +443,7 @@ class AwsProvider(provider_base.Provider):
         *,
         job_id: str | None = None,
         attempt: int = 0,
+        tensorflow: str | None = None,
     ) -> None:
         """Request the machine and return at once (no pid: the instance is found by its tag).
 
@@ -457,7 +460,9 @@ class AwsProvider(provider_base.Provider):
                 "the AWS provider needs a one-time enrollment token in env AIBRO_ENROLL_TOKEN (the long-lived "
                 "AIBRO_WORKER_TOKEN never goes into user data)"
             )
-        user_data = build_user_data(self.config, instance_id, token, self.agent, spot=spot, ca_pem=_backend_ca())
+        user_data = build_user_data(
+            self.config, instance_id, token, self.agent, spot=spot, ca_pem=_backend_ca(), tensorflow=tensorflow
+        )
         with self._lock:
             known = self._tracked.get(instance_id)
             if known is not None and known.state not in ("failed", "terminated"):

@@ -3,7 +3,7 @@ provider that has nothing to say returns (the default). A new provider subclasse
 abstract operations, and overrides only the optional ones its machines need; the scheduler calls each of them
 directly and never asks a provider what it has.
 
-Instances reach a provider as the store's dicts (`id`, `machine_id`, `pid`, `user_id`, `status`, ...). Operations
+Instances reach a provider as the store's rows (`storage/records.InstanceRecord`). Operations
 that talk to a cloud return a Future and must not block the scheduler's tick."""
 
 from __future__ import annotations
@@ -48,11 +48,14 @@ class Provider(ABC):
         *,
         job_id: str | None = None,
         attempt: int = 0,
+        tensorflow: str | None = None,
     ) -> int | None:
         """Start an instance that runs the worker agent with `env` for backend user `user_id` (an instance serves
         one user only, so a provider may confine it per user); `job_id`/`attempt` name the job it starts for (a
-        cloud tags its machine with them). Return a handle (a pid) if there is one. Raising fails this machine and
-        the job moves on to the next in its list."""
+        cloud tags its machine with them); `tensorflow` is that job's kernel's TensorFlow (major.minor), which a
+        provider that installs the agent on a machine with no TensorFlow installs (shipping.install_script).
+        Return a handle (a pid) if there is one. Raising fails this machine and the job moves on to the next in
+        its list."""
 
     @abstractmethod
     def alive(self, instance: InstanceRecord) -> bool:

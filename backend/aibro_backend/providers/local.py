@@ -237,6 +237,7 @@ class LocalProvider(Provider):
         *,
         job_id: str | None = None,
         attempt: int = 0,
+        tensorflow: str | None = None,
     ) -> int:
         spare = self._take_spare(machine_id, int(user_id or 0))
         proc = self._hand_over(spare, instance_id, env) if spare is not None else None

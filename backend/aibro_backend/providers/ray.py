@@ -313,6 +313,7 @@ class RayProvider(Provider):
         *,
         job_id: str | None = None,
         attempt: int = 0,
+        tensorflow: str | None = None,
     ) -> None:
         """Ask the cluster for the machine's resources and start the agent there; returns at once (no pid: the
         instance lives on a node). A machine busy now stays pending until Ray can place it (see `pending`)."""

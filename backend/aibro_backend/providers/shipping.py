@@ -15,10 +15,13 @@ import base64
 import hashlib
 import io
 import os
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 import aibro_backend
 import aibro_core
@@ -102,18 +105,37 @@ def served(home: Path) -> AgentWheel:
     return _served[dest_dir]
 
 
-def install_script(agent: AgentWheel, where: str, fetch: str) -> str:
+def tensorflow_pin(versions: dict[str, Any]) -> str | None:
+    """The kernel's TensorFlow as `major.minor` from a job spec's `versions` ("2.20.0" -> "2.20"); None without one."""
+    raw = versions.get("tensorflow") if isinstance(versions, dict) else None
+    try:
+        release = Version(raw).release if isinstance(raw, str) else ()
+    except InvalidVersion:
+        return None
+    return f"{release[0]}.{release[1]}" if len(release) >= 2 else None
+
+
+def install_script(agent: AgentWheel, where: str, fetch: str, tensorflow: str | None = None) -> str:
     """POSIX sh lines that install `agent` into `where`/venv unless that version is there already: `fetch` puts the
     wheel's bytes at "$part"; they are installed only if their SHA-256 is the agent's. The venv sees the machine's
-    own packages, so TensorFlow comes from the image when it has it. What EC2 user data and the SSH provider run."""
-    return f"""d="{where}"; part="$d/{agent.filename}.part"
+    own packages, so TensorFlow comes from the image when it has it; when it has none, pip installs `tensorflow`
+    (the launching job's kernel's major.minor, tensorflow_pin) rather than whatever is newest. What EC2 user data
+    and the SSH provider run."""
+    pin = ""
+    if tensorflow is not None:
+        if not re.fullmatch(r"[0-9]{1,4}\.[0-9]{1,4}", tensorflow):
+            raise ValueError(f"tensorflow must be major.minor, got {tensorflow!r}")
+        has_tf = "import importlib.util as u, sys; sys.exit(u.find_spec('tensorflow') is None)"
+        pin = f"""  "$d/venv/bin/python" -c "{has_tf}" || pin="tensorflow~={tensorflow}.0"
+"""
+    return f"""d="{where}"; part="$d/{agent.filename}.part"; pin=""
 if [ "$(cat "$d/agent-version" 2>/dev/null)" != "{agent.version}" ]; then
   mkdir -p "$d"
   {fetch}
   echo "{agent.sha256}  $part" | sha256sum -c --quiet - || {{ echo "aibro: not the agent served" >&2; exit 3; }}
   mv "$part" "$d/{agent.filename}"
   [ -x "$d/venv/bin/python" ] || python3 -m venv --system-site-packages "$d/venv"
-  "$d/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$d/{agent.filename}"
+{pin}  "$d/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$d/{agent.filename}" $pin
   echo "{agent.version}" > "$d/agent-version"
 fi
 """

@@ -181,6 +181,7 @@ class SshProvider(Provider):
         *,
         job_id: str | None = None,
         attempt: int = 0,
+        tensorflow: str | None = None,
     ) -> int | None:
         name, _, gpu = machine_id.removeprefix("ssh:").partition("-gpu")
         host = self.hosts.get(name)
@@ -198,7 +199,7 @@ class SshProvider(Provider):
             remote = Remote(name, machine_id, free[:want])
             self._remotes[instance_id] = remote
             self._save()
-        self._pool.submit(self._start, instance_id, host, remote, dict(env))
+        self._pool.submit(self._start, instance_id, host, remote, dict(env), tensorflow)
         return None
 
     def alive(self, instance: InstanceRecord) -> bool:
@@ -244,21 +245,22 @@ class SshProvider(Provider):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- launching and ending -----------------------------------------------------------------------------------
-    def _install(self, host: Host) -> None:
-        """The served agent in a venv on the host, once per version (shipping.install_script)."""
+    def _install(self, host: Host, tensorflow: str | None) -> None:
+        """The served agent in a venv on the host, once per version (shipping.install_script): TensorFlow from the
+        host's Python, or at `tensorflow` (the first job's kernel's major.minor) where it has none."""
         if self.run(host, f'cat "{self._agent_dir}/agent-version" 2>/dev/null || true').strip() == self.agent.version:
             return  # nothing to send
-        script = "set -eu; umask 077\n" + install_script(self.agent, self._agent_dir, 'cat > "$part"')
+        script = "set -eu; umask 077\n" + install_script(self.agent, self._agent_dir, 'cat > "$part"', tensorflow)
         self.run(host, script, stdin=self.agent.path.read_bytes(), timeout=1800)
 
     @property
     def _agent_dir(self) -> str:
         return f"{REMOTE}/agent/{self.agent.version}"  # per version: a worker adopted after a crash keeps its code
 
-    def _start(self, instance_id: str, host: Host, remote: Remote, env: dict[str, str]) -> None:
+    def _start(self, instance_id: str, host: Host, remote: Remote, env: dict[str, str], tensorflow: str | None) -> None:
         try:
             with self._host_locks[host.name]:  # one install per host at a time
-                self._install(host)
+                self._install(host, tensorflow)
             if self.worker_url:
                 env["AIBRO_WORKER_URL"] = self.worker_url
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, remote.gpus)) or "-1"

@@ -14,6 +14,7 @@ from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
 from ..providers.base import CapacityError, Provider
+from ..providers.shipping import tensorflow_pin
 from ..storage.records import InstanceRecord, JobRecord
 from ..storage.store import Store
 from .policy import Policy
@@ -562,7 +563,15 @@ class Scheduler:
             env["AIBRO_WORKER_TOKEN"] = token
         provider = self.providers[provider_name]
         try:
-            pid = provider.launch(instance_id, machine_id, env, user_id=job.user_id, job_id=job.id, attempt=job.attempt)
+            pid = provider.launch(
+                instance_id,
+                machine_id,
+                env,
+                user_id=job.user_id,
+                job_id=job.id,
+                attempt=job.attempt,
+                tensorflow=tensorflow_pin(job.spec.get("versions") or {}),
+            )
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
             self.store.set_instance_state(instance_id, v.CLOSED, v.TERMINATED)
             self.emit(job.id, v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})
