@@ -16,3 +16,8 @@ def record(instance_id: str, machine_id: str = "", provider: str = "", status: s
         job_id=None, cool_down_s=0.0, cooling_until=None, created=now, updated=now, last_seen=None,
         history=[[status, "", now]], price_per_hour=0.0,
     )  # fmt: skip
+
+
+def from_view(view: dict) -> InstanceRecord:
+    """The row behind an instance as GET /instances shows it (the view leaves out only its pid)."""
+    return InstanceRecord(**{name: view.get(name) for name in InstanceRecord.__slots__})

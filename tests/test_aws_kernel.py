@@ -17,6 +17,7 @@ import pytest
 from aws_moto import PlayedInstances, make_account, moto_server, write_config  # noqa: E402
 from backend_proc import own_backend  # noqa: E402
 from kernel_helpers import CellResult, digits_setup, run_cell, start_kernel  # noqa: E402
+from records import from_view  # noqa: E402
 
 from aibro_backend.providers.aws_catalog import offers  # noqa: E402
 from aibro_backend.providers.aws_config import load_aws_config  # noqa: E402
@@ -122,7 +123,7 @@ def test_three_cells_launch_reuse_warm_then_restart_the_stopped_machine_and_bill
     # seconds it held the machine; the job that started it (the launch, the restart) also paid that start's
     # 60 s minimum and rounding; the warm reuse paid only its seconds.
     jobs = {j["job_id"]: j for j in client.jobs()}
-    billed = instance_cost(inst, time.time())
+    billed = instance_cost(from_view(inst), time.time())
     per_s = OD_PRICE / 3600
     for job in (first, second, third):
         cost = jobs[job["job_id"]]["cost"]

@@ -25,8 +25,9 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
         alice = backend.client()
         bob = backend.add_user("bob")
         x, y = slow_data(3000)
+        # alice trains until canceled below, so bob's job queues behind her whatever the load
         first = Training(alice).submit(
-            make_model(), x, y, machine_ids="local-cpu", epochs=3, batch_size=16, cool_down_period_s=600
+            make_model(), x, y, machine_ids="local-cpu", epochs=1000, batch_size=16, cool_down_period_s=600
         )
         wait_for(alice, first["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
         second = Training(bob).submit(make_model(1), x[:500], y[:500], machine_ids="local-cpu", epochs=1)
@@ -39,6 +40,7 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
         message = next(e["data"]["message"] for e in queued if "waiting for" in e["data"].get("message", ""))
         assert message == "waiting for local-cpu: all 1 in use (1 training)", message
         assert bob.job(second["job_id"])["substatus"] == v.REQUESTING_SERVER
+        alice.cancel(first["job_id"])  # its machine cools for alice, as after any job of hers
         wait_for(alice, first["job_id"], _final, timeout=300)
         events = wait_for(bob, second["job_id"], _final, timeout=300)
         assert bob.job(second["job_id"])["status"] == v.COMPLETED

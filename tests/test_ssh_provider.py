@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from helpers import slow_data
 
 SSHD = "/usr/sbin/sshd"
 USERS = ("aibro-ssh-a", "aibro-ssh-b")
+GPUS = ["NVIDIA A10G", "NVIDIA A10G"]  # host a's, as its nvidia-smi names them; b's hosts entry says gpus = 0
 pytestmark = [
     pytest.mark.timeout(1800),
     pytest.mark.skipif(os.geteuid() != 0, reason="the test makes users of its own for the SSH hosts (needs root)"),
@@ -45,7 +47,7 @@ def _run(*argv: str) -> str:
 class Sshd:
     """One OpenSSH server on 127.0.0.1:port for one user, with its own host key."""
 
-    def __init__(self, root: Path, user: str, client_pub: str, wheels: Path) -> None:
+    def __init__(self, root: Path, user: str, client_pub: str, wheels: Path, gpus: list[str] | None = None) -> None:
         self.root, self.user, self.port = root, user, free_port()
         root.mkdir(parents=True, exist_ok=True)
         self.new_host_key()
@@ -60,6 +62,13 @@ class Sshd:
         (home / ".ssh" / "authorized_keys").write_text(client_pub)
         (home / ".config" / "pip" / "pip.conf").write_text(f"[global]\nno-index = true\nfind-links = {wheels}\n")
         shutil.rmtree(home / ".aibro", ignore_errors=True)  # a fresh host: no agent installed yet
+        self.path = "/usr/local/bin:/usr/bin:/bin"
+        if gpus:  # what nvidia-smi says on a host with these GPUs (this box has none: the one stand-in part)
+            (home / "bin").mkdir(exist_ok=True)
+            smi = home / "bin" / "nvidia-smi"
+            smi.write_text("#!/bin/sh\nprintf '" + "\\n".join(gpus) + "\\n'\n")
+            smi.chmod(0o755)
+            self.path = f"{home / 'bin'}:{self.path}"
         _run("chown", "-R", f"{user}:{user}", str(home))
         os.chmod(home / ".ssh", 0o700)
         os.chmod(home / ".ssh" / "authorized_keys", 0o600)
@@ -79,6 +88,7 @@ class Sshd:
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.root / 'host_ed25519'}\n"
             f"PidFile {self.root / 'sshd.pid'}\nUsePAM no\nPasswordAuthentication no\n"
             f"KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nAllowUsers {self.user}\n"
+            f"SetEnv PATH={self.path}\n"
         )
         log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
@@ -107,13 +117,16 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[di
     root = tmp_path_factory.mktemp("ssh")
     key = root / "id_ed25519"
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
-    servers = {u[-1]: Sshd(root / u, u, key.with_suffix(".pub").read_text(), wheels) for u in USERS}
+    pub = key.with_suffix(".pub").read_text()
+    servers = {u[-1]: Sshd(root / u, u, pub, wheels, GPUS if u[-1] == "a" else None) for u in USERS}
     for server in servers.values():
         server.start()
     lines = []
     for name, server in servers.items():
         lines += ["[[host]]", f'name = "{name}"', 'host = "127.0.0.1"', f"port = {server.port}"]
-        lines += [f'user = "{server.user}"', f'identity_file = "{key}"', "max_jobs = 1", "gpus = 0", ""]
+        lines += [f'user = "{server.user}"', f'identity_file = "{key}"', "max_jobs = 1"]
+        lines += [] if server.path.startswith(str(server.home)) else ["gpus = 0"]  # a: found by nvidia-smi
+        lines.append("")
     hosts_file = root / "hosts.toml"
     hosts_file.write_text("\n".join(lines))
     try:
@@ -154,20 +167,47 @@ def test_a_wrong_key_file_is_named_at_serve(hosts: dict[str, Any], tmp_path: Pat
     assert done.returncode == 2 and "cannot reach a over SSH" in done.stderr and "Permission denied" in done.stderr
 
 
-def test_a_job_trains_on_an_ssh_host_with_the_served_agent(backend: OwnBackend, hosts: dict[str, Any]) -> None:
+def test_a_cloud_fit_cell_trains_on_an_ssh_hosts_two_gpus_with_the_served_agent(
+    backend: OwnBackend, hosts: dict[str, Any], tmp_path: Path
+) -> None:
+    """The marketplace offers host a's GPUs as nvidia-smi names them; a %%cloud_fit cell in a real kernel asks for
+    both, its worker runs with CUDA_VISIBLE_DEVICES=0,1 from the agent the backend installed, and the trained
+    model comes back into the kernel."""
+    from kernel_helpers import digits_setup, run_cell, start_kernel
+
     client = backend.client()
     machines = {m["machine_id"]: m for m in client.machines()}
-    assert {"ssh:a", "ssh:b"} <= set(machines) and machines["ssh:a"]["price_per_hour"] == 0.0
-    x, y = slow_data(300)
-    job = Training(client).submit(make_model(), x, y, machine_ids="ssh:a", epochs=2, batch_size=32)
-    done = _wait(client, job["job_id"])
-    assert done["status"] == v.COMPLETED and done["epochs_done"] == 2, done
+    assert {"ssh:a", "ssh:a-gpu1", "ssh:a-gpu2", "ssh:b"} <= set(machines), sorted(machines)
+    assert not any(m.startswith("ssh:b-gpu") for m in machines), "b's hosts entry says gpus = 0"
+    assert (machines["ssh:a-gpu2"]["gpu_type"], machines["ssh:a-gpu2"]["gpu_count"]) == ("NVIDIA A10G", 2)
+    assert machines["ssh:a"]["price_per_hour"] == 0.0
+    km, kc = start_kernel({"AIBRO_HOME": str(tmp_path / "kernel"), "AIBRO_BACKEND_URL": backend.url,
+                           "AIBRO_TOKEN": backend.token})  # fmt: skip
+    try:
+        assert not (res := run_cell(kc, digits_setup(), timeout=300)).error, res.error
+        cell = (
+            '%%cloud_fit --machine ssh:a-gpu2 --description "on a"\n'
+            "model = build()\n"
+            "history = model.fit(x_train, y_train, epochs=2, batch_size=32, validation_data=(x_val, y_val))\n"
+            "print('FINAL', round(model.evaluate(x_val, y_val, verbose=0)[1], 4), "
+            "round(history.history['val_accuracy'][-1], 4))\n"
+        )
+        res = run_cell(kc, cell, timeout=900)
+        assert not res.error, res.error + res.stdout[-3000:]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    final = re.search(r"FINAL (\S+) (\S+)", res.stdout)
+    assert final and final.group(1) == final.group(2) and float(final.group(1)) > 0.5, res.stdout[-3000:]
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "on a")
+    assert job["status"] == v.COMPLETED and job["machine_id"] == "ssh:a-gpu2" and job["epochs_done"] == 2, job
     served = shipping.served(backend.home)
     installed = hosts["servers"]["a"].home / ".aibro" / "agent" / served.version
     assert (installed / "agent-version").read_text().strip() == served.version
     assert (installed / served.filename).read_bytes() == served.path.read_bytes()
-    env_files = list((hosts["servers"]["a"].home / ".aibro" / "workers").glob("*/env"))
-    assert env_files and all(f.stat().st_mode & 0o077 == 0 for f in env_files), "the worker's secrets are 0600"
+    env_file = hosts["servers"]["a"].home / ".aibro" / "workers" / job["instance_id"] / "env"
+    assert env_file.stat().st_mode & 0o077 == 0, "the worker's secrets are 0600"
+    assert "CUDA_VISIBLE_DEVICES=0,1\n" in env_file.read_text(), "the job's worker holds both of a's GPUs"
 
 
 def test_a_host_whose_sshd_goes_away_has_its_job_resumed_on_the_next_host(

@@ -269,5 +269,33 @@ def test_an_agent_of_other_code_never_runs_a_job(agent_venv: Path, tmp_path: Pat
             refusal = [h[1] for h in inst["history"] if "is not this backend's" in h[1]]
             assert refusal and refusal[0].startswith("agent 0.") and expected in refusal[0], inst["history"]
             assert refusal[0].split()[1] != expected, "the refused agent reported its own, other version"
+            _sidebar_names_both_versions(b.home, tmp_path, job_id, inst["id"], refusal[0].split()[1], expected)
     finally:
         agent_py.write_text(original)
+
+
+def _sidebar_names_both_versions(
+    home: Path, tmp_path: Path, job_id: str, instance_id: str, reported: str, expected: str
+) -> None:
+    """What the user sees of the refusal in JupyterLab's sidebar: the job's error and the closed instance's state
+    both name the agent's version and the backend's."""
+    from browser import chromium_page, jupyterlab, open_sidebar, wait_until
+
+    from conftest import ARTIFACTS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    env = {"AIBRO_HOME": str(home), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    with (
+        jupyterlab(tmp_path, env, ARTIFACTS / "jupyterlab-agent-refused.log") as (url, token),
+        chromium_page() as page,
+    ):
+        shot = ARTIFACTS / "sidebar-agent-refused-timeout.png"
+        open_sidebar(page, url, token)
+        error = page.locator(f'.aibro-job[data-job-id="{job_id}"] .aibro-job-error')
+        wait_until(page, lambda: error.count() == 1 and expected in error.inner_text(), "the job's error", 60, shot)
+        assert reported in error.inner_text(), error.inner_text()
+        page.locator("#aibro-cloud-training .aibro-tab", has_text="Instances").click()
+        state = page.locator(f'.aibro-instance[data-instance-id="{instance_id}"] .aibro-substatus')
+        wait_until(page, lambda: state.count() == 1, "the closed instance's state", 60, shot)
+        assert reported in state.inner_text() and expected in state.inner_text(), state.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "sidebar-agent-refused.png"))
