@@ -284,6 +284,52 @@ def test_second_call_in_another_order_is_cached(built: tuple[Path, Path, list[tu
     assert envs.ensure_env([], cache, got.append) is None and len(got) == 1
 
 
+class _Shelf:
+    """envs.Shared as a dict (the agent's goes through the backend; tests/test_requirements_kernel.py runs that)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, bytes] = {}
+
+    def fetch(self, key: str, dest: Path) -> bool:
+        if key not in self.held:
+            return False
+        dest.write_bytes(self.held[key])
+        return True
+
+    def offer(self, key: str, source: Path) -> None:
+        self.held[key] = source.read_bytes()
+
+
+def test_a_built_environment_is_shared_and_the_next_machine_unpacks_it(tmp_path: Path) -> None:
+    """Issue 26 item 6: the first cache builds and offers its site-packages; a second (another machine) takes
+    that copy without running pip; a broken copy is built again, never half used."""
+    _absent("cowsay")
+    shelf, first, second, third = _Shelf(), tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    said: list[str] = []
+    built_site = envs.ensure_env(["cowsay==6.1"], first, said.append, shared=shelf)
+    assert built_site is not None and any("ready (built in" in s for s in said)
+    (key,) = shelf.held
+    digest = requirements_hash(["cowsay==6.1"])
+    assert key == envs.env_key(digest) and key.startswith(digest[:32]) and "-py3" in key
+    assert any("shared with your next machines" in s for s in said), said
+    got: list[str] = []
+    site = envs.ensure_env(["COWSAY==6.1"], second, got.append, shared=shelf)
+    assert site is not None and any("ready (downloaded, built by another of your machines" in s for s in got), got
+    assert not any("Successfully installed" in s or "built in" in s for s in got), "pip did not run"
+    assert (site / "cowsay" / "__init__.py").read_bytes() == (built_site / "cowsay" / "__init__.py").read_bytes()
+    assert envs.activate(site) == []
+    try:
+        import cowsay
+
+        assert Path(cowsay.__file__).is_relative_to(site)
+    finally:
+        envs.deactivate()
+    shelf.held[key] = b"not a zip"
+    again: list[str] = []
+    assert envs.ensure_env(["cowsay==6.1"], third, again.append, shared=shelf) is not None
+    assert any("the shared copy could not be used" in s for s in again) and any("built in" in s for s in again)
+
+
 def test_activate_then_deactivate(built: tuple[Path, Path, list[tuple[float, str]]]) -> None:
     _, site, _ = built
     path_before = list(sys.path)

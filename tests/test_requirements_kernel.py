@@ -5,6 +5,7 @@ worker, started with `python -I`, never sees), so the worker lacks it exactly as
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_the_worker_lacks_the_package_and_the_kernel_says_which_requirement(kern
     assert "pyjokes" in out and "not installed on the worker" in out, out  # and the worker's error says the same
 
 
-def test_requirements_install_once_per_hash_and_show_progress(kernel, client) -> None:  # noqa: ANN001
+def test_requirements_install_once_per_hash_and_show_progress(kernel, client, aibro_home: Path) -> None:  # noqa: ANN001
     res = run_cell(
         kernel,
         f"%%cloud_fit --machine local-cpu --requirements {PACKAGE} --description 'with requirements'\n"
@@ -95,6 +96,23 @@ def test_requirements_install_once_per_hash_and_show_progress(kernel, client) ->
     )
     assert not again.error, again.stdout[-3000:] + again.error
     assert "ready (cached)" in again.stdout and "ready (built in" not in again.stdout, again.stdout
+    assert "shared with your next machines" in res.stdout, res.stdout
+
+    # Issue 26 item 6: another machine of the same user (here: this host with its environment cache gone) gets
+    # the environment the first one built from the backend instead of resolving and downloading it again.
+    for cached in (aibro_home / "state" / "envs").glob("u*/*"):
+        shutil.rmtree(cached) if cached.is_dir() else cached.unlink()
+    third = run_cell(
+        kernel,
+        "%%cloud_fit --machine local-cpu --requirements pyjokes==0.8.3 --description 'env from another machine'\n"
+        "import pyjokes\nm2.fit(x, y, epochs=1)\n",
+        timeout=600,
+    )
+    assert not third.error, third.stdout[-3000:] + third.error
+    assert "ready (downloaded, built by another of your machines" in third.stdout, third.stdout
+    assert "ready (built in" not in third.stdout, "pip did not run again"
+    shared = next(j for j in reversed(client.jobs()) if j["description"] == "with requirements")
+    assert any(a["name"].startswith("envs/") for a in client.artifacts(shared["job_id"]))
 
 
 def test_a_requirements_file(kernel, tmp_path: Path) -> None:  # noqa: ANN001

@@ -49,6 +49,7 @@ CODE_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*){0,15}\.py
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 UPLOAD_ID_PATTERN = r"^[0-9a-f]{32}$"
 ARTIFACT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,7}$"
+ENV_KEY_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,119}$"  # worker/envs.env_key: requirements hash, python, machine, base
 INT64_MAX = 2**63 - 1
 MAX_EVENT_BATCH = 500
 MAX_MESSAGE = 8000

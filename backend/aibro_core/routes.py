@@ -17,6 +17,7 @@ CAPTURES = {
     "upload_id": r"[^/]+",
     "sha256": r"[^/]+",
     "name": r".+",
+    "env_key": r"[^/]+",
 }
 BROWSER_CAPTURES = {**CAPTURES, "job_id": r"[\w-]{1,100}", "instance_id": r"[\w-]{1,100}"}  # the proxy's bound
 
@@ -120,6 +121,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint("get", "/worker/assignment", "what this instance does next", who="worker"),
     Endpoint("get", "/worker/blobs/{sha256}", "a blob of the job assigned to this instance", who="worker"),
+    Endpoint(
+        "get",
+        "/worker/envs/{env_key}",
+        "a requirements environment another machine of this instance's user built (a zip of its site-packages)",
+        who="worker",
+    ),
     Endpoint(
         "post",
         "/worker/jobs/{job_id}/events",

@@ -41,6 +41,7 @@ PATH_PARAMS: dict[str, dict[str, Any]] = {
     "upload_id": {"type": "string", "pattern": m.UPLOAD_ID_PATTERN, "description": "an unnamed upload's id"},
     "token_id": {"type": "string", "pattern": m.ID_PATTERN, "description": "a token's public id"},
     "name": {"type": "string", "pattern": m.ARTIFACT_NAME_PATTERN, "description": "an artifact name"},
+    "env_key": {"type": "string", "pattern": m.ENV_KEY_PATTERN, "description": "a requirements environment's key"},
 }
 
 
@@ -108,6 +109,7 @@ ANSWERS: dict[str, Answer] = {
     ),
     "get /worker/assignment": Answer(m.Assignment, ()),
     "get /worker/blobs/{sha256}": Answer("binary", (403, 404)),
+    "get /worker/envs/{env_key}": Answer("binary", (400, 404)),
     "post /worker/jobs/{job_id}/events": Answer(m.EventsAck, (400, 409), m.WorkerEvents),
     "get /worker/jobs/{job_id}/artifacts/{name}": Answer("binary", (400, 404, 409)),
     "head /worker/jobs/{job_id}/artifacts/{name}": Answer(

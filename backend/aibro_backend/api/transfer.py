@@ -15,6 +15,7 @@ backend then signs, verifies and indexes, and no training byte passes through it
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 
 from aibro_core import vocabulary as v
-from aibro_core.models import NameUpload, S3Upload
+from aibro_core.models import ENV_KEY_PATTERN, NameUpload, S3Upload
 
 from ..providers import shipping
 from ..server.limits import limits_of
@@ -303,6 +304,31 @@ class WorkerBlobHandler(WorkerHandler):
             self.redirect(s3.get_url(s3.blob_key(sha)), status=307)
             return
         await send_file(self, self.backend.blobs.blob_path(sha))
+
+
+class WorkerEnvHandler(WorkerHandler):
+    """A requirements environment built by another machine of this instance's user: the newest job artifact
+    `envs/<key>.zip` of that user's jobs (worker/envs.py uploads it after a build). Never another user's: a
+    machine runs its user's code, so what it built is trusted by that user alone."""
+
+    async def get(self, env_key: str) -> None:
+        if not re.fullmatch(ENV_KEY_PATTERN, env_key):
+            raise ApiError(400, f"an environment key is {ENV_KEY_PATTERN}, got {env_key[:80]!r}")
+        name = env_artifact(env_key)
+        job_id = self.backend.store.newest_artifact(self.instance.user_id, name)
+        if job_id is None:
+            raise ApiError(404, f"no machine of this user has shared environment {env_key} yet: build it")
+        path = _artifact_path(self, job_id, name)
+        if _redirect_to_s3(self, job_id, name, path):
+            return
+        if not path.is_file():
+            raise ApiError(404, f"environment {env_key} is no longer stored: build it")
+        await send_file(self, path)
+
+
+def env_artifact(env_key: str) -> str:
+    """The artifact name a shared environment is uploaded as (never reported to the user as a job's output)."""
+    return f"envs/{env_key}.zip"
 
 
 @tornado.web.stream_request_body

@@ -156,7 +156,7 @@ class WorkerFinishHandler(WorkerHandler):
                 size, sha = self.backend.blobs.write_artifact(job_id, "history.json", json.dumps(history).encode())
                 store.add_artifact(job_id, "history.json", size, sha)
                 for art in store.artifacts(job_id):
-                    if not art["name"].startswith(("checkpoints/", "tensorboard/")):
+                    if not art["name"].startswith(("checkpoints/", "tensorboard/", "envs/")):
                         scheduler.emit(job_id, v.EV_ARTIFACT, {"name": art["name"], "size": art["size"]})
                 scheduler.set_status(job_id, v.COMPLETED, v.SUB_COMPLETED, "completed")
             elif outcome == v.OUTCOME_CANCELED:

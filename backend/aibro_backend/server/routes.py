@@ -46,6 +46,7 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "/worker/agent": transfer.AgentHandler,
     "/worker/assignment": worker.AssignmentHandler,
     "/worker/blobs/{sha256}": transfer.WorkerBlobHandler,
+    "/worker/envs/{env_key}": transfer.WorkerEnvHandler,
     "/worker/jobs/{job_id}/events": worker.WorkerEventsHandler,
     "/worker/jobs/{job_id}/artifacts/{name}": transfer.WorkerArtifactHandler,
     "/worker/jobs/{job_id}/uploads/{name}": transfer.WorkerUploadHandler,

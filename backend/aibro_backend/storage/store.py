@@ -667,6 +667,15 @@ class Store:
             (job_id, name, size, sha, time.time()),
         )
 
+    def newest_artifact(self, user_id: int, name: str) -> str | None:
+        """The job of `user_id` that most recently stored an artifact `name`, or None."""
+        row = self.db.execute(
+            "SELECT a.job_id FROM artifacts a JOIN jobs j ON j.id = a.job_id WHERE j.user_id=? AND a.name=? "
+            "ORDER BY a.created DESC LIMIT 1",
+            (user_id, name),
+        ).fetchone()
+        return row["job_id"] if row else None
+
     def artifacts(self, job_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT name, size, sha, created FROM artifacts WHERE job_id=? ORDER BY name", (job_id,)

@@ -175,7 +175,7 @@ class Worker:
         self, outbox: Outbox, job_id: str, attempt: int, spec: dict, resume: dict | None, memory: MemoryWatch
     ) -> tuple[str, str | None]:
         self._status(outbox, v.GEARING_UP_ENV)
-        keras = self._gear_up(outbox, job_id, spec)
+        keras = self._gear_up(outbox, job_id, attempt, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
         from .datatree import fit_data
         from .usercallbacks import compile_again
@@ -290,7 +290,7 @@ class Worker:
         outbox.put(v.EV_LOG, {"message": message})
         return v.SPOT_INTERRUPTED, message
 
-    def _gear_up(self, outbox: Outbox, job_id: str, spec: dict) -> Any:
+    def _gear_up(self, outbox: Outbox, job_id: str, attempt: int, spec: dict) -> Any:
         """Packages first (a cached per-requirements environment), then the user's own code, then the imports the
         model's custom objects need. What went in for this job comes out again in `_gear_down`."""
         if self.keras is None:
@@ -314,7 +314,7 @@ class Worker:
                 outbox.put(v.EV_LOG, {"message": line, "stage": v.GEARING_UP_ENV})
 
             report(f"installing {', '.join(requirements)}")
-            site = envs.ensure_env(requirements, self.env_cache, report)
+            site = envs.ensure_env(requirements, self.env_cache, report, shared=_SharedEnvs(self, job_id, attempt))
             shadowed = envs.activate(site)
             self._active_env = True
             if shadowed:
@@ -446,6 +446,26 @@ class Worker:
                 if reply.get("complete"):
                     return
                 offset, failures = int(reply["received"]), 0
+
+
+class _SharedEnvs:
+    """envs.Shared through this backend: the environments the user's other machines built (GET /worker/envs/KEY),
+    and one built here uploaded as the assigned job's artifact envs/KEY.zip."""
+
+    def __init__(self, worker: Worker, job_id: str, attempt: int) -> None:
+        self.worker, self.job_id, self.attempt = worker, job_id, attempt
+
+    def fetch(self, key: str, dest: Path) -> bool:
+        try:
+            self.worker._download(f"/worker/envs/{key}", dest, "environment")
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def offer(self, key: str, source: Path) -> None:
+        self.worker._put_artifact(self.job_id, self.attempt, f"envs/{key}.zip", source)
 
 
 def split_cpu(env: dict[str, str] | os._Environ) -> None:

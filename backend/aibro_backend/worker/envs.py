@@ -28,15 +28,24 @@ place, because a venv is not relocatable (its scripts and configuration name its
 same all-or-nothing guarantee. The hash covers the normalised list and the Python major.minor
 (``aibro_core.requirements.requirements_hash``), not the worker's own package set: after the host's own
 packages change, clear the cache directory.
+
+Shared between the machines of one user (``Shared``): a machine that builds an environment uploads a zip of its
+site-packages; the next machine of that user with the same key (``env_key``: the requirements hash, the Python,
+the CPU architecture and a digest of the worker's own packages, which decide what pip left out) downloads and
+unpacks it instead of resolving and downloading from the index again. Only a user's own machines share: a machine
+runs its user's code, so what it built is trusted by that user alone.
 """
 
 from __future__ import annotations
 
 import collections
 import fcntl
+import hashlib
 import importlib
+import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import signal
 import site
@@ -47,10 +56,12 @@ import tempfile
 import threading
 import time
 import venv
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
-from aibro_core.requirements import check_requirements, requirements_hash, runtime_versions
+from aibro_core.requirements import check_requirements, python_tag, requirements_hash, runtime_versions
 
 from . import netbridge
 
@@ -76,9 +87,9 @@ def _is_stdlib(entry: str) -> bool:
     return any(real == d or real.startswith(d + os.sep) for d in _stdlib_dirs())
 
 
-def _worker_package_dirs(exclude: Path) -> list[str]:
+def _worker_package_dirs(exclude: Path | None = None) -> list[str]:
     """The worker's own package directories (site-packages, editable installs), in sys.path order."""
-    skip = os.path.realpath(exclude)
+    skip = os.path.realpath(exclude) if exclude is not None else "\0"
     found = []
     for entry in sys.path:
         if not entry or not os.path.isdir(entry) or _is_stdlib(entry):
@@ -218,17 +229,98 @@ def _build(root: Path, reqs: list[str], label: str, report: Callable[[str], None
         raise
 
 
+class Shared(Protocol):
+    """Where the environments of a user's machines meet (the agent's: GET /worker/envs/KEY, a job artifact)."""
+
+    def fetch(self, key: str, dest: Path) -> bool:
+        """Download environment `key` into the file `dest`; False when no machine has shared it yet."""
+
+    def offer(self, key: str, source: Path) -> None:
+        """Upload the zip `source` as environment `key` for the user's next machines."""
+
+
+_base_digest: list[str] = []
+
+
+def env_key(digest: str) -> str:
+    """What an environment built here fits: its requirements hash, this Python, this CPU architecture, and the
+    worker's own packages (pip installed only what they lack)."""
+    if not _base_digest:
+        dists = importlib.metadata.distributions(path=_worker_package_dirs())
+        names = sorted({f"{d.metadata['Name']}=={d.version}".lower() for d in dists if d.metadata["Name"]})
+        _base_digest.append(hashlib.sha256("\n".join(names).encode()).hexdigest()[:16])
+    machine = platform.machine().lower() or "unknown"
+    return f"{digest[:32]}-py{python_tag().replace('.', '')}-{machine}-{_base_digest[0]}"
+
+
+def _zip_site(site_dir: Path, dest: Path) -> None:
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for path in sorted(site_dir.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zf.write(path, path.relative_to(site_dir).as_posix())
+
+
+def _unpack(root: Path, reqs: list[str], archive: Path) -> Path:
+    """An environment from another machine: its site-packages unpacked under `root` (zipfile never writes
+    outside the folder it extracts to), then `ready`."""
+    if root.exists():
+        shutil.rmtree(root)
+    site_dir = root / "site"
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(site_dir)
+        info = {"site": "site", "requirements": reqs, "python": sys.version.split()[0], "shared": True}
+        (root / "ready.tmp").write_text(json.dumps(info))
+        os.replace(root / "ready.tmp", root / "ready")
+        return site_dir
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def _from_shared(
+    shared: Shared, key: str, root: Path, reqs: list[str], label: str, report: Callable[[str], None]
+) -> Path | None:
+    archive = root.with_name(root.name + ".zip.part")
+    started = time.monotonic()
+    try:
+        if not shared.fetch(key, archive):
+            return None
+        site_dir = _unpack(root, reqs, archive)
+    except Exception as exc:  # noqa: BLE001 - a broken download is built here instead
+        report(f"{label}: the shared copy could not be used ({exc}); building it here")
+        return None
+    finally:
+        archive.unlink(missing_ok=True)
+    report(f"{label} ready (downloaded, built by another of your machines, in {time.monotonic() - started:.1f} s)")
+    return site_dir
+
+
+def _share(shared: Shared, key: str, site_dir: Path, label: str, report: Callable[[str], None]) -> None:
+    archive = Path(tempfile.mkdtemp(prefix="env-share-")) / f"{key}.zip"
+    try:
+        _zip_site(site_dir, archive)
+        shared.offer(key, archive)
+        report(f"{label} shared with your next machines ({archive.stat().st_size / 1e6:.1f} MB)")
+    except Exception as exc:  # noqa: BLE001 - sharing is a saving, never a reason to fail the job
+        report(f"{label}: could not share it with your other machines ({exc})")
+    finally:
+        shutil.rmtree(archive.parent, ignore_errors=True)
+
+
 def ensure_env(
     requirements: list[str],
     cache_dir: Path,
     report: Callable[[str], None],
     timeout_s: float = PIP_TIMEOUT_S,
+    shared: Shared | None = None,
 ) -> Path | None:
     """The site-packages directory holding `requirements`, built on first use and cached per hash (None if empty).
 
     `report` receives progress lines (throttled to about two a second, plus the last one) for the GEARING UP ENV
-    substatus. Raises RuntimeError with pip's last lines and the fix when a requirement cannot be installed,
-    and aibro_core.errors.ValidationError when the list itself is malformed.
+    substatus. With `shared`, an environment another machine of the user built is downloaded instead of built,
+    and one built here is offered to the next. Raises RuntimeError with pip's last lines and the fix when a
+    requirement cannot be installed, and aibro_core.errors.ValidationError when the list itself is malformed.
     """
     reqs = check_requirements(requirements)
     if not reqs:
@@ -251,9 +343,14 @@ def ensure_env(
             if (root / "ready").exists():
                 report(f"{label} ready (cached)")
                 return _site_of(root)
+            key = env_key(digest)
+            if shared is not None and (site_dir := _from_shared(shared, key, root, reqs, label, report)):
+                return site_dir
             started = time.monotonic()
             site_dir = _build(root, reqs, label, report, timeout_s)
             report(f"{label} ready (built in {time.monotonic() - started:.1f} s)")
+            if shared is not None:
+                _share(shared, key, site_dir, label, report)
             return site_dir
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
