@@ -279,7 +279,7 @@ def _sidebar_names_both_versions(
 ) -> None:
     """What the user sees of the refusal in JupyterLab's sidebar: the job's error and the closed instance's state
     both name the agent's version and the backend's."""
-    from browser import chromium_page, jupyterlab, open_sidebar, wait_until
+    from browser import chromium_page, jupyterlab, open_sidebar, outside_their_box, wait_until
 
     from conftest import ARTIFACTS
 
@@ -298,4 +298,6 @@ def _sidebar_names_both_versions(
         state = page.locator(f'.aibro-instance[data-instance-id="{instance_id}"] .aibro-substatus')
         wait_until(page, lambda: state.count() == 1, "the closed instance's state", 60, shot)
         assert reported in state.inner_text() and expected in state.inner_text(), state.inner_text()
+        bad = outside_their_box(page, "#aibro-cloud-training", clip=".aibro-machine-scroll")
+        assert not bad, f"the reason overflows the sidebar at its default width: {bad}"
         page.screenshot(path=str(ARTIFACTS / "sidebar-agent-refused.png"))

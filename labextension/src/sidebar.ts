@@ -160,6 +160,23 @@ function steps(inst: IInstance): [string, number][] {
   return out;
 }
 
+/** The substatuses that only say how a machine went away, not why. */
+const PLAIN_ENDINGS = new Set(['', 'STOPPING', 'STOPPED', 'TERMINATING', 'TERMINATED']);
+
+/** Why a closing or closed instance closed, when its last transitions say more than how (an agent refused). */
+function closedBecause(inst: IInstance): string | undefined {
+  for (let i = inst.history.length - 1; i >= 0; i--) {
+    const [status, sub] = inst.history[i] as [string, string];
+    if (status !== 'CLOSING' && status !== 'CLOSED') {
+      return undefined;
+    }
+    if (typeof sub === 'string' && !PLAIN_ENDINGS.has(sub)) {
+      return sub;
+    }
+  }
+  return undefined;
+}
+
 const AVAILABILITY_ORDER: Record<string, number> = { available: 0, busy: 1 };
 
 const COLUMNS: { key: SortKey; label: string; title: string }[] = [
@@ -334,8 +351,9 @@ export class CloudSidebar extends Widget {
       step.dataset.status = entry ? entry[0] : '';
       timeline.appendChild(step);
     });
-    if (inst.substatus && inst.substatus !== inst.status) {
-      timeline.appendChild(el('span', 'aibro-step aibro-substatus', `(${inst.substatus})`));
+    const why = closedBecause(inst) ?? inst.substatus;
+    if (why && why !== inst.status) {
+      timeline.appendChild(el('span', 'aibro-step aibro-substatus', `(${why})`));
     }
     row.append(head, where, since, countdown, timeline);
     const job = this.lastJob(inst);
