@@ -239,6 +239,20 @@ def close_connection_lost_dialog(page: Any) -> None:
         lost.wait_for(state="detached", timeout=10_000)
 
 
+def click_while_offline(page: Any, target: Any, timeout: float = 60) -> None:
+    """Click `target` while the browser is offline: JupyterLab's own "Server Connection Error" dialog may open at
+    any moment then (its polls fail) and take the click, so close it and click again until the click lands."""
+    deadline = time.monotonic() + timeout
+    while True:
+        close_connection_lost_dialog(page)
+        try:
+            target.click(timeout=3_000)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+
+
 def open_sidebar(page: Any, url: str, token: str) -> None:
     """Open JupyterLab and the "Cloud training" sidebar at its default width, and wait until it is live."""
     page.goto(f"{url}/lab?token={token}")

@@ -21,6 +21,7 @@ import pytest
 import requests
 from browser import (
     chromium_page,
+    click_while_offline,
     close_connection_lost_dialog,
     gallery_shot,
     jupyterlab,
@@ -137,7 +138,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
 
         page.context.set_offline(True)  # a cancel that cannot reach the server says so and can be tried again
         page.wait_for_selector(".aibro-connection[data-state=reconnecting]", timeout=60_000)
-        card.locator(".aibro-cancel").click()
+        click_while_offline(page, card.locator(".aibro-cancel"))
         note = card.locator(".aibro-job-note")
         wait_until(page, lambda: "cancel failed" in note.inner_text(), "the failed cancel on the card", 60, shot)
         assert "unreachable" in note.inner_text(), note.inner_text()
