@@ -754,8 +754,11 @@ def test_user_data_installs_the_agent_the_backend_serves_by_its_hash(account: di
     assert agent.sha256 in script and f'!= "{agent.version}"' in script and 'd="/opt/aibro"' in script
     installs = [line.strip() for line in script.splitlines() if "pip install" in line]
     assert installs == [
-        f'"$d/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$d/{agent.filename}"'
+        f'"$d/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$d/{agent.filename}" $pin'
     ]
+    pinned = build_user_data(validate(raw_config(account)), "inst-1", "aibro_e_" + "x" * 32, agent, tensorflow="2.20")
+    assert 'find_spec(\'tensorflow\') is None)" || pin="tensorflow~=2.20.0"' in pinned, "no TensorFlow: the kernel's"
+    assert 'pin=""' in script and "tensorflow~=" not in script, "without the job's version nothing is pinned"
     assert "aibro-backend" not in script.replace(agent.filename, ""), "no agent by a package name"
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     download = script.split("<<'AIBRO_GET'\n", 1)[1].split("AIBRO_GET\n", 1)[0]

@@ -285,12 +285,9 @@ class UnnamedUploadFinish(UserHandler):
 class ArtifactHandler(UserHandler):
     async def get(self, job_id: str, name: str) -> None:
         self.own_job(job_id)
-        path = _artifact_path(self, job_id, name)
-        if _redirect_to_s3(self, job_id, name, path):
-            return
-        if not path.is_file():
-            raise ApiError(404, f"job {job_id} has no artifact '{name}' (GET /jobs/{job_id}/artifacts lists them)")
-        await send_file(self, path)
+        await _send_artifact(
+            self, job_id, name, f"job {job_id} has no artifact '{name}' (GET /jobs/{job_id}/artifacts lists them)"
+        )
 
 
 class WorkerBlobHandler(WorkerHandler):
@@ -318,12 +315,7 @@ class WorkerEnvHandler(WorkerHandler):
         job_id = self.backend.store.newest_artifact(self.instance.user_id, name)
         if job_id is None:
             raise ApiError(404, f"no machine of this user has shared environment {env_key} yet: build it")
-        path = _artifact_path(self, job_id, name)
-        if _redirect_to_s3(self, job_id, name, path):
-            return
-        if not path.is_file():
-            raise ApiError(404, f"environment {env_key} is no longer stored: build it")
-        await send_file(self, path)
+        await _send_artifact(self, job_id, name, f"environment {env_key} is no longer stored: build it")
 
 
 def env_artifact(env_key: str) -> str:
@@ -340,12 +332,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
 
     async def get(self, job_id: str, name: str) -> None:
         self.assigned_job(job_id)
-        path = _artifact_path(self, job_id, name)
-        if _redirect_to_s3(self, job_id, name, path):
-            return
-        if not path.is_file():
-            raise ApiError(404, f"no artifact {name}")
-        await send_file(self, path)
+        await _send_artifact(self, job_id, name, f"no artifact {name}")
 
     def head(self, job_id: str, name: str) -> None:
         self.assigned_job(job_id, self.int_arg("attempt", None))
@@ -587,6 +574,16 @@ async def _run(s3: S3Backing, fn: Any, *args: Any) -> Any:
     except (BotoCoreError, ClientError) as exc:
         log.warning("S3 call %s failed: %s", getattr(fn, "__name__", fn), exc)
         raise ApiError(507, f"the backend could not reach its S3 bucket ({exc}): retry later") from None
+
+
+async def _send_artifact(handler: UserHandler | WorkerHandler, job_id: str, name: str, missing: str) -> None:
+    """An artifact's bytes: from disk, or a 307 to S3; a 404 saying `missing` when there are none."""
+    path = _artifact_path(handler, job_id, name)
+    if _redirect_to_s3(handler, job_id, name, path):
+        return
+    if not path.is_file():
+        raise ApiError(404, missing)
+    await send_file(handler, path)
 
 
 def _redirect_to_s3(handler: UserHandler | WorkerHandler, job_id: str, name: str, path: Path) -> bool:

@@ -68,22 +68,10 @@ def instance_view(inst: InstanceRecord, now: float, placement: dict[str, Any] | 
     """What a client sees of an instance: its states and their history, what it costs so far, where it runs."""
     priced = instance_cost(inst, now)
     cooling = inst.status == v.COOLING
+    shown = {name: getattr(inst, name) for name in InstanceRecord.__slots__ if name != "pid"}
     return Instance(
-        id=inst.id,
-        user_id=inst.user_id,
-        provider=inst.provider,
-        machine_id=inst.machine_id,
-        status=inst.status,
-        substatus=inst.substatus,
-        job_id=inst.job_id,
-        cool_down_s=inst.cool_down_s,
-        cooling_until=inst.cooling_until,
-        created=inst.created,
-        updated=inst.updated,
-        last_seen=inst.last_seen,
-        history=inst.history,
+        **shown,
         cooling_left_s=max(0.0, (inst.cooling_until or now) - now) if cooling else 0.0,
-        price_per_hour=inst.price_per_hour,
         cost=priced.cost,
         cooling_cost=priced.cooling_cost,
         billed_s=priced.billed_s,

@@ -33,22 +33,8 @@ class JobRecord:
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> JobRecord:
-        return cls(
-            id=row["id"],
-            user_id=row["user_id"],
-            status=row["status"],
-            substatus=row["substatus"],
-            spec=json.loads(row["spec"]),
-            description=row["description"],
-            created=row["created"],
-            updated=row["updated"],
-            machine_id=row["machine_id"],
-            instance_id=row["instance_id"],
-            attempt=row["attempt"],
-            cancel_requested=bool(row["cancel_requested"]),
-            epochs_done=row["epochs_done"],
-            replay_of=row["replay_of"],
-        )
+        fields = {name: row[name] for name in cls.__slots__}
+        return cls(**fields | {"spec": json.loads(row["spec"]), "cancel_requested": bool(row["cancel_requested"])})
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +61,4 @@ class InstanceRecord:
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> InstanceRecord:
-        return cls(
-            id=row["id"],
-            user_id=row["user_id"],
-            provider=row["provider"],
-            machine_id=row["machine_id"],
-            status=row["status"],
-            substatus=row["substatus"],
-            pid=row["pid"],
-            job_id=row["job_id"],
-            cool_down_s=row["cool_down_s"],
-            cooling_until=row["cooling_until"],
-            created=row["created"],
-            updated=row["updated"],
-            last_seen=row["last_seen"],
-            history=json.loads(row["history"]),
-            price_per_hour=row["price_per_hour"],
-        )
+        return cls(**{name: row[name] for name in cls.__slots__} | {"history": json.loads(row["history"])})
