@@ -76,8 +76,8 @@ def _install(tmp: Path, house: Path, tensorflow: str | None) -> str:
 
 
 def test_a_machine_without_tensorflow_gets_the_kernels_major_minor(house: Path, tmp_path: Path) -> None:
+    """pip alone would take the newest stand-in (2.99.0): the job's 2.19 decides."""
     assert _install(tmp_path / "pinned", house, "2.19") == "2.19.0"
-    assert _install(tmp_path / "free", house, None) == "2.99.0", "without the job's version pip takes the newest"
 
 
 def test_the_pin_is_major_minor_or_refused() -> None:
