@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from aibro_core import vocabulary as v
 from aibro_core.files import write_private
@@ -70,7 +71,49 @@ def cmd_backend(args: argparse.Namespace) -> int:
     info = BackendClient(target.url, target.token, ca_bundle=target.ca_bundle).health()
     kind = "embedded" if target.embedded else "configured"
     print(f"{kind} backend at {target.url}: ok, user {info['user']}, version {info['version']}")
+    print(
+        f"sandbox: {info.get('sandbox', 'none')}"
+        + (f" ({info['sandbox_warning']})" if info.get("sandbox_warning") else "")
+    )
+    if target.embedded:
+        print(backend_process_status(config.home()))
     return 0
+
+
+def backend_process_status(home: Path) -> str:
+    """The embedded backend's process on this host: pid, home, log, and its workers with their memory."""
+    pid = int((config._read_json(home / "backend.json") or {}).get("pid") or 0)
+    lines = [f"pid {pid}, home {home}, log {home / 'backend.log'}"]
+    workers = worker_processes(pid)
+    lines.append(f"workers: {len(workers)}" + ("" if workers else " (none running)"))
+    lines += [f"  pid {w:<8} {rss / 2**20:8.0f} MiB  {what}" for w, rss, what in workers]
+    return "\n".join(lines)
+
+
+def worker_processes(root: int) -> list[tuple[int, int, str]]:
+    """(pid, resident bytes, what) of the worker agents below process `root` on this host (sandboxed ones too)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    below, todo = set(), [root]
+    while todo:
+        parent = todo.pop()
+        for child in [p for p, pp in parents.items() if pp == parent and p not in below]:
+            below.add(child)
+            todo.append(child)
+    out = []
+    for pid in sorted(below):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            rss = next(int(line.split()[1]) * 1024 for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        if "aibro_backend.worker" in cmd and "bwrap" not in cmd.split(" ", 1)[0]:
+            out.append((pid, rss, "spare worker" if "worker.spare" in cmd else "worker"))
+    return out
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -105,9 +148,13 @@ def cmd_instances(args: argparse.Namespace) -> int:
     client = _client()
     if args.terminate:
         client.terminate(args.terminate)
+    print(f"{'instance':<18} {'machine':<12} {'status':<10} {'substatus':<12} note")
     for i in client.instances():
-        extra = f" cooling {i['cooling_left_s']:.0f}s" if i["status"] == v.COOLING else ""
-        print(f"{i['id']:<18} {i['machine_id']:<12} {i['status']:<10} {i['substatus']:<12}{extra}")
+        note = f"cooling {i['cooling_left_s']:.0f}s more" if i["status"] == v.COOLING else ""
+        print(f"{i['id']:<18} {i['machine_id']:<12} {i['status']:<10} {i['substatus'] or '-':<12} {note}".rstrip())
+    spare = client.health().get("spare")
+    if spare:
+        print(f"{'(spare)':<18} {spare:<12} {'READY':<10} {'-':<12} a spare worker: takes your next {spare} job")
     return 0
 
 

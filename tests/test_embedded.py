@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,27 @@ def test_backend_cli_status_and_stop(home: Path) -> None:
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     assert not _alive(pid)
     assert _run([*aibro, "backend", "status"], home).returncode == 3
+
+
+def test_status_and_instances_name_the_process_its_workers_and_the_spare(home: Path) -> None:
+    """Issue 28 item 5: `aibro backend status` says where the embedded backend runs (pid, home, log), the sandbox
+    and its workers with their memory; `aibro instances` has a header and shows the spare worker as such."""
+    cli = [sys.executable, "-m", "aibro_jupyter.cli"]
+    assert run_as_user(home, [*cli, "backend", "start"], timeout=120, AIBRO_SPARE_WORKER="1").returncode == 0
+    pid = json.loads((home / "backend.json").read_text())["pid"]
+    deadline = time.monotonic() + 300
+    while "(spare)" not in (listed := _run([*cli, "instances"], home)).stdout:
+        assert time.monotonic() < deadline, listed.stdout + listed.stderr
+        time.sleep(0.5)
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["instance", "machine", "status", "substatus", "note"], lines
+    assert lines[-1].split()[:3] == ["(spare)", "local-cpu", "READY"] and "spare worker" in lines[-1], lines
+    status = _run([*cli, "backend", "status"], home)
+    out = status.stdout
+    assert status.returncode == 0 and f"pid {pid}, home {home}, log {home / 'backend.log'}" in out, out
+    assert re.search(r"^sandbox: (bwrap|none)", out, re.M) and "workers: 1" in out, out
+    spare = re.search(r"^  pid (\d+) +(\d+) MiB  spare worker$", out, re.M)
+    assert spare and int(spare.group(2)) > 50, f"the spare holds TensorFlow: {out}"
 
 
 def test_cli_reports_a_wrong_token_clearly(home: Path) -> None:

@@ -875,6 +875,9 @@ class Health(Response):
         description="the port of this host where the event long-polls are also answered, at less CPU (absent: "
         "use this port)",
     )
+    spare: str | None = Field(
+        None, description="the machine id of a spare worker (TensorFlow loaded) waiting for this user's next job"
+    )
 
 
 class Machine(Response):

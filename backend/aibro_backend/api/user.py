@@ -103,6 +103,9 @@ class HealthHandler(UserHandler):
         health["sandbox"] = self.backend.extra.get("sandbox", "none")
         if self.backend.extra.get("sandbox_warning"):
             health["sandbox_warning"] = self.backend.extra["sandbox_warning"]
+        spare = self.backend.scheduler.providers["local"].spare_of(self.uid)
+        if spare:
+            health["spare"] = spare  # a worker with TensorFlow loaded, waiting for this user's next job there
         if self.backend.events_port:
             health["events_port"] = self.backend.events_port  # long-polls answered cheaper there (eventport.py)
         self.send(health)

@@ -282,6 +282,11 @@ class LocalProvider(Provider):
         proc = self._spawn(SPARE_MODULE, SPARE_MACHINE, {}, self._dirs(name, user_id), subprocess.PIPE)
         self._spare = Spare(proc, self.state_dir / "workers" / name, user_id)
 
+    def spare_of(self, user_id: int) -> str | None:
+        """The machine id of the spare worker ready for `user_id`'s next job there, or None."""
+        spare = self._spare
+        return SPARE_MACHINE if spare is not None and spare.user_id == user_id and spare.alive() else None
+
     def _take_spare(self, machine_id: str, user_id: int) -> Spare | None:
         spare = self._spare
         if spare is None or machine_id != SPARE_MACHINE or spare.user_id != user_id or not spare.alive():
