@@ -27,6 +27,7 @@ from .config import resolve, say_once_unconfined, start_embedded
 from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
 from .filereturn import FilesBack
+from .prices import hourly
 from .progress import JobView, TextProgress
 from .rebuildplan import plan_callbacks, plan_compile
 from .travel import plan_code, requirements_from, warn_missing_requirements
@@ -473,13 +474,13 @@ class Training:
 
 
 def format_machines(offers: list[dict[str, Any]]) -> str:
-    head = f"{'machine_id':<16} {'provider':<8} {'gpu':<22} {'vcpus':>5} {'mem GiB':>8} {'$/h':>7} {'avail':<10}"
+    head = f"{'machine_id':<16} {'provider':<8} {'gpu':<22} {'vcpus':>5} {'mem GiB':>8} {'$/h':>8} {'avail':<10}"
     rows = [head, "-" * len(head)]
     for o in offers:
         gpu = f"{o['gpu_count']}x {o['gpu_type']}" if o.get("gpu_count") else "-"
         rows.append(
             f"{o['machine_id']:<16} {o['provider']:<8} {gpu:<22} {o['vcpus']:>5} {o['memory_gib']:>8} "
-            f"{o['price_per_hour']:>7.3f} {o['availability']:<10}"
+            f"{hourly(o['price_per_hour']):>8} {o['availability']:<10}"
         )
     return "\n".join(rows)
 

@@ -184,6 +184,16 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         assert f"COMPLETED after {EPOCHS}/{EPOCHS} epochs" in result and "val_accuracy:" in result, result
         assert "final validation accuracy (evaluated in this kernel):" in result, "the after-fit output, reloaded"
         _check_chart(page)
+        panel = _panel(page)
+        for name in ("Cancel", "Detach"):
+            assert not panel.locator("button", has_text=name).is_visible(), f"{name} on a COMPLETED panel"
+        lines, fits = panel.locator(".aibro-nb-stepper").evaluate(
+            "el => { const r = document.createRange(); r.selectNodeContents(el);"
+            " const boxes = [...r.getClientRects()].filter(c => c.width > 0);"
+            " const mids = boxes.map(c => (c.top + c.bottom) / 2), h = Math.max(...boxes.map(c => c.height));"
+            " return [Math.max(...mids) - Math.min(...mids) < h / 2 ? 1 : 2, el.scrollWidth <= el.clientWidth + 1]; }"
+        )
+        assert (lines, fits) == (1, True), "the stepper reads on one line at the notebook's default width"
         outputs = " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
         assert "cuInit" not in outputs and "absl::InitializeLog" not in outputs, "no TensorFlow native lines"
         _snap(page, "lab-completed.png")
@@ -220,8 +230,8 @@ from aibro_jupyter.widgets.progress_panel import ProgressPanel
 
 def offer(mid, provider, price, gpus, vcpus, mem, spot, avail="available"):
     return dict(machine_id=mid, provider=provider, gpu_count=gpus, gpu_type="T4" if gpus else None, vcpus=vcpus,
-                memory_gib=mem, price_per_hour=price, on_demand_price_per_hour=0.526 if gpus else 0.0, spot=spot,
-                availability=avail)
+                memory_gib=mem, price_per_hour=price, spot=spot, availability=avail,
+                on_demand_price_per_hour=0.526 if provider == "aws" else 0.0)
 
 display(MachinePicker([
     offer("local-cpu", "local", 0.0, 0, 2, 8, False), offer("g4dn.xlarge", "aws", 0.158, 1, 4, 16, True),
@@ -277,6 +287,10 @@ def test_picker_and_panel_read_in_both_themes(
             assert not poor, f"{theme}: text that does not read against its background in {root}: {poor}"
         heads = page.locator(".aibro-nb-picker .aibro-nb-head").all_inner_texts()
         assert [h.strip() for h in heads][:3] == ["machine", "provider", "GPU"], heads
+        cells = [t.strip() for t in page.locator(".aibro-nb-picker .aibro-nb-cell").all_inner_texts()]
+        for machine in ("local-cpu", "ray-gpu"):  # one price story with the sidebar and %cloud_machines
+            at = cells.index(machine)
+            assert cells[at + 5 : at + 7] == ["free", "free"], f"{machine} costs nothing: {cells[at : at + 8]}"
         for head in page.locator(".aibro-nb-picker .aibro-nb-head button").all():
             assert head.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), f"a cramped header: {head.inner_text()}"
         name = theme.split()[-1].lower()

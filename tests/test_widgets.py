@@ -70,6 +70,7 @@ def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_j
     assert f"{hist['val_accuracy'][-1]:.4f}" in panel.metrics.value, "the table shows the last epoch's numbers"
     assert "<code>COMPLETED</code>" in panel.stepper.value and "aibro-nb-step-todo" not in panel.stepper.value
     assert panel.cancel_button.disabled and panel.detach_button.disabled, "nothing to cancel once the job ended"
+    assert panel.cancel_button.layout.display == panel.detach_button.layout.display == "none", "and not shown"
     assert panel.cost.value.startswith("cost $0.00 · elapsed")
     assert "COMPLETED</b> after 3/3 epochs" in panel.result.value, "the panel carries the result line"
     assert f"val_accuracy: {hist['val_accuracy'][-1]:.4f}" in panel.result.value, "and the final metrics"
@@ -204,8 +205,16 @@ def test_picker_reads_like_a_marketplace() -> None:
         "g4dn.xlarge.od",
         0.526,
     )
+    picker = MachinePicker(MARKET + [_offer("g5.xlarge.od", 1.006, 1, 4, 16, False)])
+    assert picker.visible_rows == ["local-cpu", "g4dn.xlarge", "p3.8xlarge", "g5.xlarge"], "cheapest spot first"
+    picker.sort_buttons["spot"].click()
+    assert picker.visible_rows == ["p3.8xlarge", "g4dn.xlarge", "local-cpu", "g5.xlarge"], "no spot price: last"
+    picker.sort_buttons["on-demand"].click()
+    assert picker.visible_rows == ["local-cpu", "g4dn.xlarge", "g5.xlarge", "p3.8xlarge"], "no on-demand: last"
+    cells = [c.value for c in picker.grid.children if isinstance(c, w.HTML)]
+    local = cells.index("<code>local-cpu</code>")
+    assert cells[local + 5 : local + 7] == ["free", "free"], "a machine that costs nothing says so, as the sidebar"
     picker = MachinePicker(MARKET)
-    assert picker.visible_rows == ["local-cpu", "g4dn.xlarge", "p3.8xlarge"], "cheapest first"
     picker.sort_buttons["GPU"].click()
     assert picker.visible_rows[0] == "p3.8xlarge", "most GPUs first"
     picker.sort_buttons["GPU"].click()
@@ -215,10 +224,10 @@ def test_picker_reads_like_a_marketplace() -> None:
         assert picker.visible_rows[0] == first, key
     assert "▼" in picker.sort_buttons["availability"].description
     labels = sorted(b.description for b in picker.add_buttons.values())
-    assert labels == ["+ on-demand", "+ on-demand", "+ spot", "+ spot"]
+    assert labels == ["+ add", "+ on-demand", "+ spot", "+ spot"], "a free machine is added, not bought"
     cells = [c.value for c in picker.grid.children if isinstance(c, w.HTML)]
-    assert "0.160" in cells and "0.526" in cells and "3.100" in cells, "spot and on-demand prices side by side"
-    with pytest.raises(ValueError, match="sort by one of price, GPU"):
+    assert "$0.160" in cells and "$0.526" in cells and "$3.100" in cells, "spot and on-demand prices side by side"
+    with pytest.raises(ValueError, match="sort by one of spot, on-demand, GPU"):
         picker.sort_by("colour")
 
 

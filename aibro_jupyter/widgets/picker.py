@@ -12,6 +12,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from ..prices import hourly
 from .style import STYLE, text_class
 
 HINT = (
@@ -35,20 +36,35 @@ class Row:
     on_demand: tuple[str, float] | None = None
 
     @property
-    def price(self) -> float:
-        prices = [variant[1] for variant in (self.spot, self.on_demand) if variant]
-        return min(prices) if prices else 0.0
+    def free(self) -> bool:
+        """A machine that costs nothing (local, Ray, SSH): free whichever way it is bought."""
+        return any(variant is not None and variant[1] == 0 for variant in (self.spot, self.on_demand))
+
+    def cost(self, variant: tuple[str, float] | None) -> float | None:
+        return 0.0 if self.free else (variant[1] if variant else None)
 
 
+# A price column sorts the machines that have that price; the ones without it stay at the end either way.
+PRICED: dict[str, Callable[[Row], float | None]] = {
+    "spot": lambda r: r.cost(r.spot),
+    "on-demand": lambda r: r.cost(r.on_demand),
+}
 SORTS: dict[str, Callable[[Row], Any]] = {
-    "price": lambda r: r.price,
+    **PRICED,
     "GPU": lambda r: (r.gpu_count, r.gpu_type or ""),
     "vCPU": lambda r: r.vcpus,
     "memory": lambda r: r.memory_gib,
     "availability": lambda r: AVAILABILITY_RANK.get(r.availability, 0),
 }
 COLUMNS = ["machine", "provider", "GPU", "vCPU", "memory", "spot $/h", "on-demand $/h", "availability", "add to list"]
-SORTABLE = {"GPU": "GPU", "vCPU": "vCPU", "memory": "memory", "spot $/h": "price", "availability": "availability"}
+SORTABLE = {
+    "GPU": "GPU",
+    "vCPU": "vCPU",
+    "memory": "memory",
+    "spot $/h": "spot",
+    "on-demand $/h": "on-demand",
+    "availability": "availability",
+}
 
 
 def _compact() -> w.Layout:
@@ -70,7 +86,7 @@ def marketplace_rows(offers: list[dict[str, Any]]) -> list[Row]:
         if spot:
             row.spot = (mid, float(o["price_per_hour"]))
         else:
-            row.on_demand = (mid, float(o.get("on_demand_price_per_hour") or o["price_per_hour"]))
+            row.on_demand = (mid, float(o["price_per_hour"]))  # what this offer costs (Ray's and local: nothing)
         if AVAILABILITY_RANK.get(str(o["availability"]), 0) >= AVAILABILITY_RANK.get(row.availability, -1):
             row.availability = str(o["availability"])
     return list(rows.values())
@@ -82,7 +98,7 @@ class MachinePicker(w.VBox):
     def __init__(self, offers: list[dict[str, Any]], cool_down_s: float = 0) -> None:
         self.offers = offers
         self.rows = marketplace_rows(offers)
-        self.sort_key, self.descending = "price", False
+        self.sort_key, self.descending = "spot", False
         self.started = threading.Event()
         self.chosen: tuple[list[str], float] | None = None
         self.hint = w.HTML(f"{STYLE}<div class='aibro-nb-hint'>{html.escape(HINT)}</div>")
@@ -128,7 +144,8 @@ class MachinePicker(w.VBox):
         return [r.machine for r in self._sorted()]
 
     def sort_by(self, key: str) -> None:
-        """Sort the table by price, GPU, vCPU, memory or availability; the same key again reverses it."""
+        """Sort the table by spot or on-demand price, GPU, vCPU, memory or availability; the same key again
+        reverses it."""
         if key not in SORTS:
             raise ValueError(f"sort by one of {', '.join(SORTS)}, not {key!r}")
         self.descending = (
@@ -167,7 +184,11 @@ class MachinePicker(w.VBox):
         self.started.set()
 
     def _sorted(self) -> list[Row]:
-        return sorted(self.rows, key=SORTS[self.sort_key], reverse=self.descending)
+        if self.sort_key not in PRICED:
+            return sorted(self.rows, key=SORTS[self.sort_key], reverse=self.descending)
+        price = PRICED[self.sort_key]
+        priced = sorted((r for r in self.rows if price(r) is not None), key=price, reverse=self.descending)
+        return priced + sorted((r for r in self.rows if price(r) is None), key=lambda r: r.machine)
 
     def _render_grid(self) -> None:
         cells: list[w.Widget] = []
@@ -194,8 +215,7 @@ class MachinePicker(w.VBox):
                 html.escape(gpu),
                 str(r.vcpus),
                 f"{r.memory_gib:g} GiB",
-                f"{r.spot[1]:.3f}" if r.spot else "—",
-                f"{r.on_demand[1]:.3f}" if r.on_demand else "—",
+                *(hourly(r.cost(variant)) if r.cost(variant) is not None else "—" for variant in (r.spot, r.on_demand)),
                 html.escape(r.availability),
             ]
             for t in texts:
@@ -205,7 +225,7 @@ class MachinePicker(w.VBox):
             buttons = []
             for variant, label in ((r.spot, "spot"), (r.on_demand, "on-demand")):
                 if variant:
-                    buttons.append(self._add_button(variant[0], f"+ {label}"))
+                    buttons.append(self._add_button(variant[0], "+ add" if r.free else f"+ {label}"))
             box = w.HBox(buttons)
             box.add_class("aibro-nb-cell")
             cells.append(box)

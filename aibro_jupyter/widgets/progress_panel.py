@@ -23,10 +23,7 @@ from .style import STYLE, text_class
 
 STEPS = v.SUBSTATUS_ORDER
 TRAIN_COLOR, VAL_COLOR = "#1f77b4", "#ff7f0e"  # readable on JupyterLab's light and dark backgrounds alike
-RUNNING_NOTE = (
-    "this cell is still running. JupyterLab's status bar says Idle meanwhile: %%cloud_fit waits on the kernel's "
-    "loop so that these buttons keep working. This line says when the cell is done."
-)
+RUNNING_NOTE = "this cell is still running (JupyterLab says Idle meanwhile, so that these buttons keep working)"
 
 
 class ProgressPanel(w.VBox):
@@ -172,7 +169,8 @@ class ProgressPanel(w.VBox):
                 cls = "todo"
             parts.append(f'<span class="aibro-nb-step-{cls}">{html.escape(step)}</span>')
         tail = ' → <span class="aibro-nb-step-canceled">CANCELED</span>' if self.status == v.CANCELED else ""
-        self.stepper.value = f"<code>{html.escape(self.status)}</code> " + " → ".join(parts) + tail
+        steps = f"<code>{html.escape(self.status)}</code> " + " → ".join(parts) + tail
+        self.stepper.value = f"<div class='aibro-nb-stepper'>{steps}</div>"
 
     def update(self, view: JobView, ev: dict[str, Any] | None = None) -> None:
         """Apply the job's state to the traits; safe to call from a background thread. A detached panel keeps still."""
@@ -203,8 +201,9 @@ class ProgressPanel(w.VBox):
             if view.status == v.COMPLETED:
                 self.batch_bar.value = self.batch_bar.max
                 self.batch_label.value = f"{self.batch_bar.max}/{self.batch_bar.max}"
-            self.cancel_button.disabled = True
-            self.detach_button.disabled = True
+            for button in (self.cancel_button, self.detach_button):  # nothing left to cancel or detach from
+                button.disabled = True
+                button.layout.display = "none"
             self._last_view = view
             self.result.value = self._final_html(view)
         self._render_state()

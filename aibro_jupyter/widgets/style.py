@@ -24,6 +24,7 @@ STYLE = """<style>
 .aibro-nb-ok { border-color: var(--jp-success-color1); }
 .aibro-nb-warn { border-color: var(--jp-warn-color1); }
 .aibro-nb-error { border-color: var(--jp-error-color1); color: var(--jp-error-color1); }
+.aibro-nb-stepper { white-space: nowrap; overflow-x: auto; font-size: var(--jp-ui-font-size0); }
 .aibro-nb-step-done, .aibro-nb-text-ok { color: var(--jp-success-color1); }
 .aibro-nb-text-warn { color: var(--jp-warn-color1); }
 .aibro-nb-text-error { color: var(--jp-error-color1); }
