@@ -103,7 +103,7 @@ class HealthHandler(UserHandler):
         health["sandbox"] = self.backend.extra.get("sandbox", "none")
         if self.backend.extra.get("sandbox_warning"):
             health["sandbox_warning"] = self.backend.extra["sandbox_warning"]
-        spare = self.backend.scheduler.providers["local"].spare_of(self.uid)
+        spare = next(filter(None, (p.spare_of(self.uid) for p in self.backend.scheduler.providers.values())), None)
         if spare:
             health["spare"] = spare  # a worker with TensorFlow loaded, waiting for this user's next job there
         if self.backend.events_port:

@@ -100,6 +100,10 @@ class Provider(ABC):
         """Why a worker that is no longer alive went away, if the provider knows (its node died, say)."""
         return None
 
+    def spare_of(self, user_id: int) -> str | None:
+        """The machine id of a spare worker this provider keeps ready for `user_id`'s next job there, or None."""
+        return None
+
     def info(self, instance: InstanceRecord) -> dict[str, Any]:
         """Extra fields the instance's view shows (the Ray node it runs on, say)."""
         return {}
