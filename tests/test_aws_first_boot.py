@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import boto3
 import firstboot
 import pytest
+import tensorflow as tf
 from aws_moto import REGION, make_account, moto_server, write_config
 from backend_proc import own_backend
 
@@ -87,7 +88,9 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
     served = shipping.served(b.home)
     assert served.sha256 in user_data and 'd="/opt/aibro"' in user_data
     installs = [line for line in user_data.splitlines() if "pip install" in line]
-    assert installs and all(line.endswith(f'"$d/{served.filename}"') for line in installs), installs
+    assert installs and all(line.endswith(f'"$d/{served.filename}" $pin') for line in installs), installs
+    kernel_tf = ".".join(tf.__version__.split(".")[:2])
+    assert f'pin="tensorflow~={kernel_tf}.0"' in user_data, "a machine without TensorFlow gets the kernel's"
 
     machine = firstboot.Machine(cloud["root"] / ec2_id, cloud["wheels"], ["backend.aibro.test"], cloud["routes"])
     try:
