@@ -290,7 +290,7 @@ class Training:
             "compile": compile_args,
         }
         try:
-            check_spec(spec)
+            check_spec({**spec, "data": b.with_stand_ins(spec["data"])})
         except BaseException:
             shutil.rmtree(bundle.workdir, ignore_errors=True)
             raise
