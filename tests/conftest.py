@@ -6,9 +6,11 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -46,8 +48,8 @@ def kill_workers(home: Path) -> None:
 @pytest.fixture(scope="session")
 def wheels() -> Iterator[Path]:
     """One wheelhouse for the session, packed from this environment (tests/wheelhouse.py): the agent's
-    dependencies and Ray's, for installs with no package index; readable by every user (the SSH hosts' users
-    install from it), removed at the end."""
+    dependencies but TensorFlow, which machine images have (`machine_site`); readable by every user (the SSH hosts'
+    users install from it), removed at the end."""
     import wheelhouse
 
     from aibro_backend.providers.shipping import AGENT_REQUIRES
@@ -55,7 +57,7 @@ def wheels() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="aibro-wheels-"))
     try:
         started = time.monotonic()
-        wheelhouse.build(["ray[default]", *AGENT_REQUIRES], root)
+        wheelhouse.build(list(AGENT_REQUIRES), root, leave_out=("tensorflow",))
         print(f"\n[wheelhouse] packed in {time.monotonic() - started:.0f} s")
         os.chmod(root, 0o755)
         for whl in root.iterdir():
@@ -63,6 +65,44 @@ def wheels() -> Iterator[Path]:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _image_parent() -> str | None:
+    """Where a machine image's site-packages can hard-link this venv's files: the temp dir when it is on the same
+    file system, else beside the venv (a copy of TensorFlow per image would be gigabytes)."""
+    tmp = tempfile.gettempdir()
+    return None if os.stat(tmp).st_dev == os.stat(sys.prefix).st_dev else sys.prefix
+
+
+@pytest.fixture(scope="session")
+def machine_site() -> Iterator[Path]:
+    """The site-packages of the session's machine image: the agent's dependencies, TensorFlow included, as a
+    machine image with TensorFlow has them (tests/wheelhouse.py link_site); machines without TensorFlow are
+    played with stand-in wheels (tests/test_agent_install.py)."""
+    import wheelhouse
+
+    from aibro_backend.providers.shipping import AGENT_REQUIRES
+
+    root = Path(tempfile.mkdtemp(prefix="aibro-image-", dir=_image_parent()))
+    try:
+        os.chmod(root, 0o755)
+        yield wheelhouse.link_site(list(AGENT_REQUIRES), root / "site-packages")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def scratch(factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """A module fixture's folder, removed when its module is done (its backend logs judged first): machines' venvs
+    and homes add up to gigabytes, and the disk CI runs on is not the suite's alone."""
+    path = factory.mktemp(name)
+    try:
+        yield path
+    finally:
+        logs = backend_logs(path)
+        _judged_logs.update(logs)
+        _judged_findings.extend(unexpected_log_lines(logs, _every_pattern()))
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -192,9 +232,35 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         logs = backend_logs(tmp)
         _judged_logs.update(logs)
         _judged_findings.extend(unexpected_log_lines(logs, _patterns_of(item)))
+        if not item.stash.get(_FAILED, False):  # a passed test's folder goes now: some hold a gigabyte of blobs
+            shutil.rmtree(tmp, ignore_errors=True)
+    _note_disk()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.failed:
+        item.stash[_FAILED] = True
+    return report
 
 
 _TEST_TMP = pytest.StashKey[Path]()
+_FAILED = pytest.StashKey[bool]()
+
+
+def _every_pattern() -> set[str]:
+    return _expected_patterns.union(*EXPECTED_BY_MODULE.values())
+
+
+# The disk the suite takes: free space when the session starts and the least seen after any test, printed at the end.
+_disk = {"start": shutil.disk_usage(tempfile.gettempdir()).free, "least": None}
+
+
+def _note_disk() -> None:
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    if _disk["least"] is None or free < _disk["least"]:
+        _disk["least"] = free
 
 
 def backend_logs(root: Path) -> list[Path]:
@@ -237,6 +303,12 @@ _LOG_FINDINGS = pytest.StashKey[list[str]]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    if _disk["least"] is not None:
+        gib = 1 << 30
+        terminalreporter.line(
+            f"[disk] free at the start {_disk['start'] / gib:.1f} GiB, least free after a test "
+            f"{_disk['least'] / gib:.1f} GiB: the suite took at most {(_disk['start'] - _disk['least']) / gib:.1f} GiB"
+        )
     lines = config.stash.get(_LOG_FINDINGS, [])
     if lines:
         terminalreporter.section("backend log: WARNING/ERROR lines no test expected", sep="=", red=True)

@@ -2,7 +2,8 @@
 a file-system view that has the system's Python but no aibro package, no test venv and no repository, and on a
 network of its own whose only ways out are the routes the test gives it (the backend, S3), each a TCP port on the
 machine's 127.0.0.1 carried over a Unix socket to the host's 127.0.0.1. `systemctl` is a shim that starts a unit's
-ExecStart with its EnvironmentFile; pip's configuration is the image's (a local wheelhouse, no index)."""
+ExecStart with its EnvironmentFile; pip's configuration is the image's (a local wheelhouse, no index). The image's
+system Python may come with packages (TensorFlow, as on a deep-learning image): a site folder in its dist-packages."""
 
 from __future__ import annotations
 
@@ -83,9 +84,12 @@ class Route:
 class Machine:
     """One played instance: its disk (what survives a reboot) under `root`, its routes, and its boots."""
 
-    def __init__(self, root: Path, wheels: Path, hosts: list[str], routes: dict[int, int]) -> None:
-        """`hosts`: names the machine resolves to its own 127.0.0.1; `routes`: its port -> the host's port."""
-        self.root, self.wheels = root, wheels
+    def __init__(
+        self, root: Path, wheels: Path, hosts: list[str], routes: dict[int, int], site: Path | None = None
+    ) -> None:
+        """`hosts`: names the machine resolves to its own 127.0.0.1; `routes`: its port -> the host's port; `site`:
+        what the image's system Python has installed (its /usr/local dist-packages)."""
+        self.root, self.wheels, self.site = root, wheels, site
         self.disk = {
             "/etc/aibro": root / "etc-aibro",
             "/etc/systemd": root / "etc-systemd",
@@ -117,6 +121,8 @@ class Machine:
     def _argv(self, then: str) -> list[str]:
         argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
         argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/sys", "/sys", "--dev", "/dev", "--proc", "/proc"]
+        if self.site is not None:
+            argv += ["--ro-bind", str(self.site), system_site()]
         argv += ["--tmpfs", "/tmp"]
         for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
             if os.path.islink(top):
@@ -174,6 +180,17 @@ class Machine:
         self.power_off()
         for route in self.routes.values():
             route.close()
+
+
+def system_site() -> str:
+    """The folder where the system Python (Debian's python3) finds packages installed by root with pip."""
+    where = "import sys; print(f'/usr/local/lib/python3.{sys.version_info[1]}/dist-packages')"
+    return subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", where],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def usable() -> str | None:

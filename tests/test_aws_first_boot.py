@@ -1,8 +1,10 @@
 """An EC2 instance's own first boot, really run (issue 26 item 3): the user data the backend gave moto runs as
 root in a machine played by bubblewrap (tests/firstboot.py) that has the system's Python but no aibro and no test
 venv, reaching only the backend and S3. The machine downloads the agent the backend serves, checks its SHA-256,
-installs it with the image's pip (a local wheelhouse, no index), enrolls with its one-time token and trains; after
-a reboot the enabled unit brings the agent back with its per-instance token, and it trains the next job."""
+installs it with the image's pip (a local wheelhouse, no index) beside the image's TensorFlow (a deep-learning
+image: a machine without one installs the kernel's, tests/test_agent_install.py), enrolls with its one-time token and
+trains; after a reboot the enabled unit brings the agent back with its per-instance token, and it trains the next
+job."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from aibro_backend.providers.aws_config import load_aws_config
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 
-from conftest import make_model
+from conftest import make_model, scratch
 from helpers import slow_data
 
 WHY_NOT = firstboot.usable()
@@ -34,16 +36,22 @@ PUBLIC = "http://backend.aibro.test:8888"  # a name the machine resolves to its 
 
 
 @pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[dict[str, Any]]:
-    root = tmp_path_factory.mktemp("first-boot")
-    with moto_server() as env:
+def cloud(tmp_path_factory: pytest.TempPathFactory, wheels: Path, machine_site: Path) -> Iterator[dict[str, Any]]:
+    with scratch(tmp_path_factory, "first-boot") as root, moto_server() as env:
         account = make_account()
         config = write_config(root / "aws.toml", account, backend_public_url=PUBLIC)
         backend_id = load_aws_config(config).backend_id
         with own_backend(root / "home", "--provider", "aws", "--aws-config", str(config), **env) as b:
             s3_port = int(urlsplit(env["AWS_ENDPOINT_URL"]).port or 0)
             routes = {8888: int(urlsplit(b.url).port or 0), s3_port: s3_port}  # the machine's port -> the host's
-            yield {"backend": b, "backend_id": backend_id, "wheels": wheels, "root": root, "routes": routes}
+            yield {
+                "backend": b,
+                "backend_id": backend_id,
+                "wheels": wheels,
+                "root": root,
+                "routes": routes,
+                "site": machine_site,
+            }
 
 
 def _running_instance(backend_id: str, within_s: float = 300) -> tuple[str, str]:
@@ -92,7 +100,9 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
     kernel_tf = ".".join(tf.__version__.split(".")[:2])
     assert f'pin="tensorflow~={kernel_tf}.0"' in user_data, "a machine without TensorFlow gets the kernel's"
 
-    machine = firstboot.Machine(cloud["root"] / ec2_id, cloud["wheels"], ["backend.aibro.test"], cloud["routes"])
+    machine = firstboot.Machine(
+        cloud["root"] / ec2_id, cloud["wheels"], ["backend.aibro.test"], cloud["routes"], site=cloud["site"]
+    )
     try:
         booted = time.monotonic()
         machine.boot(user_data)
@@ -103,6 +113,7 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
         installed = machine.disk["/opt/aibro"]
         assert (installed / "agent-version").read_text().strip() == served.version
         assert (installed / served.filename).read_bytes() == served.path.read_bytes()
+        assert not list(installed.glob("venv/lib/python3*/site-packages/tensorflow")), "the image's was used"
         token_file = machine.disk["/var/lib/aibro"] / "worker-token"
         assert token_file.stat().st_mode & 0o777 == 0o600
         agent_log = machine.log("aibro-worker.log")

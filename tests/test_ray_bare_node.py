@@ -1,7 +1,7 @@
 """Ray without a pre-install (issue 26 item 4): a node whose Python has Ray and TensorFlow but no aibro trains a
-job. The node is started by `ray start` from a venv the test installs with no package index (tests/wheelhouse.py:
-ray[default] and the agent's dependencies, not aibro); the backend ships its own agent in the job's runtime_env
-(py_modules), and the agent on that node runs the shipped code, reporting the backend's own version."""
+job. The node is started by `ray start` from a venv whose packages are a node image's (tests/wheelhouse.py
+link_site: ray[default] and the agent's dependencies, not aibro); the backend ships its own agent in the job's
+runtime_env (py_modules), and the agent on that node runs the shipped code, reporting the backend's own version."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import wheelhouse
 from backend_proc import OwnBackend, own_backend
 from ray_cluster import POOL, RayCluster, ray_available
 
@@ -20,32 +21,29 @@ from aibro_backend.providers import shipping
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 
-from conftest import make_model
+from conftest import make_model, scratch
 from helpers import slow_data
 
 pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
-def bare_bin(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Path:
-    """A venv with Ray and TensorFlow and no aibro, installed from a wheelhouse packed from this environment."""
-    root = tmp_path_factory.mktemp("bare-node")
-    need = ["ray[default]", *shipping.AGENT_REQUIRES]
-    venv = root / "venv"
-    env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_USER")}
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
-    done = subprocess.run(
-        [*pip, "--no-index", "--find-links", str(wheels), *need],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env=env,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    probe = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", "import aibro_backend"], capture_output=True)
-    assert probe.returncode != 0, "the bare node's Python must not have aibro"
-    return venv / "bin"
+def bare_bin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A venv with Ray and TensorFlow and no aibro: a node image's packages (this environment's Ray and the agent's
+    dependencies, hard-linked: tests/wheelhouse.py link_site) on the venv's path, and the `ray` command pip writes."""
+    with scratch(tmp_path_factory, "bare-node") as root:
+        venv = root / "venv"
+        env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_USER")}
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300, env=env)
+        image = wheelhouse.link_site(["ray[default]", *shipping.AGENT_REQUIRES], root / "image")
+        (site,) = venv.glob("lib/python3*/site-packages")
+        (site / "node-image.pth").write_text(f"{image}\n")
+        ray = venv / "bin" / "ray"
+        ray.write_text(f"#!{venv}/bin/python\nimport sys\nfrom ray.scripts.scripts import main\nsys.exit(main())\n")
+        ray.chmod(0o755)
+        probe = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", "import aibro_backend"], capture_output=True)
+        assert probe.returncode != 0, "the bare node's Python must not have aibro"
+        yield venv / "bin"
 
 
 @pytest.fixture(scope="module")

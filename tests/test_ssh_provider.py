@@ -1,9 +1,10 @@
 """The user's own machines over SSH (issue 26 item 5), against real OpenSSH servers the test starts on 127.0.0.1
 (Debian's openssh-server, which the README's test command installs): each with its own host key, an unprivileged
-user of its own and an authorized_keys file. The hosts' Python is the system's, with no aibro; pip there is
-configured with a local wheelhouse (no index), as a lab machine's mirror would be. The backend installs the agent
-it serves into a venv in the user's home, trains on the host, resumes a job on the second host when the first
-one's sshd goes away, refuses a host whose key changed, and stops its workers when it stops."""
+user of its own and an authorized_keys file. The hosts' Python is the system's, with no aibro and with the
+TensorFlow a lab machine's image has (the session's machine site, mounted on its dist-packages in sshd's own mount
+namespace); pip there is configured with a local wheelhouse (no index), as a lab machine's mirror would be. The
+backend installs the agent it serves into a venv in the user's home, trains on the host, resumes a job on the second
+host when the first one's sshd goes away, refuses a host whose key changed, and stops its workers when it stops."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import firstboot
 import pytest
 from backend_proc import OwnBackend, own_backend
 from ray_cluster import free_port
@@ -27,7 +29,7 @@ from aibro_backend.providers import shipping
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 
-from conftest import make_model
+from conftest import make_model, scratch
 from helpers import slow_data
 
 SSHD = "/usr/sbin/sshd"
@@ -47,8 +49,10 @@ def _run(*argv: str) -> str:
 class Sshd:
     """One OpenSSH server on 127.0.0.1:port for one user, with its own host key."""
 
-    def __init__(self, root: Path, user: str, client_pub: str, wheels: Path, gpus: list[str] | None = None) -> None:
-        self.root, self.user, self.port = root, user, free_port()
+    def __init__(
+        self, root: Path, user: str, client_pub: str, wheels: Path, site: Path, gpus: list[str] | None = None
+    ) -> None:
+        self.root, self.user, self.port, self.site = root, user, free_port(), site
         root.mkdir(parents=True, exist_ok=True)
         self.new_host_key()
         try:
@@ -91,7 +95,10 @@ class Sshd:
             f"SetEnv PATH={self.path}\n"
         )
         log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        image = 'mount --bind -o ro "$0" "$1" && exec "$2" -D -e -f "$3"'  # the host's image: its system site
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", image]
+        argv += [str(self.site), firstboot.system_site(), SSHD, str(config)]
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 60
         while "Server listening" not in (self.root / "sshd.log").read_text():
@@ -111,14 +118,18 @@ class Sshd:
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[dict[str, Any]]:
+def hosts(tmp_path_factory: pytest.TempPathFactory, wheels: Path, machine_site: Path) -> Iterator[dict[str, Any]]:
     if shutil.which("sshd") is None and not Path(SSHD).exists():
         pytest.fail("openssh-server is not installed (the README's test command installs it)")
-    root = tmp_path_factory.mktemp("ssh")
+    with scratch(tmp_path_factory, "ssh") as root:
+        yield from _hosts(root, wheels, machine_site)
+
+
+def _hosts(root: Path, wheels: Path, site: Path) -> Iterator[dict[str, Any]]:
     key = root / "id_ed25519"
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
     pub = key.with_suffix(".pub").read_text()
-    servers = {u[-1]: Sshd(root / u, u, pub, wheels, GPUS if u[-1] == "a" else None) for u in USERS}
+    servers = {u[-1]: Sshd(root / u, u, pub, wheels, site, GPUS if u[-1] == "a" else None) for u in USERS}
     for server in servers.values():
         server.start()
     lines = []
@@ -135,6 +146,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[di
         for server in servers.values():
             server.stop()
             subprocess.run(["pkill", "-KILL", "-u", server.user], capture_output=True)
+            shutil.rmtree(server.home / ".aibro", ignore_errors=True)  # the agent's venv and work folders
 
 
 @pytest.fixture(scope="module")

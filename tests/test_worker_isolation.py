@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
-from conftest import make_model
+from conftest import make_model, scratch
 from helpers import instance_pid, run_as_user, slow_data, worker_process
 
 NEVER = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "AIBRO_HOME", "AIBRO_TOKEN", "AIBRO_BACKEND_URL")
@@ -105,28 +106,31 @@ def _pip_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def agent_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Path:
+def agent_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Path, machine_site: Path) -> Iterator[Path]:
     """A fresh venv (no system site packages) holding the agent wheel the backend builds of itself and only what
-    that wheel declares, installed with no package index: from a wheelhouse packed from this environment."""
-    root = tmp_path_factory.mktemp("agent-venv")
-    agent = shipping.build(root / "agent")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_pip_env())
-    python = venv / "bin" / "python"
-    start = time.monotonic()
-    install = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-index"]
-    pip = subprocess.run(
-        [*install, "--find-links", str(wheels), str(agent.path)],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env=_pip_env(),
-    )
-    took = time.monotonic() - start
-    print(f"\n[worker isolation] the agent installed in {took:.0f} s")
-    assert pip.returncode == 0, f"pip install of the agent wheel failed:\n{pip.stdout[-3000:]}{pip.stderr[-3000:]}"
-    assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
-    return python
+    that wheel declares: those packages as a machine image has them (the session's machine site, the closure of the
+    agent's requirements, on the venv's path), the wheel installed with no package index."""
+    with scratch(tmp_path_factory, "agent-venv") as root:
+        agent = shipping.build(root / "agent")
+        venv = root / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_pip_env())
+        (site,) = venv.glob("lib/python3*/site-packages")
+        (site / "machine-image.pth").write_text(f"{machine_site}\n")
+        python = venv / "bin" / "python"
+        start = time.monotonic()
+        install = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-index"]
+        pip = subprocess.run(
+            [*install, "--find-links", str(wheels), str(agent.path)],
+            capture_output=True,
+            text=True,
+            timeout=1500,
+            env=_pip_env(),
+        )
+        took = time.monotonic() - start
+        print(f"\n[worker isolation] the agent installed in {took:.0f} s")
+        assert pip.returncode == 0, f"pip install of the agent wheel failed:\n{pip.stdout[-3000:]}{pip.stderr[-3000:]}"
+        assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
+        yield python
 
 
 @pytest.mark.timeout(1800)
@@ -174,7 +178,7 @@ CLIENT = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, {tests!r})
-    from conftest import make_model
+    from conftest import make_model, scratch
     from sklearn.datasets import load_digits
     from aibro_jupyter import Training
     d = load_digits()
@@ -195,7 +199,7 @@ CANARY = textwrap.dedent(
 
 
 @pytest.mark.timeout(1800)
-def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path: Path) -> None:
+def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, machine_site: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     # The client's own files: a folder on the backend's PYTHONPATH whose sitecustomize leaves a mark in every
@@ -235,9 +239,10 @@ def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, tmp_path:
         assert proc_cmdline(pid)[0] == str(agent_venv), "the worker runs the interpreter AIBRO_WORKER_PYTHON names"
         site = str(agent_venv.parent.parent / "lib" / f"python3.{sys.version_info.minor}" / "site-packages")
         mapped = {ln.split()[-1] for ln in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/" in ln}
-        assert any(p.startswith(f"{site}/tensorflow/") for p in mapped), "the worker trained with the venv's TensorFlow"
-        foreign = sorted(p for p in mapped if "-packages/" in p and not p.startswith(f"{site}/"))
-        assert foreign == [], "the worker loaded libraries from outside its venv"
+        image = f"{machine_site}/"
+        assert any(p.startswith(f"{image}tensorflow/") for p in mapped), "it trained with the image's TensorFlow"
+        foreign = sorted(p for p in mapped if "-packages/" in p and not p.startswith((f"{site}/", image)))
+        assert foreign == [], "the worker loaded libraries from outside its venv and the machine's image"
         assert not (client_files / f"imported-by-{pid}").exists(), "the worker imported the client's files"
 
 

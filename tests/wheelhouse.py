@@ -1,11 +1,15 @@
-"""A wheelhouse made from what this test environment has installed, so an install into a fresh venv needs no
-package index: each installed distribution is packed back into a wheel (its files, as its RECORD lists them)."""
+"""What played machines install from, made of what this test environment has installed, with no package index: a
+wheelhouse (each installed distribution packed back into a wheel, its files as its RECORD lists them) and an image's
+site-packages (the installed files themselves, hard-linked: a machine image that has TensorFlow costs no disk)."""
 
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
+import os
 import re
+import shutil
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -74,6 +78,33 @@ def repack(dist: metadata.Distribution, dest: Path) -> Path:
     return out
 
 
-def build(requirements: list[str], dest: Path) -> list[Path]:
+def build(requirements: list[str], dest: Path, leave_out: tuple[str, ...] = ()) -> list[Path]:
+    """Wheels for `requirements` and what they need, but for the distributions named in `leave_out`."""
     dest.mkdir(parents=True, exist_ok=True)
-    return [repack(d, dest) for d in closure(requirements)]
+    skip = {canonicalize_name(n) for n in leave_out}
+    return [repack(d, dest) for d in closure(requirements) if canonicalize_name(d.metadata["Name"]) not in skip]
+
+
+def link_site(requirements: list[str], dest: Path) -> Path:
+    """A site-packages folder holding `requirements` and what they need, as installed here: each file hard-linked
+    (copied where links cannot reach), so the machines of a run share one TensorFlow on disk."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for dist in closure(requirements):
+        for rel in dist.files or []:
+            arc = rel.as_posix()
+            if arc.startswith("..") or "__pycache__" in arc:
+                continue
+            src = Path(str(dist.locate_file(rel)))
+            if not src.is_file():
+                continue
+            out = dest / arc
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if out.exists():
+                continue
+            try:
+                os.link(src, out)
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+                shutil.copy2(src, out)
+    return dest

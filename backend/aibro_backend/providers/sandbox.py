@@ -65,6 +65,10 @@ _PROBE = (
     "paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}\n"
     "paths |= {os.path.dirname(os.path.realpath(os.path.dirname(sys.executable)))}\n"
     "pkgs = [os.path.dirname(m.__file__) for m in (aibro_backend, aibro_core)]\n"
+    "project = ('pyproject.toml', 'setup.py', 'setup.cfg')\n"
+    "sources = {os.path.dirname(p) for p in pkgs} | set(sys.argv[1:])\n"
+    "sources |= {p for p in sys.path if any(os.path.exists(os.path.join(p, f)) for f in project)}\n"
+    "paths |= {p for p in sys.path if p and p not in sources and os.path.isdir(p)}\n"
     "print(json.dumps({'paths': sorted(p for p in paths if p), 'packages': pkgs}))\n"
 )
 
@@ -172,8 +176,9 @@ class Sandbox:
 
 
 def _worker_paths(python: str, code_roots: list[str]) -> list[str]:
-    """What the worker's interpreter needs to see: its installation and the aibro worker packages, nothing more
-    (an editable install's source folder is bound package by package, never the folder around it)."""
+    """What the worker's interpreter needs to see: its installation, the folders its .pth files add (a shared
+    site-packages, say) and the aibro worker packages, nothing more (an editable install's source folder, which holds
+    its project file, is bound package by package, never the folder around it)."""
     done = subprocess.run([python, "-I", "-c", _PROBE, *code_roots], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         raise ValueError(f"cannot inspect {python}: {done.stderr.strip()[-300:]}")
