@@ -16,6 +16,7 @@ import numpy as np
 from .hashcache import CACHE, fingerprint
 
 CHUNK = 8 * 1024 * 1024
+SEND_LARGE = 64 * 1024 * 1024  # an array's buffer: sent without a copy, so a request can carry more
 ONE_PASS_MIN = 64 * 1024 * 1024  # smaller arrays are hashed first: cheap, and the backend can say "have it"
 FINGERPRINT_MIN = 4 * 1024 * 1024  # below it a SHA-256 pass costs under 3 ms: no fingerprint kept
 
@@ -25,6 +26,7 @@ class ByteSource:
 
     size: int
     name: str
+    send_size: int = CHUNK  # bytes per PUT: a file is read into memory a chunk at a time
 
     def chunks(self, start: int = 0, size: int = CHUNK) -> Iterator[memoryview]:
         raise NotImplementedError
@@ -99,6 +101,8 @@ class FileSource(ByteSource):
 class ArraySource(ByteSource):
     """An array as the bytes `np.save(..., allow_pickle=False)` would write: a .npy header, then the array's own
     buffer (a numpy array or a memmap, read in place; only a non-contiguous array is made contiguous first)."""
+
+    send_size = SEND_LARGE
 
     def __init__(self, arr: np.ndarray, name: str = "array") -> None:
         if arr.dtype.hasobject:

@@ -58,6 +58,13 @@ class _Transport(Transport):
         return super().send(method, path, **kw)
 
 
+def _send_size(source: ByteSource, head: requests.Response) -> int:
+    """Bytes per PUT: the source's own (an array's buffer goes in large requests, each a round trip the upload
+    waits for), within what the backend says one PUT may carry."""
+    announced = head.headers.get("X-Chunk-Max", "")
+    return min(source.send_size, int(announced)) if announced.isdigit() and int(announced) > 0 else CHUNK
+
+
 class BackendClient:
     """What kernels, the CLI and the server extension ask of the backend.
 
@@ -171,7 +178,7 @@ class BackendClient:
             self._put_chunk(f"/blobs/{sha}", memoryview(b""), offset, total)
             return sha, 0
         sent = 0
-        for chunk in source.chunks(offset, CHUNK):
+        for chunk in source.chunks(offset, _send_size(source, head)):
             got = self._put_chunk(f"/blobs/{sha}", chunk, offset, total)
             sent += got - offset
             offset = got
@@ -184,10 +191,11 @@ class BackendClient:
         (the client reads its buffer once and hashes nothing); None when the backend keeps bytes in S3 (the caller
         hashes first and goes there)."""
         path = f"/blobs/uploads/{secrets.token_hex(16)}"
-        if self.t.request("HEAD", path).headers.get("X-Upload-Via") == "s3":
+        head = self.t.request("HEAD", path)
+        if head.headers.get("X-Upload-Via") == "s3":
             return None
         total, offset = source.size, 0
-        for chunk in source.chunks(0, CHUNK):
+        for chunk in source.chunks(0, _send_size(source, head)):
             offset = self._put_chunk(path, chunk, offset, total)
         named = self.t.json("POST", f"{path}/finish", json={"size": total})
         return named["sha256"], total

@@ -32,7 +32,7 @@ from aibro_jupyter import config
 from aibro_jupyter.blobsource import CHUNK, ArraySource
 from aibro_jupyter.client import BackendClient
 
-UPLOAD_TARGET = 0.8  # × np.save+fsync throughput
+UPLOAD_TARGET = 0.8  # × the ceiling: the slower of np.save+fsync and one SHA-256 pass
 RESUBMIT_TARGET = 0.05  # × the first upload's time
 
 
@@ -111,7 +111,7 @@ def first_and_again(client: BackendClient, arr: np.ndarray, prefix: str, add: Ca
 def ratio_row(value: float, target: float, at_least: bool) -> tuple[str, str, str, bool]:
     ok = value >= target if at_least else value <= target
     return (
-        "  / np.save+fsync" if at_least else "  / first upload",
+        "  / the ceiling (the slower of the two above)" if at_least else "  / first upload",
         f"{value:.3f}",
         f"{'>=' if at_least else '<='} {target}",
         ok,
@@ -165,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     size = n * 4
     best = {k: min(v) for k, v in rows.items()}
     gbs = {k: size / best[k] / 1e9 for k in ("save", "hash", "first", "mm_first")}
+    ceiling = min(gbs["save"], gbs["hash"])
     table = [
         ("np.save + fsync GB/s (the disk)", f"{gbs['save']:.2f}", "-", None),
-        ("SHA-256 pass alone GB/s (the ceiling)", f"{gbs['hash']:.2f}", "-", None),
+        ("SHA-256 pass alone GB/s (the hash)", f"{gbs['hash']:.2f}", "-", None),
         ("first upload GB/s, numpy array", f"{gbs['first']:.2f}", "-", None),
-        ratio_row(gbs["first"] / gbs["save"], UPLOAD_TARGET, at_least=True),
+        ratio_row(gbs["first"] / ceiling, UPLOAD_TARGET, at_least=True),
         ("first upload GB/s, memmap", f"{gbs['mm_first']:.2f}", "-", None),
-        ratio_row(gbs["mm_first"] / gbs["save"], UPLOAD_TARGET, at_least=True),
+        ratio_row(gbs["mm_first"] / ceiling, UPLOAD_TARGET, at_least=True),
         (
             "client peak extra memory MiB (RssAnon), array / memmap",
             f"{max(rows['first_mib']):.0f} / {max(rows['mm_first_mib']):.0f}",

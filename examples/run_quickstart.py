@@ -1,19 +1,21 @@
 """Run examples/quickstart.ipynb headless in a real kernel, printing what each cell prints as it prints it.
 
 This is the README's main command: it trains a real model through %%cloud_fit on the embedded local backend,
-one "Epoch k/N" line as each epoch ends, and says at the end that the backend it started keeps running."""
+one "Epoch k/N" line as each epoch ends, and says at the end that the backend it started keeps running. Before each
+cell it says what the cell is about to do (the cell's `aibro.narration` metadata): the panels a notebook shows are
+widgets, which a terminal cannot draw."""
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
 
+from aibro_jupyter import config
 from aibro_jupyter.firstrun import embedded_note
 
 
@@ -44,6 +46,13 @@ class StreamingClient(NotebookClient):
                 self._write(data["text/plain"] + "\n")
         return out
 
+    async def async_execute_cell(self, cell: Any, cell_index: int, *args: Any, **kwargs: Any) -> Any:
+        narration = cell.get("metadata", {}).get("aibro", {}).get("narration")
+        if narration:
+            self.flush_partial()
+            print(f"\n» {narration}", flush=True)
+        return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+
     def flush_partial(self) -> None:
         """Print a last line that had no newline."""
         if self._partial and not _chatter(self._partial):
@@ -70,7 +79,11 @@ def main() -> int:
         extra_arguments=["--IPKernelApp.capture_fd_output=False"],
         resources={"metadata": {"path": str(path.parent)}},
     )
-    log = Path(tempfile.gettempdir()) / "aibro-quickstart-kernel.log"
+    config.home().mkdir(parents=True, exist_ok=True, mode=0o700)
+    logs = config.home() / "logs"
+    logs.mkdir(exist_ok=True, mode=0o700)
+    log = logs / "quickstart-kernel.log"
+    print(f"» starting a Python kernel for {path.name} (its log: {log})…", flush=True)
     with open(log, "w") as err:  # the kernel's own start-up chatter (TensorFlow, ZMQ) goes here, not on screen
         try:
             client.execute(stderr=err)

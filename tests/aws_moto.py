@@ -22,11 +22,46 @@ FAKE_AWS_ENV = {
 DROPPED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
 
+# moto answers every spot price with $0.00001. Tests whose pictures a user sees ask for prices shaped like AWS's:
+# a share of the catalog's on-demand price by family (the usual 55-70 % spot discount on GPU instances).
+SPOT_SHARE = {"g4dn": 0.30, "g5": 0.36, "g6": 0.41, "p3": 0.31, "p4d": 0.45}
+
+
 @contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
+def _realistic_spot_prices() -> Iterator[None]:
+    from moto.ec2.responses.spot_instances import SpotInstances
+
+    from aibro_backend.providers import aws_catalog
+
+    answer = SpotInstances.describe_spot_price_history
+
+    def describe(self: Any) -> Any:
+        result = answer(self)
+        for entry in result.result["SpotPriceHistory"]:  # type: ignore[attr-defined]
+            kind = entry["InstanceType"]
+            found = aws_catalog.row(self.region, kind)
+            if found is not None:
+                share = SPOT_SHARE.get(kind.split(".")[0], aws_catalog.SPOT_ESTIMATE_FRACTION)
+                entry["SpotPrice"] = f"{found.on_demand_price_per_hour * share:.4f}"
+        return result
+
+    SpotInstances.describe_spot_price_history = describe  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SpotInstances.describe_spot_price_history = answer  # type: ignore[method-assign]
+
+
+@contextmanager
+def moto_server(realistic_spot: bool = False) -> Iterator[dict[str, str]]:
     """A moto server; yields the environment (fake credentials, AWS_ENDPOINT_URL) that points boto3 at it, also
-    set in this process while it runs."""
+    set in this process while it runs. `realistic_spot`: spot prices shaped like AWS's, not moto's $0.00001."""
     from moto.server import ThreadedMotoServer
+
+    if realistic_spot:
+        with _realistic_spot_prices(), moto_server() as env:
+            yield env
+        return
 
     saved = {k: os.environ.get(k) for k in (*FAKE_AWS_ENV, *DROPPED, "AWS_ENDPOINT_URL")}
     server = ThreadedMotoServer(port=0, verbose=False)

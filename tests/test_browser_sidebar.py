@@ -36,6 +36,21 @@ from aibro_jupyter.client import BackendClient
 from conftest import ARTIFACTS, make_model
 from helpers import aibro_cli
 
+# how many lines a text shows across (the rectangles of the range that holds it, by their tops)
+LINES_OF = """(el, text) => {
+  const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    const at = n.data.indexOf(text);
+    if (at >= 0) {
+      const range = document.createRange();
+      range.setStart(n, at);
+      range.setEnd(n, at + text.length);
+      return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size;
+    }
+  }
+  return 0;
+}"""
+
 
 def _cli(home: Path, *args: str) -> str:
     out = aibro_cli(home, *args)
@@ -171,7 +186,8 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         assert client.job(job_id)["status"] == "CANCELED", "the backend says CANCELED"
         assert not _card(page, job_id).locator(".aibro-job-note").inner_text(), "the earlier failure is gone"
         _no_cancel_on_final_cards(page)
-        page.wait_for_selector(f".Toastify__toast >> text=/{job_id}.*canceled/", timeout=30_000)
+        canceled = page.locator(".Toastify__toast", has_text=job_id).filter(has_text="was canceled")
+        canceled.first.wait_for(timeout=30_000)
         counted = page.locator(".aibro-statusbar")
         wait_until(page, lambda: counted.inner_text().startswith(f"☁ {active - 1} training"), "the count to drop")
 
@@ -180,6 +196,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         toast = page.locator(".Toastify__toast", has_text="sidebar short job").first
         toast.hover()  # a hovered toast stays (its auto-close pauses) while it is photographed
         page.wait_for_timeout(1000)
+        assert toast.locator(".jp-toast-message").evaluate(LINES_OF, short) == 1, "the job id on one line"
         gallery_shot(toast, "notification", toasts=True)
         page.mouse.move(0, 0)
         assert _card(page, short).get_attribute("data-status") == "COMPLETED" and _epochs(page, short) == 2

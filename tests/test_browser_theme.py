@@ -37,7 +37,7 @@ MIN_CONTRAST = 4.5  # WCAG AA for normal text
 @pytest.fixture
 def two_providers(tmp_path: Path) -> Iterator[OwnBackend]:
     """A backend serving the local machines and AWS's (moto) side by side."""
-    with moto_server() as aws_env:
+    with moto_server(realistic_spot=True) as aws_env:
         config = write_config(tmp_path / "aws.toml", make_account())
         with own_backend(tmp_path / "home", "--provider", "aws", "--aws-config", str(config), **aws_env) as backend:
             yield backend
@@ -52,6 +52,26 @@ def _readable(page: Any, where: str) -> None:
         if t["ratio"] < MIN_CONTRAST
     }
     assert not poor, f"{where}: text that does not read against its background: {poor}"
+
+
+def _every_column_reachable(page: Any) -> None:
+    """At the sidebar's default width each column of the machines table shows, or the hint says to scroll and
+    scrolling brings the last one fully into the box (by bounding boxes)."""
+    scroll = page.locator(".aibro-machine-scroll")
+    heads = page.locator(".aibro-machine-table th")
+
+    def shown(i: int) -> bool:
+        outer, head = scroll.bounding_box(), heads.nth(i).bounding_box()
+        return outer["x"] - 1 <= head["x"] and head["x"] + head["width"] <= outer["x"] + outer["width"] + 1
+
+    if not scroll.evaluate("e => e.scrollWidth > e.clientWidth + 1"):
+        assert all(shown(i) for i in range(heads.count())), "every column inside the sidebar"
+        return
+    assert "Scroll sideways" in page.locator(".aibro-machines .aibro-hint").inner_text(), "a cut table says so"
+    assert not shown(heads.count() - 1)
+    scroll.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+    assert shown(heads.count() - 1), "scrolled to its end, the table shows its last column"
+    scroll.evaluate("e => { e.scrollLeft = 0; }")
 
 
 def _inside(page: Any, where: str) -> None:
@@ -135,6 +155,7 @@ def test_sidebar_reads_in_dark_and_light_theme_and_sorts_a_two_provider_marketpl
         first_price = rows.first.locator(".aibro-price").bounding_box()
         assert first_price["x"] + first_price["width"] <= box["x"] + box["width"], "prices show without scrolling"
         _inside(page, "dark, machines")
+        _every_column_reachable(page)
         _readable(page, "dark, machines")
         gallery_shot(page.locator(SIDEBAR), "sidebar-machines-dark", until=page.locator(".aibro-machine-scroll"))
         _sorted_by(page, "GPU", 3, lambda t: 0 if t == "–" else int(t.split("×")[0]))

@@ -85,6 +85,16 @@ def test_quickstart_streams_its_epochs_and_says_the_backend_keeps_running(
     assert new[0]["description"] == "quickstart digits cnn"
 
     assert not NATIVE.search(out) and not NATIVE.search(run.stderr), f"native TF lines: {out[:1500]} {run.stderr}"
+    if script == "run_quickstart.py":  # the runner says what each step is about to do, as the script's lines do
+        said = [line for line in run.stdout if line.startswith("» ")]
+        assert said[0].startswith("» starting a Python kernel"), run.stdout[:5]
+        gear_up = next(i for i, line in enumerate(run.stdout) if "gearing up a worker" in line)
+        first_epoch = next(i for i, line in enumerate(run.stdout) if line.startswith("Epoch 1/8"))
+        assert gear_up < first_epoch, "the gear-up is announced before the first epoch"
+        first_output = next(line for line in run.stdout if line.strip() and not line.startswith("» "))
+        assert first_output.startswith("digits: 1500 images to train on"), "the first output line says what it is"
+        kernel_log = aibro_home / "logs" / "quickstart-kernel.log"
+        assert kernel_log.is_file() and str(kernel_log) in said[0], "the kernel's log is under AIBRO_HOME"
     target = config.embedded_target()
     assert target is not None
     tail = "\n".join(run.stdout[-4:])

@@ -205,3 +205,19 @@ def test_a_one_pass_upload_resumes_after_the_backend_restarts(own_home: Path) ->
     assert sha == ArraySource(x).sha256(), "the name covers the bytes from before and after the restart"
     assert sent == source.size and source.walks == 2, "the kill came during the upload"
     assert client.counters()["blob_bytes_received"] <= source.size, "what arrived before the crash was kept"
+
+
+def test_a_backend_that_takes_small_requests_gets_small_requests(
+    own_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a proxy that caps request bodies the operator lowers AIBRO_CHUNK_MAX_BODY; HEAD says so
+    (X-Chunk-Max) and the client's PUTs stay within it, an array's and a file's alike."""
+    monkeypatch.setenv("AIBRO_CHUNK_MAX_BODY", str(1 << 20))
+    client = connect()
+    x = _random(3 * (1 << 20))  # 12 MiB: larger requests would be refused (413)
+    sha, sent = client.upload_array(x)
+    assert sha == ArraySource(x).sha256() and sent == ArraySource(x).size
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(5 << 20))
+    sha, sent = client.upload_blob(path)
+    assert sent == 5 << 20 and client.t.request("HEAD", f"/blobs/{sha}").status_code == 200

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
 
 from .errors import ApiError, AuthError, BackendUnreachable
 
@@ -74,6 +75,17 @@ def untrusted_message(url: str, reason: object, bundle: str | None) -> str:
     )
 
 
+SEND_BLOCK = 1 << 20
+
+
+class _LargeBlocks(HTTPAdapter):
+    """Bodies (upload chunks of 8 MiB) go to the socket 1 MiB per send, not urllib3's 16 KiB: 64 times fewer system
+    calls and Python loop turns for every byte uploaded."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, blocksize=SEND_BLOCK, **kwargs)
+
+
 class Transport:
     """Bearer-token JSON over HTTP with errors a user can act on. Shared by the client and the worker."""
 
@@ -85,6 +97,8 @@ class Transport:
         self.timeout = timeout
         self.ca_bundle = ca_bundle(ca_bundle_file) if self.url.startswith("https:") else ca_bundle_file
         self.session = requests.Session()
+        for scheme in ("http://", "https://"):
+            self.session.mount(scheme, _LargeBlocks())
         self.session.verify = self.ca_bundle or True
         self.session.headers["Authorization"] = f"Bearer {token}"
 

@@ -20,15 +20,18 @@ const CLOUD_SVG =
 
 const cloudIcon = new LabIcon({ name: 'aibro-jupyter:cloud', svgstr: CLOUD_SVG });
 
+/** The job's id goes on a line of its own after a description: mid-sentence, the toast broke it at a hyphen. */
 function announce(job: IJob): void {
-  const name = job.description ? `${job.description} (${job.job_id})` : job.job_id;
+  const name = job.description || job.job_id;
+  const id = job.description ? `\n${job.job_id}` : '';
   if (job.status === 'COMPLETED') {
     const last = job.history.length ? job.history[job.history.length - 1] : undefined;
-    Notification.success(`${name} completed · ${metrics(last)}`, { autoClose: 8000 });
+    Notification.success(`${name} completed · ${metrics(last)}${id}`, { autoClose: 8000 });
   } else if (job.error) {
-    Notification.error(`${name} failed: ${job.error}`, { autoClose: false });
+    const why = job.error.length > 80 ? `${job.error.slice(0, 79)}…` : job.error;
+    Notification.error(`${name} failed: ${why}${id}`, { autoClose: false });
   } else {
-    Notification.info(`${name} was canceled`, { autoClose: 5000 });
+    Notification.info(`${name} was canceled${id}`, { autoClose: 5000 });
   }
 }
 

@@ -15,6 +15,7 @@ import { JobsModel } from './model';
 import { Sparkline } from './sparkline';
 
 type Tab = 'jobs' | 'instances' | 'machines';
+const SORT_HINT = 'Click a column to sort; prices are per hour.';
 type SortKey = 'machine' | 'price' | 'gpu' | 'vcpus' | 'memory' | 'availability';
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -221,6 +222,8 @@ export class CloudSidebar extends Widget {
   private cards = new Map<string, JobCard>();
   private timer: number;
   private machineScroll = el('div', 'aibro-machine-scroll');
+  private machineHint = el('div', 'aibro-hint', SORT_HINT);
+  private resized = new ResizeObserver(() => this.fitMachines());
   private machinesDrawn: { machines: IMachine[]; key: SortKey; dir: number } | null = null;
   private sortKey: SortKey = 'price';
   private sortDir = 1;
@@ -239,8 +242,8 @@ export class CloudSidebar extends Widget {
       this.tabButtons[t].setAttribute('role', 'tab');
       tabs.appendChild(this.tabButtons[t]);
     });
-    const hint = el('div', 'aibro-hint', 'Click a column to sort; prices are per hour.');
-    this.panes.machines.append(hint, this.machineScroll);
+    this.panes.machines.append(this.machineHint, this.machineScroll);
+    this.resized.observe(this.machineScroll);
     this.node.append(header, this.banner, tabs, this.panes.jobs, this.panes.instances, this.panes.machines);
     model.changed.connect(this.render, this);
     this.timer = window.setInterval(() => this.tick(), 1000);
@@ -249,6 +252,7 @@ export class CloudSidebar extends Widget {
 
   dispose(): void {
     window.clearInterval(this.timer);
+    this.resized.disconnect();
     super.dispose();
   }
 
@@ -471,6 +475,15 @@ export class CloudSidebar extends Widget {
     const left = this.machineScroll.scrollLeft; // a refresh leaves the table scrolled where the user put it
     this.machineScroll.replaceChildren(table);
     this.machineScroll.scrollLeft = left;
+    this.fitMachines();
+  }
+
+  /** Says so when the table is wider than the sidebar: a scrollbar alone may be hidden until hovered. */
+  private fitMachines(): void {
+    const box = this.machineScroll;
+    const more = box.scrollWidth > box.clientWidth + 1;
+    box.classList.toggle('aibro-wider', more);
+    this.machineHint.textContent = more ? `${SORT_HINT} Scroll sideways for more columns →` : SORT_HINT;
   }
 
   private tick(): void {

@@ -21,7 +21,12 @@ from .base import UserHandler
 
 REF = "#/components/schemas/{model}"
 COUNT = {"type": "string", "pattern": "^[0-9]+$"}
-HEADER_SCHEMAS = {"X-Received": COUNT, "X-Blob-Size": COUNT, "X-Upload-Via": {"type": "string", "enum": ["s3"]}}
+HEADER_SCHEMAS = {
+    "X-Received": COUNT,
+    "X-Blob-Size": COUNT,
+    "X-Chunk-Max": COUNT,
+    "X-Upload-Via": {"type": "string", "enum": ["s3"]},
+}
 SECURITY = {"user": "bearer", "worker": "worker", "enroll": "enroll"}  # who -> the scheme that names it
 ERROR_TEXT = {
     400: "the request is malformed: the message names the field and the fix",
@@ -74,6 +79,7 @@ ANSWERS: dict[str, Answer] = {
             200: {"X-Blob-Size": "the blob's size"},
             404: {
                 "X-Received": "bytes of a partial upload",
+                "X-Chunk-Max": "the most bytes one PUT may carry",
                 "X-Upload-Via": "'s3' when this backend keeps bytes in S3: POST /blobs/{sha256}/upload instead",
             },
         },
@@ -84,7 +90,13 @@ ANSWERS: dict[str, Answer] = {
     "head /blobs/uploads/{upload_id}": Answer(
         None,
         (400,),
-        headers={200: {"X-Received": "bytes received", "X-Upload-Via": "'s3' when uploads go to S3 instead"}},
+        headers={
+            200: {
+                "X-Received": "bytes received",
+                "X-Chunk-Max": "the most bytes one PUT may carry",
+                "X-Upload-Via": "'s3' when uploads go to S3 instead",
+            }
+        },
     ),
     "put /blobs/uploads/{upload_id}": Answer(m.BlobProgress, TRANSFER_ERRORS, "chunk", m.BlobQuery),
     "delete /blobs/uploads/{upload_id}": Answer(m.BlobDropped, (400, 409)),

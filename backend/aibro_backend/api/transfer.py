@@ -124,6 +124,21 @@ class StreamedUpload(tornado.web.RequestHandler):
             self.failure = exc
             self.writer.close()
 
+    def body_buffer(self) -> memoryview | None:
+        """The writer's next buffer, which the connection reads into (server/bodyinto.py); None once refused."""
+        if self.writer is None or self.failure is not None:
+            return None
+        return self.writer.buffer()
+
+    def body_filled(self, buf: memoryview, n: int) -> None:
+        if self.writer is None or self.failure is not None:
+            return
+        try:
+            self.writer.filled(buf, n)
+        except (OSError, BlobError) as exc:
+            self.failure = exc
+            self.writer.close()
+
     def finished_writer(self) -> PartialWriter:
         """After the whole body arrived: the writer, closed, or the refusal or failure as an ApiError."""
         if self.refusal is not None:
@@ -180,6 +195,7 @@ class BlobHandler(StreamedUpload, UserHandler):
             self.set_status(200)
         else:
             self.set_header("X-Received", str(self.backend.blobs.received(check, str(self.uid))))
+            self.set_header("X-Chunk-Max", str(limits_of(self.backend).chunk_max_body))
             self.set_status(404)
         self.finish()
 
@@ -236,6 +252,7 @@ class UnnamedUploadHandler(StreamedUpload, UserHandler):
         if self.backend.blobs.s3 is not None:
             self.set_header(VIA_S3, "s3")
         self.set_header("X-Received", str(self.backend.blobs.upload_received(check, str(self.uid))))
+        self.set_header("X-Chunk-Max", str(limits_of(self.backend).chunk_max_body))
         self.finish()
 
     def start_put(self, upload_id: str) -> None:

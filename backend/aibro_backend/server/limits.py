@@ -27,6 +27,7 @@ ENV = {
     "max_stored_bytes": "AIBRO_MAX_STORED_BYTES",
     "partial_ttl_s": "AIBRO_PARTIAL_TTL_S",
     "max_tokens_per_user": "AIBRO_MAX_TOKENS_PER_USER",
+    "chunk_max_body": "AIBRO_CHUNK_MAX_BODY",
 }
 
 
@@ -47,10 +48,11 @@ class Limits:
     min_body_rate: int = 256 * 1024
     linger_s: float = 5.0
     # Bodies: JSON routes 1 MiB (a job spec is a few kB), worker event batches 16 MiB (500 events of up to 4 kB
-    # text each, escaped), one chunk of a streamed blob or artifact upload 64 MiB (clients send 8 MiB).
+    # text each, escaped), one chunk of a streamed blob or artifact upload 64 MiB (clients send 8 MiB from a file,
+    # 64 MiB from an array's buffer, never more than HEAD's X-Chunk-Max: lower it behind a proxy that caps bodies).
     json_max_body: int = 1 * MiB
     events_max_body: int = 16 * MiB
-    chunk_max_body: int = 64 * MiB
+    chunk_max_body: Annotated[int, Field(ge=64 * 1024)] = 64 * MiB
     # Unfinished uploads a user may hold at once: bytes received (0: twice the per-job data limit; what an upload
     # declares as its total takes no disk until it arrives) and uploads (each a file the quota check reads), and
     # how long one may sit untouched before the sweep deletes it.

@@ -18,6 +18,7 @@ import tornado.httpserver
 import tornado.web
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from . import bodyinto
 from .limits import Limits
 
 log = logging.getLogger("aibro.backend")
@@ -38,6 +39,10 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
         self._last_note = 0.0
         self._also: list[socket.socket] = []
         self._close_also: list[Callable[[], None]] = []
+
+    def start_request(self, server_conn: object, request_conn: Any) -> Any:
+        bodyinto.install(request_conn)  # uploads go from the socket into their writer's buffers
+        return super().start_request(server_conn, request_conn)
 
     def add_sockets(self, sockets: Any) -> None:
         sockets = list(sockets)

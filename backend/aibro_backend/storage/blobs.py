@@ -18,7 +18,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,28 +72,38 @@ def check_upload_id(upload_id: str) -> str:
     return upload_id
 
 
+RECEIVE_BUFFER = 1 << 20  # one body read from the socket into a writer's buffer
+RECEIVE_BUFFERS = 8  # a writer's buffers: those in flight to the hash thread and the one being filled
+
+
 class _Hashing:
     """The running SHA-256 of a partial file, fed by its writers: valid while it has seen every byte of the file.
 
     The hashing runs on a thread of its own (hashlib releases the GIL), so the event loop only receives and writes:
-    a 1 GiB upload costs the loop its copies, not its 0.7 s of SHA-256."""
+    a 1 GiB upload costs the loop its copies, not its 0.7 s of SHA-256. A piece handed with `done` is a lent
+    buffer: `done` runs once it is hashed."""
 
     def __init__(self) -> None:
         self.h = hashlib.sha256()
         self.count = 0
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=32)  # at most 32 body pieces wait
+        self._queue: queue.Queue[tuple[bytes | memoryview, Callable[[], None] | None] | None] = queue.Queue(
+            maxsize=32
+        )  # at most 32 body pieces wait
         self._thread: threading.Thread | None = None
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | memoryview, done: Callable[[], None] | None = None) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="aibro-upload-hash", daemon=True)
             self._thread.start()
-        self._queue.put(data)
+        self._queue.put((data, done))
         self.count += len(data)
 
     def _run(self) -> None:
-        while (data := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            data, done = item
             self.h.update(data)
+            if done is not None:
+                done()
 
     def hexdigest(self) -> str:
         """Wait for what was queued (blocking: off the event loop) and give the digest."""
@@ -105,6 +115,29 @@ class _Hashing:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+
+
+class _Buffers:
+    """A writer's receive buffers: the connection reads a body straight into one (server/bodyinto.py), the writer
+    writes it and lends it to the hash thread, which gives it back. Bytes go from the socket to the disk and the
+    hash without a copy or an allocation per piece."""
+
+    def __init__(self, count: int = RECEIVE_BUFFERS, size: int = RECEIVE_BUFFER) -> None:
+        self.count, self.size, self.made = count, size, 0
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+
+    def take(self) -> bytearray:
+        """A free buffer; waits for the hash thread when every one is in flight (as its queue's bound does)."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            if self.made < self.count:
+                self.made += 1
+                return bytearray(self.size)
+            return self._free.get()
+
+    def give(self, buf: bytearray) -> None:
+        self._free.put(buf)
 
 
 class PartialWriter:
@@ -124,8 +157,20 @@ class PartialWriter:
         if hashing is not None:
             store._hashing[path] = hashing
         self.hashing = hashing
+        self._buffers = _Buffers()
 
-    def write(self, data: bytes) -> None:
+    def buffer(self) -> memoryview:
+        """Where the next bytes of the body go (the connection reads into it), then `filled`."""
+        return memoryview(self._buffers.take())
+
+    def filled(self, buf: memoryview, n: int) -> None:
+        """The first `n` bytes of `buf` (from `buffer`) arrived: write them; the buffer is free again once hashed."""
+        owner = buf.obj
+        assert isinstance(owner, bytearray)
+        self.write(buf[:n], lambda: self._buffers.give(owner))
+
+    def write(self, data: bytes | memoryview, done: Callable[[], None] | None = None) -> None:
+        """Append `data`; `done` runs when nothing holds it any more (a lent buffer)."""
         if self.written + len(data) > self.expect or self.size + len(data) > self.total:
             raise BlobError("the body is longer than its Content-Length or runs past the declared total")
         try:
@@ -135,7 +180,9 @@ class PartialWriter:
             self.hashing = None
             raise
         if self.hashing is not None:
-            self.hashing.update(data)
+            self.hashing.update(data, done)
+        elif done is not None:
+            done()
         self.size += len(data)
         self.written += len(data)
 

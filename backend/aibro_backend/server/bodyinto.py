@@ -1,0 +1,66 @@
+"""Upload bodies read from the socket straight into the receiving writer's buffers.
+
+tornado reads a body into a fresh buffer per socket read, appends it to the stream's buffer and slices a new bytes
+object per piece: two copies and an allocation of every uploaded byte on the event loop, before the disk and the
+hash see it. For a handler that lends buffers (`BodyInto`: server/../api/transfer.py's uploads), this connection
+reads each piece with `IOStream.read_into` into a buffer the handler gives and hands it back filled; every other
+body goes tornado's way."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol, runtime_checkable
+
+from tornado import http1connection
+
+_LINKS = ("delegate", "inner", "handler")  # tornado's routing delegate -> our guard -> tornado's dispatcher
+
+
+@runtime_checkable
+class BodyInto(Protocol):
+    """A request handler that takes its body in buffers of its own."""
+
+    def body_buffer(self) -> memoryview | None:
+        """Where the next bytes go, or None to take them as `data_received` (a refused body, dropped)."""
+
+    def body_filled(self, buf: memoryview, n: int) -> None:
+        """The first `n` bytes of `buf` (the last `body_buffer`) arrived."""
+
+
+def _target(delegate: Any) -> BodyInto | None:
+    """The handler behind a connection's delegate chain, when it lends buffers and its request was not refused."""
+    node = delegate
+    for _ in range(8):
+        if node is None or getattr(node, "refused", False):
+            return None
+        if isinstance(node, BodyInto):
+            return node
+        node = next((getattr(node, link) for link in _LINKS if getattr(node, link, None) is not None), None)
+    return None
+
+
+async def _read_fixed_body(conn: http1connection.HTTP1Connection, content_length: int, delegate: Any) -> None:
+    target = _target(delegate)
+    if target is None:
+        return await http1connection.HTTP1Connection._read_fixed_body(conn, content_length, delegate)
+    while content_length > 0:
+        buf = target.body_buffer()
+        if buf is None:
+            piece = await conn.stream.read_bytes(min(conn.params.chunk_size, content_length), partial=True)
+            content_length -= len(piece)
+            await conn._deliver_body(delegate, piece)
+            continue
+        n = await conn.stream.read_into(buf[: min(len(buf), content_length)], partial=True)
+        content_length -= n
+        target.body_filled(buf, n)
+        await asyncio.sleep(0)  # other connections run between pieces, as tornado's own reader lets them
+
+
+def install(conn: Any) -> None:
+    """Read this connection's fixed-length bodies into lending handlers' buffers (a server connection only)."""
+    if isinstance(conn, http1connection.HTTP1Connection):
+
+        async def read(content_length: int, delegate: Any) -> None:
+            await _read_fixed_body(conn, content_length, delegate)
+
+        conn._read_fixed_body = read  # type: ignore[method-assign]
