@@ -186,14 +186,14 @@ class BackendClient:
                 break
         return sha, sent
 
-    def _upload_one_pass(self, source: ByteSource) -> tuple[str, int] | None:
-        """Send the bytes once, unnamed, and let the backend name them by the digest it computes as they arrive
-        (the client reads its buffer once and hashes nothing); None when the backend keeps bytes in S3 (the caller
-        hashes first and goes there)."""
+    def _upload_one_pass(self, source: ByteSource) -> tuple[str, int]:
+        """Send the bytes once, unnamed, and let the backend name them by the digest it computes as they arrive, or
+        S3 by the one it computes of the parts it was sent (the client reads its buffer once and hashes nothing)."""
         path = f"/blobs/uploads/{secrets.token_hex(16)}"
         head = self.t.request("HEAD", path)
-        if head.headers.get("X-Upload-Via") == "s3":
-            return None
+        if head.headers.get("X-Upload-Via") == "s3":  # the parts go to S3 in parallel, and S3 hashes them
+            named = upload_via_s3(self.t, f"{path}/upload", source.size, source.view, None)
+            return named["sha256"], source.size
         total, offset = source.size, 0
         for chunk in source.chunks(0, _send_size(source, head)):
             offset = self._put_chunk(path, chunk, offset, total)

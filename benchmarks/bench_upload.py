@@ -9,6 +9,10 @@ Issue 14 item 2. A fresh embedded backend in a temporary AIBRO_HOME (the disk it
     read-only memmap by its file's identity (aibro_jupyter/hashcache.py).
 Client memory overhead is the peak anonymous RSS during the upload minus the one before (the array is resident
 already; a memmap's pages are page cache, not counted).
+
+`--s3`: the same against a backend that keeps bytes in S3 (moto's server, the tests' AWS account): the first upload
+goes in parts, in parallel, to S3, which hashes them; its ceilings are one SHA-256 pass and the S3 endpoint alone
+(boto3's own parallel multipart upload of the same bytes, the same part size and threads).
 """
 
 from __future__ import annotations
@@ -108,14 +112,80 @@ def first_and_again(client: BackendClient, arr: np.ndarray, prefix: str, add: Ca
     add(prefix + "again_sent", sent)
 
 
+def s3_alone(s3: object, bucket: str, arr: np.ndarray, key: str) -> float:
+    """boto3's multipart upload of the array's bytes to the same endpoint: what S3 (here moto) itself takes."""
+    import io
+
+    from boto3.s3.transfer import TransferConfig
+
+    from aibro_core.presigned import PARALLEL_PARTS
+
+    part = 64 << 20
+    data = io.BytesIO(memoryview(arr.reshape(-1).view(np.uint8)))
+    config = TransferConfig(multipart_threshold=part, multipart_chunksize=part, max_concurrency=PARALLEL_PARTS)
+    t = time.perf_counter()
+    s3.upload_fileobj(data, bucket, key, Config=config)  # type: ignore[attr-defined]
+    return time.perf_counter() - t
+
+
+def run_s3(args: argparse.Namespace, n: int, rows: dict[str, list[float]]) -> None:
+    """Rounds against a backend with the AWS provider (bytes in moto's S3)."""
+
+    def add(key: str, value: float) -> None:
+        rows.setdefault(key, []).append(value)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from aws_moto import make_account, moto_server, write_config
+    from backend_proc import own_backend
+
+    root = Path(tempfile.mkdtemp(prefix="aibro-bench-s3-"))
+    try:
+        with moto_server() as env:
+            account = make_account()
+            config = write_config(root / "aws.toml", account)
+            with own_backend(root / "home", "--provider", "aws", "--aws-config", str(config), **env) as b:
+                client, s3 = b.client(), account["session"].client("s3")
+                for rnd in range(args.rounds):
+                    arr = np.random.default_rng(2 * rnd).random(n, dtype=np.float32)
+                    add("hash", hash_alone(arr))
+                    add("s3", s3_alone(s3, account["bucket"], arr, f"bench/alone-{rnd}"))
+                    first_and_again(client, arr, "", add)
+                    say(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in rows.items()))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def s3_table(rows: dict[str, list[float]], size: int) -> list[tuple[str, str, str, bool | None]]:
+    best = {k: min(v) for k, v in rows.items()}
+    gbs = {k: size / best[k] / 1e9 for k in ("hash", "s3", "first")}
+    return [
+        ("SHA-256 pass alone GB/s (the hash)", f"{gbs['hash']:.2f}", "-", None),
+        ("S3 endpoint alone GB/s (boto3 multipart)", f"{gbs['s3']:.2f}", "-", None),
+        ("first upload GB/s, numpy array, to S3", f"{gbs['first']:.2f}", "-", None),
+        ratio_row(gbs["first"] / min(gbs["hash"], gbs["s3"]), UPLOAD_TARGET, at_least=True),
+        ("resubmit s, numpy array (bytes sent)", f"{best['again']:.3f} ({max(rows['again_sent']):.0f})", "-", None),
+        ratio_row(best["again"] / best["first"], RESUBMIT_TARGET, at_least=False),
+    ]
+
+
 def ratio_row(value: float, target: float, at_least: bool) -> tuple[str, str, str, bool]:
     ok = value >= target if at_least else value <= target
     return (
-        "  / the ceiling (the slower of the two above)" if at_least else "  / first upload",
+        "  / the ceiling (the slower of the two above it)" if at_least else "  / first upload",
         f"{value:.3f}",
         f"{'>=' if at_least else '<='} {target}",
         ok,
     )
+
+
+def print_table(table: list[tuple[str, str, str, bool | None]]) -> None:
+    w = max(len(r[0]) for r in table)
+    say()
+    say(f"{'metric':<{w}} | {'value':>14} | {'target':<16} | ok")
+    say("-" * (w + 40))
+    for metric, value, tgt, ok in table:
+        mark = "-" if ok is None else ("yes" if ok else "NO")
+        say(f"{metric:<{w}} | {value:>14} | {tgt:<16} | {mark}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gib", type=float, default=1.0, help="array size in GiB (default 1)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each number is the best round (default 3)")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark's AIBRO_HOME")
+    parser.add_argument("--s3", action="store_true", help="to a backend that keeps bytes in S3 (moto)")
     args = parser.parse_args(argv)
+    if args.s3:
+        n = int(args.gib * (1 << 30)) // 4
+        say(f"aibro upload benchmark to S3 (moto): {n * 4 / (1 << 30):.2f} GiB float32, {args.rounds} rounds")
+        started = time.perf_counter()
+        rows: dict[str, list[float]] = {}
+        run_s3(args, n, rows)
+        print_table(s3_table(rows, n * 4))
+        say(f"\nbest of {args.rounds} rounds; total {time.perf_counter() - started:.0f} s")
+        return 0
 
     home = Path(tempfile.mkdtemp(prefix="aibro-bench-upload-"))
     for var in ("AIBRO_BACKEND_URL", "AIBRO_TOKEN"):
@@ -184,13 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         ("resubmit s, memmap (bytes sent)", f"{best['mm_again']:.3f} ({max(rows['mm_again_sent']):.0f})", "-", None),
         ratio_row(best["mm_again"] / best["mm_first"], RESUBMIT_TARGET, at_least=False),
     ]
-    w = max(len(r[0]) for r in table)
-    say()
-    say(f"{'metric':<{w}} | {'value':>14} | {'target':<16} | ok")
-    say("-" * (w + 40))
-    for metric, value, tgt, ok in table:
-        mark = "-" if ok is None else ("yes" if ok else "NO")
-        say(f"{metric:<{w}} | {value:>14} | {tgt:<16} | {mark}")
+    print_table(table)
     say(f"\nbest of {args.rounds} rounds; total {time.perf_counter() - started:.0f} s")
     say("first upload: new data, sent once with no client-side hash (the backend names it); resubmit: 0 bytes sent")
     return 0

@@ -23,7 +23,7 @@ from backend_proc import own_backend  # noqa: E402
 from aibro_backend.providers.aws_config import load_aws_config  # noqa: E402
 from aibro_core import vocabulary as v  # noqa: E402
 from aibro_core.errors import ApiError  # noqa: E402
-from aibro_jupyter import Training  # noqa: E402
+from aibro_jupyter import Training, blobsource  # noqa: E402
 from aibro_jupyter.blobsource import ArraySource, BytesSource  # noqa: E402
 
 from conftest import make_model  # noqa: E402
@@ -146,6 +146,23 @@ def test_an_array_over_the_part_size_goes_as_a_multipart_upload(aws: dict[str, A
     assert client.upload_source(source, sha) == (sha, source.size)
     assert _object_sha(aws, PREFIX + "blobs/" + sha) == sha
     assert client.upload_source(source, sha) == (sha, 0), "the same data again uploads nothing"
+
+
+def test_new_data_goes_to_s3_in_one_pass_named_by_s3s_digest(
+    aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large array never sent before: its parts go to S3 in parallel with no SHA-256 pass in the kernel; the
+    backend has S3 hash what arrived and publishes it under that digest, which the client gets back."""
+    client = aws["backend"].client()
+    monkeypatch.setattr(blobsource, "ONE_PASS_MIN", 1 << 20)  # the test's arrays are small
+    x = slow_data(23_000, seed=13)[0]
+    expected = ArraySource(x).sha256()
+    monkeypatch.setattr(ArraySource, "sha256", lambda self: pytest.fail("the kernel hashed new data"))
+    sha, sent = client.upload_array(x)
+    assert sha == expected and sent == ArraySource(x).size
+    assert _object_sha(aws, PREFIX + "blobs/" + sha) == sha
+    assert not _keys(aws, "uploads/"), "the staged upload is deleted once published"
+    assert client.t.request("HEAD", f"/blobs/{sha}").status_code == 200, "held by this user"
 
 
 def test_the_same_data_again_uploads_nothing_and_a_local_job_also_uses_s3(aws: dict[str, Any]) -> None:

@@ -61,6 +61,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "a complete unnamed upload becomes the blob named by the backend's digest (equal to sha256 when given)",
     ),
     Endpoint(
+        "post",
+        "/blobs/uploads/{upload_id}/upload",
+        "S3 backing: presigned PUT URL(s) for a one-pass upload (start), then the blob named by S3's digest (finish)",
+    ),
+    Endpoint(
         "head",
         "/blobs/{sha256}",
         "200 (X-Blob-Size) if this user holds the blob, else 404 with X-Received: the bytes a resumed upload skips",

@@ -101,6 +101,7 @@ ANSWERS: dict[str, Answer] = {
     "put /blobs/uploads/{upload_id}": Answer(m.BlobProgress, TRANSFER_ERRORS, "chunk", m.BlobQuery),
     "delete /blobs/uploads/{upload_id}": Answer(m.BlobDropped, (400, 409)),
     "post /blobs/uploads/{upload_id}/finish": Answer(m.BlobNamed, (400, 409, 413), m.NameUpload),
+    "post /blobs/uploads/{upload_id}/upload": Answer(m.UploadPlan, (400, 409, 413), m.S3Upload),
     "get /jobs": Answer(m.Jobs),
     "post /jobs": Answer(m.Job, (400, 413, 429), m.JobSpec, None, 201),
     "get /jobs/{job_id}": Answer(m.Job, (404,)),

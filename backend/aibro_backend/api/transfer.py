@@ -429,6 +429,29 @@ class BlobUploadHandler(UserHandler):
         self.send({"complete": True, "received": size})
 
 
+class UnnamedS3UploadHandler(UserHandler):
+    """POST /blobs/uploads/{id}/upload (S3 backing only): an upload named at its end, as on the backend's disk:
+    `start` answers presigned URLs for this upload's own staging key, `finish` completes it, has S3 hash it and
+    publishes it under `blobs/<that digest>`, indexed as this user's. The client hashes nothing."""
+
+    async def post(self, upload_id: str) -> None:
+        check = _upload_id(upload_id)
+        s3 = _s3(self, f"PUT /blobs/uploads/{check}?offset=&total=")
+        body = self.body_model(S3Upload, "the upload request")
+        _check_size(self, body.size, "a blob")
+        if body.action == "start":
+            _check_stored_room(self, body.size)
+            self.send(await _run(s3, s3.plan_upload, s3.unnamed_key(self.uid, check), body.size, None))
+            return
+        parts = [p.model_dump() for p in body.parts]
+        sha, size = await _run(s3, s3.finish_unnamed, self.uid, check, body.upload_id, parts)
+        if size != body.size:  # the declared size is what the limits judged: nothing else is indexed as this user's
+            raise ApiError(409, f"the upload holds {size} bytes, not the {body.size} declared: upload it again")
+        _keep(self, sha, size)
+        self.backend.store.bump(self.uid, "blob_bytes_s3", size)
+        self.send({"complete": True, "received": size, "sha256": sha})
+
+
 class WorkerUploadHandler(WorkerHandler):
     """POST /worker/jobs/{job}/uploads/{name} (S3 backing only): presigned URLs for the assigned job's artifact key
     `<prefix>/jobs/<job>/<name>` (a new upload replaces it, as offset 0 does on disk), then `finish` indexes it."""

@@ -29,6 +29,7 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "/auth/tokens/{token_id}": tokens.TokenHandler,
     "/blobs/uploads/{upload_id}": transfer.UnnamedUploadHandler,
     "/blobs/uploads/{upload_id}/finish": transfer.UnnamedUploadFinish,
+    "/blobs/uploads/{upload_id}/upload": transfer.UnnamedS3UploadHandler,
     "/blobs/{sha256}": transfer.BlobHandler,
     "/blobs/{sha256}/upload": transfer.BlobUploadHandler,
     "/jobs": user.JobsHandler,

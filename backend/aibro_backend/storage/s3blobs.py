@@ -71,6 +71,10 @@ class S3Backing:
     def staging_key(self, user_id: int, sha: str) -> str:
         return f"{self.prefix}uploads/{user_id}/{sha}"
 
+    def unnamed_key(self, user_id: int, upload_id: str) -> str:
+        """The staging key of an upload named at its end (an id the client picked, never a sha: no clash)."""
+        return f"{self.prefix}uploads/{user_id}/new-{upload_id}"
+
     def artifact_key(self, job_id: str, name: str) -> str:
         return f"{self.prefix}jobs/{job_id}/{name}"
 
@@ -178,29 +182,41 @@ class S3Backing:
         return None
 
     def finish_blob(self, user_id: int, sha: str, upload_id: str | None, etags: list[dict[str, Any]]) -> int:
-        """Complete, verify and publish a user's staged upload of `sha`; returns its size. The staged bytes are
-        first copied to a key no URL was ever given for and verified there, and `blobs/<sha>` is written only from
-        that copy: a second upload racing into the staging key cannot change what was verified. The staged and
-        frozen copies are deleted either way."""
+        """Complete, verify and publish a user's staged upload of `sha`; returns its size (`_publish`)."""
         staging = self.staging_key(user_id, sha)
         self.complete(staging, upload_id, etags)
+        return self._publish(staging, sha)[1]
+
+    def finish_unnamed(
+        self, user_id: int, client_id: str, upload_id: str | None, etags: list[dict[str, Any]]
+    ) -> tuple[str, int]:
+        """Complete and publish an upload sent before anyone hashed it: named by the SHA-256 S3 computes of it
+        (the client read its bytes once, as on the backend's own disk); returns (sha, size)."""
+        staging = self.unnamed_key(user_id, client_id)
+        self.complete(staging, upload_id, etags)
+        return self._publish(staging, None)
+
+    def _publish(self, staging: str, sha: str | None) -> tuple[str, int]:
+        """The staged bytes are first copied to a key no URL was ever given for and hashed there by S3, and
+        `blobs/<sha>` is written only from that copy: a second upload racing into the staging key cannot change
+        what was verified. With `sha` the digest must equal it. The staged and frozen copies go either way."""
         frozen = f"{self.prefix}verify/{uuid.uuid4().hex}"
         try:
             size = self.size(staging)
             if size is None:
                 raise S3BlobError("nothing was uploaded to the URL(s) given: PUT the bytes there first, then finish")
             digest = self.copy_verified(staging, frozen, size)
-            if digest != sha:
+            if sha is not None and digest != sha:
                 raise S3BlobError(f"upload digest {digest} does not match the name {sha}: upload it again")
-            if self.verified_size(sha) is None:
-                written = self.copy_verified(frozen, self.blob_key(sha), size)
-                if written != sha:  # S3 copied other bytes than it verified: never leave them under the name
-                    self.s3.delete_object(Bucket=self.bucket, Key=self.blob_key(sha))
-                    raise S3BlobError(f"S3 stored digest {written} under {sha}: upload it again")
+            if self.verified_size(digest) is None:
+                written = self.copy_verified(frozen, self.blob_key(digest), size)
+                if written != digest:  # S3 copied other bytes than it verified: never leave them under the name
+                    self.s3.delete_object(Bucket=self.bucket, Key=self.blob_key(digest))
+                    raise S3BlobError(f"S3 stored digest {written} under {digest}: upload it again")
         finally:
             self.s3.delete_object(Bucket=self.bucket, Key=frozen)
             self.s3.delete_object(Bucket=self.bucket, Key=staging)
-        return size
+        return digest, size
 
     def abort(self, key: str, upload_id: str) -> None:
         try:
