@@ -185,12 +185,10 @@ class Machine:
 def system_site() -> str:
     """The folder where the system Python (Debian's python3) finds packages installed by root with pip."""
     where = "import sys; print(f'/usr/local/lib/python3.{sys.version_info[1]}/dist-packages')"
-    return subprocess.run(
-        ["/usr/bin/python3", "-I", "-c", where],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    site = subprocess.run(["/usr/bin/python3", "-I", "-c", where], check=True, capture_output=True, text=True)
+    path = site.stdout.strip()
+    os.makedirs(path, exist_ok=True)  # Debian's python3 makes it when installed; a mount needs it there
+    return path
 
 
 def usable() -> str | None:

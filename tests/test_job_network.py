@@ -183,3 +183,24 @@ def test_a_job_that_fails_for_want_of_a_network_is_told_why(monkeypatch: pytest.
     assert "no network but the backend" in netbridge.explain(failure)
     assert "AIBRO_JOB_NETWORK=host" in netbridge.explain(failure)
     assert netbridge.explain(ValueError("bad shape")) == ""
+
+
+def test_a_proxy_connection_open_when_the_backend_stops_logs_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The backend stops (its loop cancels every task) while a worker's connection to the package proxy waits:
+    nothing reaches the log as an error."""
+
+    async def main() -> None:
+        proxy = jobnet.PackageProxy({"pypi.org:443"})
+        await proxy.start(tmp_path / "p.sock")
+        _reader, writer = await asyncio.open_unix_connection(str(tmp_path / "p.sock"))
+        writer.write(b"CONNECT pypi.org:443 HTTP/1.1\r\n")  # half a request head: the proxy waits for the rest
+        await writer.drain()
+        while not any(t.get_coro().__qualname__ == "PackageProxy._serve" for t in asyncio.all_tasks()):
+            await asyncio.sleep(0)
+        proxy.close()
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        asyncio.run(main())  # returns with the proxy's handler still waiting: asyncio.run cancels it
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]

@@ -212,12 +212,12 @@ def test_a_backend_that_takes_small_requests_gets_small_requests(
 ) -> None:
     """Behind a proxy that caps request bodies the operator lowers AIBRO_CHUNK_MAX_BODY; HEAD says so
     (X-Chunk-Max) and the client's PUTs stay within it, an array's and a file's alike."""
-    monkeypatch.setenv("AIBRO_CHUNK_MAX_BODY", str(1 << 20))
+    monkeypatch.setenv("AIBRO_CHUNK_MAX_BODY", str(8 << 20))  # the least it takes: a worker's artifact chunk
     client = connect()
-    x = _random(3 * (1 << 20))  # 12 MiB: larger requests would be refused (413)
+    x = _random(5 * (1 << 20))  # 20 MiB: one larger request would be refused (413)
     sha, sent = client.upload_array(x)
     assert sha == ArraySource(x).sha256() and sent == ArraySource(x).size
     path = tmp_path / "data.bin"
-    path.write_bytes(os.urandom(5 << 20))
+    path.write_bytes(os.urandom(20 << 20))
     sha, sent = client.upload_blob(path)
-    assert sent == 5 << 20 and client.t.request("HEAD", f"/blobs/{sha}").status_code == 200
+    assert sent == 20 << 20 and client.t.request("HEAD", f"/blobs/{sha}").status_code == 200

@@ -138,6 +138,14 @@ class PackageProxy:
             self._server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection; when the backend stops while it is open, it just closes: Python 3.11's streams log a
+        handler that ends cancelled as an ERROR ("Exception in callback ... connection_made")."""
+        try:
+            await self._relay(reader, writer)
+        except asyncio.CancelledError:
+            writer.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CONNECT_TIMEOUT_S)
             method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)

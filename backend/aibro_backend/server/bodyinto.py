@@ -2,7 +2,7 @@
 
 tornado reads a body into a fresh buffer per socket read, appends it to the stream's buffer and slices a new bytes
 object per piece: two copies and an allocation of every uploaded byte on the event loop, before the disk and the
-hash see it. For a handler that lends buffers (`BodyInto`: server/../api/transfer.py's uploads), this connection
+hash see it. For a handler that lends buffers (`BodyInto`: the upload handlers of api/transfer.py), this connection
 reads each piece with `IOStream.read_into` into a buffer the handler gives and hands it back filled; every other
 body goes tornado's way."""
 

@@ -49,10 +49,11 @@ class Limits:
     linger_s: float = 5.0
     # Bodies: JSON routes 1 MiB (a job spec is a few kB), worker event batches 16 MiB (500 events of up to 4 kB
     # text each, escaped), one chunk of a streamed blob or artifact upload 64 MiB (clients send 8 MiB from a file,
-    # 64 MiB from an array's buffer, never more than HEAD's X-Chunk-Max: lower it behind a proxy that caps bodies).
+    # 64 MiB from an array's buffer, never more than HEAD's X-Chunk-Max: lower it, to 8 MiB at least (a worker's
+    # artifact chunk), behind a proxy that caps bodies).
     json_max_body: int = 1 * MiB
     events_max_body: int = 16 * MiB
-    chunk_max_body: Annotated[int, Field(ge=64 * 1024)] = 64 * MiB
+    chunk_max_body: Annotated[int, Field(ge=8 * MiB)] = 64 * MiB
     # Unfinished uploads a user may hold at once: bytes received (0: twice the per-job data limit; what an upload
     # declares as its total takes no disk until it arrives) and uploads (each a file the quota check reads), and
     # how long one may sit untouched before the sweep deletes it.
