@@ -89,6 +89,7 @@ def test_a_lambda_job_cannot_read_the_backend_or_other_users(
     other_blob = backend_db(aibro_home, "SELECT sha FROM blobs LIMIT 1")
     other_instance = f"inst-decoy-{os.getpid()}"  # another worker's folder (a real one may be this job's, warm)
     decoy = aibro_home / "state" / "workers" / other_instance
+    decoy.parent.mkdir(mode=0o700, exist_ok=True)  # no worker may have run yet when this test runs first
     decoy.mkdir(mode=0o700, exist_ok=True)
     (decoy / "worker-token").write_text("secret")
     backend_pid = json.loads((aibro_home / "backend.json").read_text())["pid"]
