@@ -52,7 +52,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "put",
         "/blobs/uploads/{upload_id}",
-        "one chunk of a one-pass upload (the client hashes as it sends and names the blob at the end)",
+        "one chunk of a one-pass upload (the client hashes nothing; the backend names the blob at the finish)",
     ),
     Endpoint("delete", "/blobs/uploads/{upload_id}", "drop this user's unfinished unnamed upload (frees its quota)"),
     Endpoint(

@@ -6,8 +6,8 @@ reading it back (only an upload resumed after a backend restart is hashed from d
 renamed into place. Partial uploads are bounded per user (`held`) and expire when left untouched (`sweep_partials`).
 
 Blobs arrive two ways: named (`PUT /blobs/<sha>`: the client hashed first, so the backend can say "already here"
-before any byte moves) and unnamed (`PUT /blobs/uploads/<id>`: one pass, the client hashes while it sends and
-names the bytes at the end; the backend checks the name against its own digest before the blob exists).
+before any byte moves) and unnamed (`PUT /blobs/uploads/<id>`: one pass, the client hashes nothing
+and the backend names the bytes by the digest it kept as they arrived, checking a name the client gives against it).
 """
 
 from __future__ import annotations
