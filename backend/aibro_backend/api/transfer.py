@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,13 +117,7 @@ class StreamedUpload(tornado.web.RequestHandler):
             raise ApiError(409, str(exc)) from None
 
     def data_received(self, chunk: bytes) -> None:
-        if self.writer is None or self.failure is not None:
-            return  # refused, or already held: the body is read and dropped
-        try:
-            self.writer.write(chunk)
-        except (OSError, BlobError) as exc:
-            self.failure = exc
-            self.writer.close()
+        self._append(lambda writer: writer.write(chunk))
 
     def body_buffer(self) -> memoryview | None:
         """The writer's next buffer, which the connection reads into (server/bodyinto.py); None once refused."""
@@ -131,10 +126,13 @@ class StreamedUpload(tornado.web.RequestHandler):
         return self.writer.buffer()
 
     def body_filled(self, buf: memoryview, n: int) -> None:
+        self._append(lambda writer: writer.filled(buf, n))
+
+    def _append(self, write: Callable[[PartialWriter], None]) -> None:
         if self.writer is None or self.failure is not None:
-            return
+            return  # refused, or already held: the body is read and dropped
         try:
-            self.writer.filled(buf, n)
+            write(self.writer)
         except (OSError, BlobError) as exc:
             self.failure = exc
             self.writer.close()
