@@ -148,7 +148,7 @@ class BackendClient:
         never seen here) go in one pass, unnamed, and the backend names the blob by the digest it computes on the
         way in (`/blobs/uploads/{id}`); anything else is hashed first, so the backend can answer "already here"
         before a byte moves. When the backend keeps bytes in S3 (`X-Upload-Via: s3`), they go there on the
-        presigned URLs it answers."""
+        presigned URLs it answers, hashed on a thread while they go when they had no name."""
         if sha is not None:
             return self._upload_named(source, sha)
         known = source.known_sha()
@@ -171,7 +171,7 @@ class BackendClient:
         if head.status_code == 200:
             return sha, 0
         if head.headers.get("X-Upload-Via") == "s3":
-            upload_via_s3(self.t, f"/blobs/{sha}/upload", total, source.view, sha)
+            upload_via_s3(self.t, f"/blobs/uploads/{secrets.token_hex(16)}/upload", total, source.view, sha)
             return sha, total
         offset = int(head.headers.get("X-Received", "0"))
         if offset >= total:
@@ -187,11 +187,11 @@ class BackendClient:
         return sha, sent
 
     def _upload_one_pass(self, source: ByteSource) -> tuple[str, int]:
-        """Send the bytes once, unnamed, and let the backend name them by the digest it computes as they arrive, or
-        S3 by the one it computes of the parts it was sent (the client reads its buffer once and hashes nothing)."""
+        """Send the bytes once, unnamed, and let the backend name them by the digest it computes as they arrive; to
+        S3, the parts go in parallel while a thread hashes them, and the finish names them by that digest."""
         path = f"/blobs/uploads/{secrets.token_hex(16)}"
         head = self.t.request("HEAD", path)
-        if head.headers.get("X-Upload-Via") == "s3":  # the parts go to S3 in parallel, and S3 hashes them
+        if head.headers.get("X-Upload-Via") == "s3":
             named = upload_via_s3(self.t, f"{path}/upload", source.size, source.view, None)
             return named["sha256"], source.size
         total, offset = source.size, 0

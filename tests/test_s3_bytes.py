@@ -1,14 +1,17 @@
 """Bytes through S3 when the AWS provider is on (issue 11 item 5), against moto's server: the client uploads its
 data and model on presigned URLs (multipart over AIBRO_S3_PART_BYTES), the worker on a played EC2 instance
 downloads them and uploads its checkpoints, TensorBoard logs and model the same way, and the backend's own blob
-directory never holds a training byte. The same data again uploads 0 bytes; bytes that do not hash to their name
-are refused; another user gets no URL for the first user's blobs or job."""
+directory never holds a training byte. An upload is its user's at once and shared once S3 has proven its name; the
+same data again uploads 0 bytes; bytes that do not hash to their name are never shared and leave the user's index;
+another user gets no URL for the first user's blobs or job."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,22 @@ def _object_sha(aws: dict[str, Any], key: str) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+def _claim(aws: dict[str, Any], sha: str, user: str = "local") -> list[tuple]:
+    """The user's index row for `sha` once the backend's publish of their upload is over: [(s3_key,)] with None
+    for a proven and shared one, [] for a claim that was refused (or nothing held)."""
+    home = aws["backend"].home
+    sql = "SELECT b.s3_key FROM blobs b JOIN users u ON u.id = b.user_id WHERE b.sha=? AND u.name=?"
+    deadline = time.monotonic() + 300  # a state the backend reaches on its own: the bound only stops a hang
+    while (rows := backend_db(home, sql, sha, user)) and rows[0][0] is not None:
+        assert time.monotonic() < deadline, f"the upload of {sha} was neither proven nor refused: {rows}"
+        time.sleep(0.1)
+    return rows
+
+
+def _upload_path() -> str:
+    return f"/blobs/uploads/{secrets.token_hex(16)}/upload"
+
+
 def _files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
@@ -86,15 +105,18 @@ def test_a_job_on_a_played_ec2_instance_keeps_its_data_checkpoints_and_model_in_
     job = client.job(job_id)
     assert job["status"] == v.COMPLETED and job["machine_id"] == "g4dn.xlarge.od"
 
-    # The data and the model the client sent: content-addressed keys holding bytes that hash to their names.
+    # The data and the model the client sent: once proven, content-addressed keys holding bytes that hash to their
+    # names; the uploads themselves go once no URL to them can be in use.
     spec = _spec(b, job_id)
     shas = {spec["model"], *_spec_shas(spec["data"])}
+    assert all(_claim(aws, sha) == [(None,)] for sha in shas)
     blobs = _keys(aws, "blobs/")
     for sha in shas:
         assert PREFIX + "blobs/" + sha in blobs, (sha, blobs)
         assert _object_sha(aws, PREFIX + "blobs/" + sha) == sha
     assert ArraySource(x).sha256() in shas
-    assert not _keys(aws, "uploads/"), "staged uploads are deleted once published"
+    doomed = {k for (k,) in backend_db(b.home, "SELECT key FROM s3_doomed")}
+    assert set(_keys(aws, "uploads/")) <= doomed, "every upload is due to go"
 
     # What the worker sent back: every artifact but the backend's own history.json is a key of the job.
     arts = {a["name"]: a for a in client.artifacts(job_id)}
@@ -135,34 +157,42 @@ def _spec_shas(data: Any) -> list[str]:
 
 
 def test_an_array_over_the_part_size_goes_as_a_multipart_upload(aws: dict[str, Any]) -> None:
+    """The parts go to the user's own upload key (never `blobs/`), the blob is theirs as soon as the upload is
+    complete, and the shared `blobs/<sha>` holds it once S3 has hashed a frozen copy of it."""
     client = aws["backend"].client()
     x = slow_data(21_000, seed=11)[0]
     source = ArraySource(x)
     sha = source.sha256()
-    plan = client.t.json("POST", f"/blobs/{sha}/upload", json={"action": "start", "size": source.size})
+    plan = client.t.json("POST", _upload_path(), json={"action": "start", "size": source.size})
     assert plan["via"] == "s3" and plan["upload_id"], plan
     assert [p["size"] for p in plan["parts"]] == [PART, source.size - PART]
     assert all(f"/{PREFIX}uploads/" in p["url"] and "/blobs/" not in p["url"] for p in plan["parts"])
     assert client.upload_source(source, sha) == (sha, source.size)
+    assert client.t.request("HEAD", f"/blobs/{sha}").status_code == 200, "the user's at once"
+    assert _claim(aws, sha) == [(None,)], "proven and shared"
     assert _object_sha(aws, PREFIX + "blobs/" + sha) == sha
     assert client.upload_source(source, sha) == (sha, 0), "the same data again uploads nothing"
 
 
-def test_new_data_goes_to_s3_in_one_pass_named_by_s3s_digest(
+def test_new_data_goes_to_s3_in_one_pass_hashed_while_it_goes(
     aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A large array never sent before: its parts go to S3 in parallel with no SHA-256 pass in the kernel; the
-    backend has S3 hash what arrived and publishes it under that digest, which the client gets back."""
+    """A large array never sent before: its parts go to S3 in parallel with no SHA-256 pass before them (a thread
+    hashes them as they go); the blob is the user's under that digest at once, read from their own upload key by
+    their jobs until the backend has had S3 prove it, then from the shared `blobs/<sha>`."""
     client = aws["backend"].client()
     monkeypatch.setattr(blobsource, "ONE_PASS_MIN", 1 << 20)  # the test's arrays are small
     x = slow_data(23_000, seed=13)[0]
     expected = ArraySource(x).sha256()
-    monkeypatch.setattr(ArraySource, "sha256", lambda self: pytest.fail("the kernel hashed new data"))
+    monkeypatch.setattr(ArraySource, "sha256", lambda self: pytest.fail("the kernel hashed new data first"))
     sha, sent = client.upload_array(x)
     assert sha == expected and sent == ArraySource(x).size
-    assert _object_sha(aws, PREFIX + "blobs/" + sha) == sha
-    assert not _keys(aws, "uploads/"), "the staged upload is deleted once published"
     assert client.t.request("HEAD", f"/blobs/{sha}").status_code == 200, "held by this user"
+    assert _claim(aws, sha) == [(None,)]
+    assert _object_sha(aws, PREFIX + "blobs/" + sha) == sha
+    (upload,) = [k for k in _keys(aws, "uploads/") if _object_sha(aws, k) == sha]
+    due = backend_db(aws["backend"].home, "SELECT after FROM s3_doomed WHERE key=?", upload)
+    assert due and due[0][0] > time.time() + 600, "the upload's key goes once no URL to it can be in use"
 
 
 def test_the_same_data_again_uploads_nothing_and_a_local_job_also_uses_s3(aws: dict[str, Any]) -> None:
@@ -182,41 +212,59 @@ def test_the_same_data_again_uploads_nothing_and_a_local_job_also_uses_s3(aws: d
     assert _files(aws["backend"].home / "state" / "blobs" / "blobs") == []
 
 
-def test_bytes_that_do_not_hash_to_their_name_are_refused(aws: dict[str, Any]) -> None:
+def test_bytes_that_do_not_hash_to_their_name_are_never_shared_and_leave_the_index(aws: dict[str, Any]) -> None:
+    """A client (not this one) naming its upload wrongly fools only itself, and not for long: S3's digest of the
+    upload refutes the name, the blob leaves that user's index, nothing is written under the name, and the real
+    bytes upload as usual."""
     client = aws["backend"].client()
     good = BytesSource(b"the real bytes " * 1000)
     sha = good.sha256()
-    plan = client.t.json("POST", f"/blobs/{sha}/upload", json={"action": "start", "size": good.size})
+    path = _upload_path()
+    plan = client.t.json("POST", path, json={"action": "start", "size": good.size, "sha256": sha})
     (part,) = plan["parts"]
     assert part["headers"]["x-amz-checksum-sha256"], "real S3 checks a single PUT against the name too"
-    # moto does not check that header; the backend's own check (S3's SHA-256 of the staged object) still holds.
+    # moto does not check that header; the backend's own check (S3's SHA-256 of a frozen copy) still holds.
     assert requests.put(part["url"], data=b"x" * good.size, headers=part["headers"], timeout=60).status_code == 200
-    with pytest.raises(ApiError) as refused:
-        client.t.json("POST", f"/blobs/{sha}/upload", json={"action": "finish", "size": good.size})
-    assert refused.value.status == 409 and "does not match the name" in str(refused.value)
+    before = client.counters().get("blob_claims_refused", 0)
+    done = client.t.json("POST", path, json={"action": "finish", "size": good.size, "sha256": sha})
+    assert done["complete"] and done["sha256"] == sha
+    assert _claim(aws, sha) == [], "refuted: no longer this user's"
+    assert client.counters().get("blob_claims_refused", 0) == before + 1
     assert client.t.request("HEAD", f"/blobs/{sha}").status_code == 404
     assert PREFIX + "blobs/" + sha not in _keys(aws, "blobs/")
     assert client.upload_source(good, sha) == (sha, good.size)
+    assert _claim(aws, sha) == [(None,)]
     assert _object_sha(aws, PREFIX + "blobs/" + sha) == sha
+
+
+def test_finishing_an_s3_upload_needs_its_digest(aws: dict[str, Any]) -> None:
+    client = aws["backend"].client()
+    path = _upload_path()
+    client.t.json("POST", path, json={"action": "start", "size": 3})
+    with pytest.raises(ApiError) as refused:
+        client.t.json("POST", path, json={"action": "finish", "size": 3})
+    assert refused.value.status == 400 and "'sha256'" in str(refused.value)
 
 
 def test_another_user_gets_no_url_for_the_first_users_blob_or_job(aws: dict[str, Any]) -> None:
     alice, mallory = aws["backend"].client(), aws["other"]
     source = BytesSource(b"alice's data " * 500)
     sha, _ = alice.upload_source(source, source.sha256())
+    assert _claim(aws, sha) == [(None,)]
     job_id = next(j["job_id"] for j in alice.jobs() if j["status"] == v.COMPLETED)
     key = PREFIX + "blobs/" + sha
 
     assert mallory.t.request("HEAD", f"/blobs/{sha}").status_code == 404, "knowing the digest grants nothing"
-    plan = mallory.t.json("POST", f"/blobs/{sha}/upload", json={"action": "start", "size": source.size})
-    assert all(key not in p["url"] and "/uploads/" in p["url"] for p in plan["parts"]), "only her own staging key"
-    # Mallory's other bytes under alice's name: refused, and alice's blob keeps its bytes.
+    path = _upload_path()
+    plan = mallory.t.json("POST", path, json={"action": "start", "size": source.size})
+    assert all(key not in p["url"] and "/uploads/" in p["url"] for p in plan["parts"]), "only her own upload key"
+    # Mallory's other bytes under alice's name: hers alone until refuted, and alice's blob keeps its bytes.
     (part,) = plan["parts"]
     requests.put(part["url"], data=b"m" * source.size, headers=part["headers"], timeout=60)
-    with pytest.raises(ApiError) as refused:
-        mallory.t.json("POST", f"/blobs/{sha}/upload", json={"action": "finish", "size": source.size})
-    assert refused.value.status == 409
+    mallory.t.json("POST", path, json={"action": "finish", "size": source.size, "sha256": sha})
+    assert _claim(aws, sha, "mallory") == [], "refuted"
     assert _object_sha(aws, key) == sha
+    assert _claim(aws, sha) == [(None,)], "alice still holds hers"
     for path in (f"/jobs/{job_id}/artifacts/model.keras", f"/jobs/{job_id}/artifacts"):
         with pytest.raises(ApiError) as hidden:
             mallory.t.request("GET", path, allow_redirects=False)
@@ -237,5 +285,5 @@ def test_the_local_backend_keeps_bytes_on_disk(tmp_path: Path) -> None:
         assert client.upload_source(source, sha) == (sha, source.size)
         assert (b.home / "state" / "blobs" / "blobs" / sha).read_bytes() == b"local bytes"
         with pytest.raises(ApiError) as refused:
-            client.t.json("POST", f"/blobs/{sha}/upload", json={"action": "start", "size": 1})
+            client.t.json("POST", _upload_path(), json={"action": "start", "size": 1})
         assert refused.value.status == 409 and "PUT /blobs/" in str(refused.value)

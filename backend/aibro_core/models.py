@@ -824,9 +824,10 @@ class NameUpload(Request):
 
 
 class S3Upload(Request):
-    """POST /blobs/{sha256}/upload and /worker/jobs/{job_id}/uploads/{name} when the backend keeps bytes in S3:
-    `start` answers presigned URLs (an UploadPlan) for `size` bytes; after PUTting every part there, `finish`
-    with the plan's upload_id and each part's ETag has the backend complete, verify and record the upload."""
+    """POST /blobs/uploads/{upload_id}/upload and /worker/jobs/{job_id}/uploads/{name} when the backend keeps bytes
+    in S3: `start` answers presigned URLs (an UploadPlan) for `size` bytes; after PUTting every part there, `finish`
+    with the plan's upload_id, each part's ETag and the bytes' `sha256` has the backend complete and record the
+    upload (a blob is proven by S3's digest before anyone else shares it: storage/claims.py)."""
 
     action: Literal["start", "finish"]
     size: Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]

@@ -9,6 +9,7 @@ PARALLEL_PARTS parts. The presigned requests carry no bearer token: the URL is t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -49,11 +50,13 @@ def upload_via_s3(
     t: Transport, path: str, size: int, read: Callable[[int, int], bytes | memoryview], sha: str | None, **extra: Any
 ) -> dict[str, Any]:
     """Upload `size` bytes (`read(offset, length)`) through the plan the backend answers at POST `path`; returns
-    the backend's `finish` answer. `extra` (a worker's `attempt`) goes with both requests."""
+    the backend's `finish` answer. `extra` (a worker's `attempt`) goes with both requests. Without `sha`, the
+    bytes are hashed on a thread of their own while the parts go, and `finish` names them by that digest."""
     body: dict[str, Any] = {"size": size, **extra}
     if sha:
         body["sha256"] = sha
     plan = t.json("POST", path, json={"action": "start", **body})
+    along = None if sha else HashAlong(size, read)
     local = threading.local()
 
     def put(part: dict[str, Any]) -> dict[str, Any]:
@@ -68,10 +71,39 @@ def upload_via_s3(
     else:
         with ThreadPoolExecutor(min(PARALLEL_PARTS, len(parts)), thread_name_prefix="aibro-s3-part") as pool:
             done = list(pool.map(put, parts))
+    if along is not None:
+        body["sha256"] = along.digest()
     finish = {"action": "finish", **body, "upload_id": plan.get("upload_id")}
     if plan.get("upload_id"):
         finish["parts"] = done
     return t.json("POST", path, json=finish)
+
+
+class HashAlong:
+    """SHA-256 of `size` bytes read in order on a thread of its own (hashlib lets go of the GIL), so naming bytes
+    costs no time beside sending them in parallel parts."""
+
+    BLOCK = 8 << 20
+
+    def __init__(self, size: int, read: Callable[[int, int], bytes | memoryview]) -> None:
+        self.size, self.read = size, read
+        self.h = hashlib.sha256()
+        self.failed: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="aibro-hash-along", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for offset in range(0, self.size, self.BLOCK):
+                self.h.update(self.read(offset, min(self.BLOCK, self.size - offset)))
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by digest()
+            self.failed = exc
+
+    def digest(self) -> str:
+        self.thread.join()
+        if self.failed is not None:
+            raise self.failed
+        return self.h.hexdigest()
 
 
 def _put(s3: requests.Session, part: dict[str, Any], data: bytes | memoryview) -> str:

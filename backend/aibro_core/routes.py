@@ -63,17 +63,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "post",
         "/blobs/uploads/{upload_id}/upload",
-        "S3 backing: presigned PUT URL(s) for a one-pass upload (start), then the blob named by S3's digest (finish)",
+        "S3 backing: presigned PUT URL(s) for an upload (start), then the user's blob of the sha256 sent (finish)",
     ),
     Endpoint(
         "head",
         "/blobs/{sha256}",
         "200 (X-Blob-Size) if this user holds the blob, else 404 with X-Received: the bytes a resumed upload skips",
-    ),
-    Endpoint(
-        "post",
-        "/blobs/{sha256}/upload",
-        "S3 backing: presigned PUT URL(s) for the blob (start), then complete, verify and index it (finish)",
     ),
     Endpoint(
         "put",

@@ -80,11 +80,10 @@ ANSWERS: dict[str, Answer] = {
             404: {
                 "X-Received": "bytes of a partial upload",
                 "X-Chunk-Max": "the most bytes one PUT may carry",
-                "X-Upload-Via": "'s3' when this backend keeps bytes in S3: POST /blobs/{sha256}/upload instead",
+                "X-Upload-Via": "'s3' when this backend keeps bytes in S3: POST /blobs/uploads/{upload_id}/upload instead",
             },
         },
     ),
-    "post /blobs/{sha256}/upload": Answer(m.UploadPlan, (400, 409, 413), m.S3Upload),
     "put /blobs/{sha256}": Answer(m.BlobProgress, TRANSFER_ERRORS, "binary", m.BlobQuery),
     "delete /blobs/{sha256}": Answer(m.BlobDropped, (400, 409)),
     "head /blobs/uploads/{upload_id}": Answer(

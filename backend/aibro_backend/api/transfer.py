@@ -30,6 +30,7 @@ from aibro_core.models import ENV_KEY_PATTERN, NameUpload, S3Upload
 from ..providers import shipping
 from ..server.limits import limits_of
 from ..server.state import Backend
+from ..storage import claims
 from ..storage.blobs import (
     BlobError,
     PartialWriter,
@@ -183,8 +184,9 @@ class BlobHandler(StreamedUpload, UserHandler):
         check = _sha(sha)
         size = self.backend.store.blob_size(check, self.uid)
         s3 = self.backend.blobs.s3
-        if s3 is not None:  # held = indexed for this user, in the bucket, and S3's checksum of it is its name
-            if size is not None and await _run(s3, s3.verified_size, check) is None:
+        if s3 is not None:  # held = indexed for this user and in the bucket: their own upload, or the proven copy
+            own = self.backend.store.blob_s3_key(check, self.uid)
+            if size is not None and await _run(s3, s3.size if own else s3.verified_size, own or check) is None:
                 size = None
             self.set_header(VIA_S3, "s3")
         if size is not None:
@@ -312,8 +314,9 @@ class WorkerBlobHandler(WorkerHandler):
         if job is None or sha not in spec_blobs(job.spec):
             raise ApiError(403, "this blob is not part of the job assigned to this instance")
         s3 = self.backend.blobs.s3
-        if s3 is not None:
-            self.redirect(s3.get_url(s3.blob_key(sha)), status=307)
+        if s3 is not None:  # the job's user's own upload until it is proven, then the shared copy
+            key = self.backend.store.blob_s3_key(sha, job.user_id) or s3.blob_key(sha)
+            self.redirect(s3.get_url(key), status=307)
             return
         await send_file(self, self.backend.blobs.blob_path(sha))
 
@@ -402,52 +405,34 @@ class AgentHandler(BaseHandler):
         await send_file(self, wheel.path)
 
 
-class BlobUploadHandler(UserHandler):
-    """POST /blobs/{sha}/upload (S3 backing only): `start` answers presigned URLs for this user's staging key,
-    `finish` completes the upload, has S3 hash it, publishes it under `blobs/<sha>` and indexes it as theirs."""
-
-    async def post(self, sha: str) -> None:
-        check = _sha(sha)
-        s3 = _s3(self, f"PUT /blobs/{check}?offset=&total=")
-        body = self.body_model(S3Upload, "the upload request")
-        _check_size(self, body.size, "a blob")
-        if body.sha256 not in (None, check):
-            raise ApiError(400, f"'sha256' {body.sha256} is not this blob's name {check}: leave it out or match it")
-        key = s3.staging_key(self.uid, check)
-        if body.action == "start":
-            _check_stored_room(self, body.size)
-            self.send(await _run(s3, s3.plan_upload, key, body.size, check))
-            return
-        parts = [p.model_dump() for p in body.parts]
-        size = await _run(s3, s3.finish_blob, self.uid, check, body.upload_id, parts)
-        if size != body.size:  # the declared size is what the limits judged: nothing else is indexed as this user's
-            raise ApiError(409, f"blob {check} holds {size} bytes, not the {body.size} declared: upload it again")
-        _keep(self, check, size)
-        self.backend.store.bump(self.uid, "blob_bytes_s3", size)
-        self.send({"complete": True, "received": size})
-
-
-class UnnamedS3UploadHandler(UserHandler):
-    """POST /blobs/uploads/{id}/upload (S3 backing only): an upload named at its end, as on the backend's disk:
-    `start` answers presigned URLs for this upload's own staging key, `finish` completes it, has S3 hash it and
-    publishes it under `blobs/<that digest>`, indexed as this user's. The client hashes nothing."""
+class S3UploadHandler(UserHandler):
+    """POST /blobs/uploads/{id}/upload (S3 backing only): `start` answers presigned URLs for this upload's own key
+    (a single PUT signed with `sha256` when the client knows it, so S3 checks it); `finish` completes the upload
+    and indexes it as this user's blob `sha256` (computed by the client over what it sent), read from that key
+    until storage/claims.py has proven and shared it. The bytes cross the network once."""
 
     async def post(self, upload_id: str) -> None:
         check = _upload_id(upload_id)
         s3 = _s3(self, f"PUT /blobs/uploads/{check}?offset=&total=")
         body = self.body_model(S3Upload, "the upload request")
         _check_size(self, body.size, "a blob")
+        key = s3.upload_key(self.uid, check)
         if body.action == "start":
             _check_stored_room(self, body.size)
-            self.send(await _run(s3, s3.plan_upload, s3.unnamed_key(self.uid, check), body.size, None))
+            self.send(await _run(s3, s3.plan_upload, key, body.size, body.sha256))
             return
+        if body.sha256 is None:
+            raise ApiError(400, "finishing an upload to S3 needs 'sha256': the SHA-256 (hex) of the bytes sent")
         parts = [p.model_dump() for p in body.parts]
-        sha, size = await _run(s3, s3.finish_unnamed, self.uid, check, body.upload_id, parts)
+        size = await _run(s3, s3.complete, key, body.upload_id, parts)
         if size != body.size:  # the declared size is what the limits judged: nothing else is indexed as this user's
             raise ApiError(409, f"the upload holds {size} bytes, not the {body.size} declared: upload it again")
-        _keep(self, sha, size)
-        self.backend.store.bump(self.uid, "blob_bytes_s3", size)
-        self.send({"complete": True, "received": size, "sha256": sha})
+        store = self.backend.store
+        store.forget_doomed(key)
+        _keep(self, body.sha256, size, s3_key=key)
+        store.bump(self.uid, "blob_bytes_s3", size)
+        IOLoop.current().spawn_callback(claims.publish, store, s3, body.sha256, self.uid, key)
+        self.send({"complete": True, "received": size, "sha256": body.sha256})
 
 
 class WorkerUploadHandler(WorkerHandler):
@@ -564,13 +549,16 @@ def _check_stored_room(handler: UserHandler, size: int) -> dict[str, int]:
     return pinned
 
 
-def _keep(handler: UserHandler, sha: str, size: int) -> None:
-    """Index a finished blob as the user's, first dropping their least recently used blobs that no active job reads
-    until it fits their stored-bytes limit (on the event loop, with no await in between, so uploads finishing
-    together cannot pass it). A blob nobody holds any more loses its bytes."""
+def _keep(handler: UserHandler, sha: str, size: int, s3_key: str | None = None) -> None:
+    """Index a finished blob as the user's (`s3_key`: their own S3 upload of it, not yet proven), first dropping
+    their least recently used blobs that no active job reads until it fits their stored-bytes limit (on the event
+    loop, with no await in between, so uploads finishing together cannot pass it). A blob nobody holds any more
+    loses its bytes."""
     backend = handler.backend
     store, blobs = backend.store, backend.blobs
     if store.blob_size(sha, handler.uid) is not None:
+        if s3_key is not None:  # sent again (the copy they read had gone): this upload is the one to read
+            claims.replace(store, sha, handler.uid, s3_key)
         return
     try:
         pinned = _check_stored_room(handler, size)
@@ -585,14 +573,14 @@ def _keep(handler: UserHandler, sha: str, size: int) -> None:
             break
         if old in pinned:
             continue
-        if store.drop_blob(old, handler.uid) and blobs.s3 is None:
+        if claims.drop(store, old, handler.uid) and blobs.s3 is None:
             blobs.remove_blob(old)
         over, dropped = over - old_size, dropped + 1
     if dropped:
         log.info("user %d: %d least recently used blobs dropped to make room for %s", handler.uid, dropped, sha)
     if blobs.s3 is None and not blobs.has_blob(sha):  # another user's upload dropped it between finish and now
         raise ApiError(409, f"blob {sha} went while this upload finished (nobody else held it): upload it again")
-    store.add_blob(sha, handler.uid, size)
+    store.add_blob(sha, handler.uid, size, s3_key)
 
 
 def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> None:

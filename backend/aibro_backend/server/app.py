@@ -30,9 +30,10 @@ from ..providers.local import LocalProvider
 from ..providers.sandbox import SandboxRequired, require_confinement
 from ..scheduling.policy import Policy
 from ..scheduling.scheduler import Scheduler
+from ..storage import claims
 from ..storage.blobs import BlobStore
 from ..storage.bus import EventBus
-from ..storage.s3blobs import s3_backing
+from ..storage.s3blobs import S3Backing, s3_backing
 from ..storage.store import Store
 from ..worker.joblimits import JobLimits
 from ..worker.version import agent_version
@@ -131,8 +132,11 @@ def build_backend(home: Path, extra_providers: dict[str, Any] | None = None) -> 
 
 
 def sweep(backend: Backend) -> None:
-    """Partial uploads untouched for the TTL go; so do tokens expired for over a week."""
+    """Partial uploads untouched for the TTL go; so do tokens expired for over a week. With the S3 backing, claims
+    not yet proven are published and upload keys due for deletion go (storage/claims.py)."""
     limits = limits_of(backend)
+    if backend.blobs.s3 is not None:
+        IOLoop.current().spawn_callback(_claims_upkeep, backend, backend.blobs.s3)
     try:
         removed = backend.blobs.sweep_partials(limits.partial_ttl_s)
         if removed:
@@ -140,6 +144,16 @@ def sweep(backend: Backend) -> None:
         backend.store.drop_expired_tokens()
     except Exception:  # noqa: BLE001 - a sweep that fails tries again next time
         log.exception("sweep failed")
+
+
+async def _claims_upkeep(backend: Backend, s3: S3Backing) -> None:
+    try:
+        done = await claims.upkeep(backend.store, s3)
+    except Exception:  # noqa: BLE001 - tried again at the next sweep
+        log.exception("S3 upkeep failed")
+        return
+    if any(done.values()):
+        log.info("S3 upkeep: %d uploads proven and shared, %d upload keys deleted", done["published"], done["deleted"])
 
 
 def check_confinement(backend: Backend) -> None:

@@ -1,18 +1,22 @@
 """The blob store's S3 backing (the AWS provider on): bytes go between S3 and the client or worker on presigned
 URLs, never through the backend, which only signs, completes, verifies and indexes.
 
-Keys are content-addressed under the config's prefix: `<prefix>/blobs/<sha>` for a user's data and models,
-`<prefix>/jobs/<job>/<name>` for a job's checkpoints, TensorBoard logs and trained model. A client never gets a
-URL that writes `blobs/<sha>`: it uploads to its own staging key `<prefix>/uploads/<user>/<sha>` (one presigned
-PUT, or a multipart upload with one presigned URL per part when the data is over the part size), then asks the
-backend to finish. The backend copies the staged object to a key of its own that no URL was given for, having S3
-compute the SHA-256 of what it wrote (a server-side copy with ChecksumAlgorithm=SHA256, the same for single and
-multipart objects up to 5 GB, and on moto), and only when it equals the name copies that frozen copy to
-`blobs/<sha>`, again with S3's checksum kept beside it. So whatever `blobs/<sha>` holds hashes to `<sha>`: a
-second upload racing into the staging key cannot change the bytes that were verified, and a name whose stored
-checksum is not its name (written by hand, or by an older backend) is moved to `quarantine/` the next time
-someone asks whether it is held, so the next user with the real bytes uploads them again. The single PUT is also
-signed with ChecksumSHA256, so real S3 already refuses wrong bytes there (moto does not).
+Keys live under the config's prefix: `<prefix>/blobs/<sha>` for data and models every user may share,
+`<prefix>/jobs/<job>/<name>` for a job's checkpoints, TensorBoard logs and trained model, and
+`<prefix>/uploads/<user>/new-<id>` for one upload of one user (one presigned PUT, or a multipart upload with one
+presigned URL per part when the data is over the part size). A client never gets a URL that writes `blobs/<sha>`.
+
+An upload is its user's the moment it is complete (storage/claims.py): the client names the SHA-256 it computed
+while sending, and that user's jobs read the upload's own key at once, so the bytes cross the network once and
+nothing waits for S3 to read them again. Only that user can be fooled by a wrong name (and their worker checks
+every blob it downloads). Sharing waits for proof: `publish` copies the upload to a key of its own that no URL
+was given for, having S3 compute the SHA-256 of what it wrote (a server-side copy with ChecksumAlgorithm=SHA256,
+the same for single and multipart objects up to 5 GB, and on moto), and only when it equals the name copies that
+frozen copy to `blobs/<sha>`, again with S3's checksum kept beside it. So whatever `blobs/<sha>` holds hashes to
+`<sha>`: a second upload racing into the user's key cannot change the bytes that were verified, and a name whose
+stored checksum is not its name (written by hand, or by an older backend) is moved to `quarantine/` the next time
+someone asks whether it is held. A single PUT whose name the client knows beforehand is also signed with
+ChecksumSHA256, so real S3 refuses wrong bytes there (moto does not).
 
 Every call that reaches S3 is blocking: the handlers run them in this backing's own thread pool.
 """
@@ -68,11 +72,8 @@ class S3Backing:
     def blob_key(self, sha: str) -> str:
         return f"{self.prefix}blobs/{sha}"
 
-    def staging_key(self, user_id: int, sha: str) -> str:
-        return f"{self.prefix}uploads/{user_id}/{sha}"
-
-    def unnamed_key(self, user_id: int, upload_id: str) -> str:
-        """The staging key of an upload named at its end (an id the client picked, never a sha: no clash)."""
+    def upload_key(self, user_id: int, upload_id: str) -> str:
+        """The key of one upload of one user (an id the client picked): theirs until published."""
         return f"{self.prefix}uploads/{user_id}/new-{upload_id}"
 
     def artifact_key(self, job_id: str, name: str) -> str:
@@ -181,42 +182,30 @@ class S3Backing:
         self.s3.delete_object(Bucket=self.bucket, Key=key)
         return None
 
-    def finish_blob(self, user_id: int, sha: str, upload_id: str | None, etags: list[dict[str, Any]]) -> int:
-        """Complete, verify and publish a user's staged upload of `sha`; returns its size (`_publish`)."""
-        staging = self.staging_key(user_id, sha)
-        self.complete(staging, upload_id, etags)
-        return self._publish(staging, sha)[1]
-
-    def finish_unnamed(
-        self, user_id: int, client_id: str, upload_id: str | None, etags: list[dict[str, Any]]
-    ) -> tuple[str, int]:
-        """Complete and publish an upload sent before anyone hashed it: named by the SHA-256 S3 computes of it
-        (the client read its bytes once, as on the backend's own disk); returns (sha, size)."""
-        staging = self.unnamed_key(user_id, client_id)
-        self.complete(staging, upload_id, etags)
-        return self._publish(staging, None)
-
-    def _publish(self, staging: str, sha: str | None) -> tuple[str, int]:
-        """The staged bytes are first copied to a key no URL was ever given for and hashed there by S3, and
-        `blobs/<sha>` is written only from that copy: a second upload racing into the staging key cannot change
-        what was verified. With `sha` the digest must equal it. The staged and frozen copies go either way."""
+    def publish(self, source: str, sha: str) -> int:
+        """Make `blobs/<sha>` hold `source`'s bytes, proven to hash to `sha`; returns their size. The bytes are first
+        copied to a key no URL was ever given for and hashed there by S3, and `blobs/<sha>` is written only from
+        that copy: an upload racing into `source` cannot change what was verified. `source` stays (its user's jobs
+        may be reading it); the frozen copy goes. Raises S3BlobError when the digest is not `sha`."""
         frozen = f"{self.prefix}verify/{uuid.uuid4().hex}"
         try:
-            size = self.size(staging)
+            size = self.size(source)
             if size is None:
                 raise S3BlobError("nothing was uploaded to the URL(s) given: PUT the bytes there first, then finish")
-            digest = self.copy_verified(staging, frozen, size)
-            if sha is not None and digest != sha:
+            digest = self.copy_verified(source, frozen, size)
+            if digest != sha:
                 raise S3BlobError(f"upload digest {digest} does not match the name {sha}: upload it again")
-            if self.verified_size(digest) is None:
-                written = self.copy_verified(frozen, self.blob_key(digest), size)
-                if written != digest:  # S3 copied other bytes than it verified: never leave them under the name
-                    self.s3.delete_object(Bucket=self.bucket, Key=self.blob_key(digest))
-                    raise S3BlobError(f"S3 stored digest {written} under {digest}: upload it again")
+            if self.verified_size(sha) is None:
+                written = self.copy_verified(frozen, self.blob_key(sha), size)
+                if written != sha:  # S3 copied other bytes than it verified: never leave them under the name
+                    self.s3.delete_object(Bucket=self.bucket, Key=self.blob_key(sha))
+                    raise S3BlobError(f"S3 stored digest {written} under {sha}: upload it again")
         finally:
             self.s3.delete_object(Bucket=self.bucket, Key=frozen)
-            self.s3.delete_object(Bucket=self.bucket, Key=staging)
-        return digest, size
+        return size
+
+    def delete(self, key: str) -> None:
+        self.s3.delete_object(Bucket=self.bucket, Key=key)
 
     def abort(self, key: str, upload_id: str) -> None:
         try:

@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT N
 CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NULL, created REAL NOT NULL,
     id TEXT, expires REAL, last_used REAL);
 CREATE TABLE IF NOT EXISTS blobs (sha TEXT NOT NULL, user_id INTEGER NOT NULL, size INTEGER NOT NULL,
-    created REAL NOT NULL, used REAL, PRIMARY KEY (sha, user_id));
+    created REAL NOT NULL, used REAL, s3_key TEXT, PRIMARY KEY (sha, user_id));
+CREATE TABLE IF NOT EXISTS s3_doomed (key TEXT PRIMARY KEY, after REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (user_id INTEGER NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
     PRIMARY KEY (user_id, name));
 CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
@@ -90,9 +91,16 @@ def _v3_blob_use(db: sqlite3.Connection) -> None:
     _add_columns(db, "blobs", (("used", "REAL"),))
 
 
+def _v4_blob_claims(db: sqlite3.Connection) -> None:
+    """S3 uploads became their user's before they are verified (storage/claims.py): the key a user's unverified
+    copy lives at, and the keys to delete once no presigned URL to them can still be in use."""
+    _add_columns(db, "blobs", (("s3_key", "TEXT"),))
+    db.execute("CREATE TABLE IF NOT EXISTS s3_doomed (key TEXT PRIMARY KEY, after REAL NOT NULL)")
+
+
 # Schema version N is reached by MIGRATIONS[N - 1]; a new change appends a step (never edits one) and the SCHEMA
 # above says what a new database holds at the latest version.
-MIGRATIONS = (_v1_token_ids, _v2_instance_enrollment_and_price, _v3_blob_use)
+MIGRATIONS = (_v1_token_ids, _v2_instance_enrollment_and_price, _v3_blob_use, _v4_blob_claims)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -282,12 +290,47 @@ class Store:
         return {r["name"]: int(r["value"]) for r in rows}
 
     # -- blobs index ------------------------------------------------------------------------------
-    def add_blob(self, sha: str, user_id: int, size: int) -> None:
+    def add_blob(self, sha: str, user_id: int, size: int, s3_key: str | None = None) -> None:
+        """Index `sha` as the user's: shared bytes, or (`s3_key`) their own upload not yet verified."""
         now = time.time()
         self.db.execute(
-            "INSERT OR IGNORE INTO blobs (sha, user_id, size, created, used) VALUES (?, ?, ?, ?, ?)",
-            (sha, user_id, size, now, now),
+            "INSERT OR IGNORE INTO blobs (sha, user_id, size, created, used, s3_key) VALUES (?, ?, ?, ?, ?, ?)",
+            (sha, user_id, size, now, now, s3_key),
         )
+
+    def blob_s3_key(self, sha: str, user_id: int) -> str | None:
+        """The key of the user's own unverified copy of `sha`, None when they read the shared one (or none)."""
+        row = self.db.execute("SELECT s3_key FROM blobs WHERE sha=? AND user_id=?", (sha, user_id)).fetchone()
+        return row["s3_key"] if row else None
+
+    def set_blob_s3_key(self, sha: str, user_id: int, key: str | None, was: str | None) -> bool:
+        """Move the user's `sha` from key `was` to `key` (None: the shared, verified copy); False when it was not at
+        `was` any more (dropped, or moved by another upload meanwhile)."""
+        cur = self.db.execute(
+            "UPDATE blobs SET s3_key=? WHERE sha=? AND user_id=? AND s3_key IS ?", (key, sha, user_id, was)
+        )
+        return cur.rowcount > 0
+
+    def blob_claims(self) -> list[tuple[str, int, str]]:
+        """Every (sha, user, key) still read from its user's own upload: what `claims.publish` has yet to prove."""
+        rows = self.db.execute("SELECT sha, user_id, s3_key FROM blobs WHERE s3_key IS NOT NULL").fetchall()
+        return [(r["sha"], int(r["user_id"]), r["s3_key"]) for r in rows]
+
+    def doom_s3_key(self, key: str, after: float) -> None:
+        """Delete `key` from the bucket once `after` (a time) has passed."""
+        self.db.execute("INSERT OR REPLACE INTO s3_doomed (key, after) VALUES (?, ?)", (key, after))
+
+    def doomed_s3_keys(self, now: float) -> list[str]:
+        """Keys due for deletion, none of them read by any blob row (a key in use again is spared)."""
+        rows = self.db.execute(
+            "SELECT key FROM s3_doomed WHERE after <= ? AND key NOT IN "
+            "(SELECT s3_key FROM blobs WHERE s3_key IS NOT NULL)",
+            (now,),
+        ).fetchall()
+        return [r["key"] for r in rows]
+
+    def forget_doomed(self, key: str) -> None:
+        self.db.execute("DELETE FROM s3_doomed WHERE key=?", (key,))
 
     def blob_size(self, sha: str, user_id: int) -> int | None:
         row = self.db.execute("SELECT size FROM blobs WHERE sha=? AND user_id=?", (sha, user_id)).fetchone()

@@ -1,0 +1,83 @@
+"""S3 uploads are their user's at once and everyone's once proven: the bytes cross the network once.
+
+A finished S3 upload is indexed as its user's under the SHA-256 the client computed while sending (a claim), read
+from the upload's own key (`uploads/<user>/new-<id>`), and published in the background (`S3Backing.publish`: S3
+hashes a frozen copy; only a match reaches the shared `blobs/<sha>`). A proven claim moves its user to the shared
+copy; a false one is dropped from their index (their next upload of that name sends the bytes again) and logged.
+Either way the upload's key is deleted once no presigned URL handed out for it can still be in use. A claim whose
+publish did not happen (S3 unreachable, a backend restart) is published again by `upkeep`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tornado.ioloop import IOLoop
+
+from .s3blobs import URL_TTL_S, S3Backing, S3BlobError
+from .store import Store
+
+log = logging.getLogger(__name__)
+_in_flight: set[tuple[str, int, str]] = set()
+
+
+async def publish(store: Store, s3: S3Backing, sha: str, user_id: int, key: str) -> bool:
+    """Prove the user's claim that `key` holds `sha` and share it; True when it held. Runs once at a time per
+    claim; S3 errors leave the claim for `upkeep`."""
+    claim = (sha, user_id, key)
+    if claim in _in_flight:
+        return False
+    _in_flight.add(claim)
+    try:
+        await IOLoop.current().run_in_executor(s3.pool, s3.publish, key, sha)
+    except S3BlobError as exc:
+        if store.blob_s3_key(sha, user_id) == key:
+            store.drop_blob(sha, user_id)
+        store.doom_s3_key(key, time.time() + URL_TTL_S)
+        store.bump(user_id, "blob_claims_refused", 1)
+        log.warning("user %d's upload %s is not the blob %s it was named (%s): dropped", user_id, key, sha, exc)
+        return False
+    except Exception as exc:  # noqa: BLE001 - S3 unreachable or refusing: the claim stays, upkeep tries again
+        log.warning("could not publish user %d's upload of %s yet: %s", user_id, sha, exc)
+        return False
+    finally:
+        _in_flight.discard(claim)
+    store.set_blob_s3_key(sha, user_id, None, was=key)
+    store.doom_s3_key(key, time.time() + URL_TTL_S)  # a worker may still hold a URL to it
+    return True
+
+
+def drop(store: Store, sha: str, user_id: int) -> bool:
+    """Forget the user's `sha` (their own upload's key goes later); True when no user holds it any more."""
+    key = store.blob_s3_key(sha, user_id)
+    if key is not None:
+        store.doom_s3_key(key, time.time() + URL_TTL_S)
+    return store.drop_blob(sha, user_id)
+
+
+def replace(store: Store, sha: str, user_id: int, key: str) -> None:
+    """The user uploaded `sha` again while holding it: read their new upload from now on, the old one goes."""
+    old = store.blob_s3_key(sha, user_id)
+    if old == key:
+        return
+    store.set_blob_s3_key(sha, user_id, key, was=old)
+    if old is not None:
+        store.doom_s3_key(old, time.time() + URL_TTL_S)
+
+
+async def upkeep(store: Store, s3: S3Backing) -> dict[str, Any]:
+    """Publish the claims not yet proven and delete the upload keys that are due; what it did, for the log."""
+    published = deleted = 0
+    for sha, user_id, key in store.blob_claims():
+        published += await publish(store, s3, sha, user_id, key)
+    for key in store.doomed_s3_keys(time.time()):
+        try:
+            await IOLoop.current().run_in_executor(s3.pool, s3.delete, key)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next upkeep
+            log.warning("could not delete %s from the bucket yet: %s", key, exc)
+            continue
+        store.forget_doomed(key)
+        deleted += 1
+    return {"published": published, "deleted": deleted}
