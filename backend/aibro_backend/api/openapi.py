@@ -80,7 +80,7 @@ ANSWERS: dict[str, Answer] = {
             404: {
                 "X-Received": "bytes of a partial upload",
                 "X-Chunk-Max": "the most bytes one PUT may carry",
-                "X-Upload-Via": "'s3' when this backend keeps bytes in S3: POST /blobs/uploads/{upload_id}/upload instead",
+                "X-Upload-Via": "'s3' when this backend keeps bytes in S3: POST /blobs/uploads/{id}/upload instead",
             },
         },
     ),

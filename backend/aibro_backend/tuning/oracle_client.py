@@ -1,0 +1,91 @@
+"""The backend's side of a study's oracle host (oracle_host.py): one process per study, started on first use and
+started again when it died (the oracle reloads its saved state), one request at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .oracle_host import MAX_LINE, OracleAnswer, OracleRequest, OracleSpec
+
+log = logging.getLogger(__name__)
+START_TRIES = 3
+
+
+class OracleUnavailable(RuntimeError):
+    """The study's oracle host could not start or answer (keras-tuner missing, a broken saved state)."""
+
+
+class OracleHost:
+    """Ask a study's oracle; the host process lives as long as this object is used and is closed with it."""
+
+    def __init__(self, directory: Path, python: str = sys.executable) -> None:
+        self.directory, self.python = Path(directory), python
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lock = asyncio.Lock()
+
+    @staticmethod
+    def create(directory: Path, spec: OracleSpec) -> OracleHost:
+        """A new study's directory with its oracle's spec; the host starts at the first request."""
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "oracle-spec.json").write_text(spec.model_dump_json())
+        return OracleHost(directory)
+
+    async def ask(self, req: OracleRequest) -> OracleAnswer:
+        """One request; a host that died (killed, out of memory) is started again and asked once more."""
+        async with self.lock:
+            for _ in range(START_TRIES):
+                try:
+                    proc = await self._running()
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write(req.model_dump_json().encode() + b"\n")
+                    await proc.stdin.drain()
+                    line = await proc.stdout.readline()
+                except (BrokenPipeError, ConnectionResetError):
+                    line = b""
+                if line:
+                    return OracleAnswer.model_validate_json(line)
+                code = await proc.wait()
+                self.proc = None
+                log.warning("oracle host of %s ended (exit %s); starting it again", self.directory, code)
+            raise OracleUnavailable(f"the oracle of {self.directory.name} stopped answering {START_TRIES} times")
+
+    async def _running(self) -> asyncio.subprocess.Process:
+        if self.proc is not None and self.proc.returncode is None:
+            return self.proc
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(self.directory / "oracle-host.log", "ab") as stderr:  # the child keeps its own copy
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python,
+                "-m",
+                "aibro_backend.tuning.oracle_host",
+                str(self.directory),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+                limit=MAX_LINE * 4,
+            )
+        assert self.proc.stdout is not None
+        ready = OracleAnswer.model_validate_json(await self.proc.stdout.readline() or b'{"ok": false}')
+        if not ready.ok:
+            await self.close()
+            raise OracleUnavailable(
+                ready.error or f"the oracle host did not start: see {self.directory}/oracle-host.log"
+            )
+        return self.proc
+
+    async def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()

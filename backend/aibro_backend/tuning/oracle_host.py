@@ -1,0 +1,196 @@
+"""KerasTuner's oracle, used as it is, in a process of its own beside the backend (issue 27).
+
+A study's search state is the oracle's: which values each trial runs, which trials are done, the best so far. It
+lives in `<study dir>/oracle/` as KerasTuner writes it (`oracle.json`, `trial_*/trial.json`), so a restarted host
+reloads it and a study outlives the kernel, the browser and the backend. The backend never imports Keras: it
+starts this host (`python -m aibro_backend.tuning.oracle_host STUDY_DIR`) and speaks JSON lines to it on stdin and
+stdout, one answer per request (`OracleRequest` → `OracleAnswer`). A trial's slot is KerasTuner's `tuner_id`, one
+per trial allowed to run at once, as its own distributed tuners use them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_LINE = 1 << 20
+SLOT_PATTERN = r"^slot-[0-9]{1,3}$"
+TRIAL_PATTERN = r"^[0-9]{1,6}$"
+MetricValue = Annotated[float, Field(allow_inf_nan=True)]
+
+
+KIND_ARGS: dict[str, set[str]] = {
+    "*": {"seed", "max_retries_per_trial", "max_consecutive_failed_trials"},
+    "RandomSearch": {"max_trials"},
+    "GridSearch": {"max_trials"},
+    "BayesianOptimization": {"max_trials", "num_initial_points", "alpha", "beta"},
+    "Hyperband": {"max_epochs", "factor", "hyperband_iterations"},
+}
+
+
+class Objective(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    direction: Literal["min", "max"]
+
+
+class OracleSpec(BaseModel):
+    """What the kernel's tuner said about its search: the oracle's kind and arguments, and the space its
+    `build_model(hp)` registered (KerasTuner's HyperParameters config)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["RandomSearch", "BayesianOptimization", "Hyperband", "GridSearch"]
+    objective: Annotated[list[Objective], Field(min_length=1, max_length=16)]
+    hyperparameters: dict[str, Any]
+    max_trials: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    seed: int | None = None
+    max_retries_per_trial: Annotated[int, Field(ge=0, le=100)] = 0
+    max_consecutive_failed_trials: Annotated[int, Field(ge=1, le=10_000)] = 3
+    max_epochs: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    factor: Annotated[int, Field(ge=2, le=100)] | None = None
+    hyperband_iterations: Annotated[int, Field(ge=1, le=100)] | None = None
+    num_initial_points: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    alpha: float | None = None
+    beta: float | None = None
+
+    @model_validator(mode="after")
+    def _arguments_of_its_kind(self) -> OracleSpec:
+        given = {k for k in KIND_ARGS["*"] | set().union(*KIND_ARGS.values()) if getattr(self, k) is not None}
+        wrong = sorted(given - KIND_ARGS["*"] - KIND_ARGS[self.kind])
+        if wrong:
+            raise ValueError(f"{self.kind} takes no {', '.join(wrong)}: leave them out")
+        return self
+
+
+class OracleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    op: Literal["create_trial", "end_trial", "trials"]
+    slot: Annotated[str, Field(pattern=SLOT_PATTERN)] | None = None
+    trial_id: Annotated[str, Field(pattern=TRIAL_PATTERN)] | None = None
+    status: Literal["COMPLETED", "INVALID", "FAILED"] | None = None
+    metrics: Annotated[dict[str, MetricValue], Field(max_length=200)] = {}
+    message: Annotated[str, Field(max_length=4000)] | None = None
+
+
+class TrialState(BaseModel):
+    trial_id: str
+    status: str
+    values: dict[str, Any]
+    score: float | None = None
+    best_step: int | None = None
+    message: str | None = None
+
+
+class OracleAnswer(BaseModel):
+    ok: bool = True
+    error: str | None = None
+    trial: TrialState | None = None
+    trials: list[TrialState] = []
+    best: list[str] = []
+    stopped: bool = False
+
+
+def make_oracle(spec: OracleSpec, directory: Path) -> Any:
+    """The oracle of `spec`'s kind, its project at `directory/oracle`, reloaded when it was saved before."""
+    import keras_tuner as kt
+
+    kinds = {
+        "RandomSearch": kt.oracles.RandomSearchOracle,
+        "BayesianOptimization": kt.oracles.BayesianOptimizationOracle,
+        "Hyperband": kt.oracles.HyperbandOracle,
+        "GridSearch": kt.oracles.GridSearchOracle,
+    }
+    extra = spec.model_dump(exclude={"kind", "objective", "hyperparameters"}, exclude_none=True)
+    objective = [kt.Objective(o.name, o.direction) for o in spec.objective]
+    oracle = kinds[spec.kind](
+        objective=objective[0] if len(objective) == 1 else objective,
+        hyperparameters=kt.HyperParameters.from_config(spec.hyperparameters),
+        **extra,
+    )
+    oracle._set_project_dir(str(directory), "oracle")  # KerasTuner's own way: what a Tuner does with its oracle
+    if (directory / "oracle" / "oracle.json").exists():
+        oracle.reload()  # trials ongoing when the host stopped go back in the queue, as KerasTuner resumes
+    oracle.verbose = 0
+    return oracle
+
+
+def trial_state(trial: Any) -> TrialState:
+    return TrialState(
+        trial_id=trial.trial_id,
+        status=str(trial.status),
+        values=dict(trial.hyperparameters.values),
+        score=None if trial.score is None else float(trial.score),
+        best_step=None if trial.best_step is None else int(trial.best_step),
+        message=trial.message,
+    )
+
+
+def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
+    """One request against the oracle, as KerasTuner's own tuners call it."""
+    if req.op == "create_trial":
+        if req.slot is None:
+            return OracleAnswer(ok=False, error="create_trial needs 'slot'")
+        trial = oracle.create_trial(req.slot)
+        return OracleAnswer(trial=trial_state(trial), stopped=str(trial.status) == "STOPPED")
+    if req.op == "end_trial":
+        if req.trial_id is None or req.status is None or req.trial_id not in oracle.trials:
+            return OracleAnswer(ok=False, error=f"end_trial needs a known 'trial_id' and a 'status': {req}")
+        trial = oracle.trials[req.trial_id]
+        if str(trial.status) != "RUNNING":  # a trial ends once: a second report (a retried request) changes nothing
+            return OracleAnswer(
+                ok=False, error=f"trial {trial.trial_id} is {trial.status} already", trial=trial_state(trial)
+            )
+        if req.metrics:
+            oracle.update_trial(trial.trial_id, req.metrics)
+        trial.status, trial.message = req.status, req.message
+        try:
+            oracle.end_trial(trial)
+        except RuntimeError as exc:  # too many failures in a row: the study stops, as KerasTuner's search does
+            return OracleAnswer(ok=False, error=str(exc), trial=trial_state(oracle.trials[req.trial_id]))
+        return OracleAnswer(trial=trial_state(oracle.trials[req.trial_id]))
+    trials = [trial_state(oracle.trials[t]) for t in sorted(oracle.trials)]
+    return OracleAnswer(trials=trials, best=[t.trial_id for t in oracle.get_best_trials(len(oracle.trials))])
+
+
+def serve(directory: Path, out: Any) -> int:
+    """Answer requests on stdin, on `out`, until stdin closes."""
+    spec = OracleSpec.model_validate_json((directory / "oracle-spec.json").read_text())
+    oracle = make_oracle(spec, directory)
+    print(OracleAnswer().model_dump_json(), file=out, flush=True)  # ready
+    for line in sys.stdin:
+        if len(line) > MAX_LINE:
+            reply = OracleAnswer(ok=False, error="request over 1 MiB")
+        else:
+            try:
+                reply = answer(oracle, OracleRequest.model_validate_json(line))
+            except ValueError as exc:
+                reply = OracleAnswer(ok=False, error=f"bad request: {exc}")
+        print(reply.model_dump_json(), file=out, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m aibro_backend.tuning.oracle_host STUDY_DIR", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the oracle computes nothing on a GPU
+    out = os.fdopen(os.dup(1), "w")  # the protocol's own copy of stdout
+    os.dup2(2, 1)  # whatever Keras or TensorFlow prints goes to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    try:
+        import keras_tuner  # noqa: F401
+    except ImportError:
+        error = "keras-tuner is not installed where the backend runs: pip install 'aibro-jupyter[tune]'"
+        print(OracleAnswer(ok=False, error=error).model_dump_json(), file=out, flush=True)
+        return 3
+    return serve(Path(args[0]), out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

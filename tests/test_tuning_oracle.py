@@ -1,0 +1,107 @@
+"""A study's search state lives with the backend (issue 27 items 2 and 3): KerasTuner's own oracles, in a host
+process the backend speaks JSON lines to, run a 6-trial RandomSearch over two slots as KerasTuner's distributed
+tuners would, and a host killed mid-study comes back with every trial so far, its running ones handed out again
+(each trial ends exactly once), as `Tuner.reload` resumes a local search."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import keras_tuner as kt  # noqa: F401  (the test extra has it: missing fails, never skips)
+import pytest
+
+from aibro_backend.tuning.oracle_client import OracleHost
+from aibro_backend.tuning.oracle_host import OracleRequest, OracleSpec
+
+
+def _space() -> dict:
+    """What a kernel's `build_model(hp)` registers: KerasTuner's HyperParameters, as its config."""
+    hp = kt.HyperParameters()
+    hp.Int("units", 8, 128, step=8)
+    hp.Choice("learning_rate", [1e-2, 1e-3, 1e-4])
+    hp.Boolean("dropout")
+    return hp.get_config()
+
+
+def _loss(values: dict) -> float:
+    """A stand-in objective with one best corner: many units, lr 1e-3."""
+    return 1.0 / values["units"] + abs(values["learning_rate"] - 1e-3) * 10
+
+
+async def _create(host: OracleHost, slot: str) -> dict:
+    got = await host.ask(OracleRequest(op="create_trial", slot=slot))
+    assert got.ok, got.error
+    return got.trial.model_dump() | {"stopped": got.stopped}
+
+
+async def _end(host: OracleHost, trial: dict) -> None:
+    got = await host.ask(
+        OracleRequest(
+            op="end_trial", trial_id=trial["trial_id"], status="COMPLETED", metrics={"val_loss": _loss(trial["values"])}
+        )
+    )
+    assert got.ok and got.trial.status == "COMPLETED", got
+
+
+def test_a_random_search_over_two_slots_survives_its_host_being_killed(tmp_path: Path) -> None:
+    spec = OracleSpec(
+        kind="RandomSearch",
+        objective=[{"name": "val_loss", "direction": "min"}],
+        hyperparameters=_space(),
+        max_trials=6,
+        seed=3,
+    )
+
+    async def study() -> None:
+        host = OracleHost.create(tmp_path / "study", spec)
+        ended: list[str] = []
+        running = {s: await _create(host, s) for s in ("slot-0", "slot-1")}
+        assert running["slot-0"]["trial_id"] != running["slot-1"]["trial_id"]
+        assert running["slot-0"]["values"] != running["slot-1"]["values"], "each slot runs other values"
+        for slot in ("slot-0", "slot-1"):
+            await _end(host, running[slot])
+            ended.append(running[slot]["trial_id"])
+            running[slot] = await _create(host, slot)
+        await _end(host, running["slot-0"])
+        ended.append(running["slot-0"]["trial_id"])
+        running["slot-0"] = await _create(host, "slot-0")
+        interrupted = {r["trial_id"]: r["values"] for r in running.values()}
+        assert len(interrupted) == 2
+
+        os.kill(host.proc.pid, signal.SIGKILL)  # mid-study: 3 trials ended, two running
+        await host.proc.wait()
+        seen = await host.ask(OracleRequest(op="trials"))
+        assert [t.trial_id for t in seen.trials if t.status == "COMPLETED"] == sorted(ended)
+        running = {s: await _create(host, s) for s in ("slot-0", "slot-1")}
+        assert {r["trial_id"]: r["values"] for r in running.values()} == interrupted, (
+            "the trials running at the kill are handed out again, with their values, before any new one"
+        )
+        twice = await host.ask(
+            OracleRequest(op="end_trial", trial_id=ended[0], status="COMPLETED", metrics={"val_loss": 0.0})
+        )
+        assert not twice.ok and "COMPLETED already" in twice.error, "a trial ends once"
+        while not all(r["stopped"] for r in running.values()):
+            for slot in ("slot-0", "slot-1"):
+                if not running[slot]["stopped"]:
+                    await _end(host, running[slot])
+                    ended.append(running[slot]["trial_id"])
+                    running[slot] = await _create(host, slot)
+        final = await host.ask(OracleRequest(op="trials"))
+        await host.close()
+        assert sorted(ended) == sorted(set(ended)) and len(ended) == 6, f"every trial ended exactly once: {ended}"
+        assert [t.status for t in final.trials] == ["COMPLETED"] * 6
+        scores = {t.trial_id: t.score for t in final.trials}
+        assert final.best == sorted(scores, key=lambda t: scores[t]), "best first, by the objective"
+        assert len({str(t.values) for t in final.trials}) == 6, "no values tried twice"
+
+    asyncio.run(study())
+
+
+def test_an_oracle_spec_names_what_its_kind_does_not_take() -> None:
+    with pytest.raises(ValueError, match="Hyperband takes no max_trials"):
+        OracleSpec(
+            kind="Hyperband", objective=[{"name": "val_loss", "direction": "min"}], hyperparameters={}, max_trials=3
+        )
