@@ -1,7 +1,7 @@
 """A study's search state lives with the backend (issue 27 items 2 and 3): KerasTuner's own oracles, in a host
 process the backend speaks JSON lines to, run a 6-trial RandomSearch over two slots as KerasTuner's distributed
-tuners would, and a host killed mid-study comes back with every trial so far, its running ones handed out again
-(each trial ends exactly once), as `Tuner.reload` resumes a local search."""
+tuners would, and a host killed mid-study comes back with every trial so far; told which trials still run as jobs,
+it never hands them out again, and every trial ends exactly once."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import keras_tuner as kt  # noqa: F401  (the test extra has it: missing fails, n
 import pytest
 
 from aibro_backend.tuning.oracle_client import OracleHost
-from aibro_backend.tuning.oracle_host import OracleRequest, OracleSpec
+from aibro_backend.tuning.oracle_host import OracleRequest
+from aibro_core.models import OracleSpec
 
 
 def _space() -> dict:
@@ -56,9 +57,13 @@ def test_a_random_search_over_two_slots_survives_its_host_being_killed(tmp_path:
     )
 
     async def study() -> None:
-        host = OracleHost.create(tmp_path / "study", spec)
+        running: dict[str, dict] = {}
+        host = OracleHost.create(
+            tmp_path / "study", spec, lambda: {r["trial_id"]: slot for slot, r in running.items() if not r["stopped"]}
+        )
         ended: list[str] = []
-        running = {s: await _create(host, s) for s in ("slot-0", "slot-1")}
+        for slot in ("slot-0", "slot-1"):
+            running[slot] = await _create(host, slot)
         assert running["slot-0"]["trial_id"] != running["slot-1"]["trial_id"]
         assert running["slot-0"]["values"] != running["slot-1"]["values"], "each slot runs other values"
         for slot in ("slot-0", "slot-1"):
@@ -71,14 +76,14 @@ def test_a_random_search_over_two_slots_survives_its_host_being_killed(tmp_path:
         interrupted = {r["trial_id"]: r["values"] for r in running.values()}
         assert len(interrupted) == 2
 
-        os.kill(host.proc.pid, signal.SIGKILL)  # mid-study: 3 trials ended, two running
+        os.kill(host.proc.pid, signal.SIGKILL)  # mid-study: 3 trials ended, two running (their jobs go on)
         await host.proc.wait()
-        seen = await host.ask(OracleRequest(op="trials"))
+        seen = await host.ask(OracleRequest(op="trials"))  # the host starts again, told what still runs
         assert [t.trial_id for t in seen.trials if t.status == "COMPLETED"] == sorted(ended)
-        running = {s: await _create(host, s) for s in ("slot-0", "slot-1")}
-        assert {r["trial_id"]: r["values"] for r in running.values()} == interrupted, (
-            "the trials running at the kill are handed out again, with their values, before any new one"
-        )
+        assert {t.trial_id for t in seen.trials if t.status == "RUNNING"} == set(interrupted)
+        for slot in ("slot-0", "slot-1"):
+            again = await _create(host, slot)
+            assert again["trial_id"] == running[slot]["trial_id"], "a running trial is not handed out again"
         twice = await host.ask(
             OracleRequest(op="end_trial", trial_id=ended[0], status="COMPLETED", metrics={"val_loss": 0.0})
         )
@@ -101,7 +106,7 @@ def test_a_random_search_over_two_slots_survives_its_host_being_killed(tmp_path:
 
 
 def test_an_oracle_spec_names_what_its_kind_does_not_take() -> None:
-    with pytest.raises(ValueError, match="Hyperband takes no max_trials"):
+    with pytest.raises(ValueError, match="a Hyperband oracle takes no max_trials"):
         OracleSpec(
             kind="Hyperband", objective=[{"name": "val_loss", "direction": "min"}], hyperparameters={}, max_trials=3
         )

@@ -537,12 +537,38 @@ Description = described(
 )
 
 
+BUILD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+TRIAL_ID_PATTERN = r"^[0-9]{1,6}$"
+BoundedJson = Annotated[
+    dict[Annotated[str, Field(max_length=200)], JsonValue], Field(max_length=256), AfterValidator(_bounded_json)
+]
+
+
+class TrialBuild(Request):
+    """A trial of a hyperparameter study (issue 27): the worker builds the model by calling the user's
+    `build_model(hp)` (which travels in 'code', as a model's own code does) with KerasTuner's HyperParameters of
+    this space set to these values, as KerasTuner builds each trial's model; the job then fits it as usual."""
+
+    build: described(
+        Annotated[str, Field(max_length=300, pattern=BUILD_PATTERN)],
+        "'trial.build' must name the build function as 'module:function' (e.g. '__aibro_main__:build_model')",
+        here=False,
+    )
+    hyperparameters: BoundedJson
+    values: BoundedJson
+    study_id: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    trial_id: Annotated[str, Field(pattern=TRIAL_ID_PATTERN)] | None = None
+
+
 class JobSpec(Request):
     """A job: the model and data (uploaded blobs), how to fit, where to train, and what to keep."""
 
     model: described(
-        Annotated[str, Field(pattern=SHA_PATTERN)], "'model' must be the sha256 of an uploaded .keras file", False
-    )
+        Annotated[str, Field(pattern=SHA_PATTERN)] | None,
+        "'model' must be the sha256 of an uploaded .keras file",
+        False,
+    ) = None
+    trial: TrialBuild | None = None
     data: Data
     fit: FitArgs = Field(default_factory=FitArgs)
     machines: MachineList
@@ -606,9 +632,80 @@ class JobSpec(Request):
     def _requirements(cls, value: Any) -> Any:
         return _requirements(value)
 
+    @model_validator(mode="after")
+    def _model_or_trial(self) -> JobSpec:
+        if (self.model is None) == (self.trial is None):
+            raise _fail(
+                "a job needs either 'model' (the sha256 of an uploaded .keras file) or 'trial' (a build function and "
+                "its hyperparameter values, with the function's 'code'), not both"
+            )
+        if self.trial is not None and self.code is None:
+            raise _fail("a 'trial' job needs 'code': the uploaded sources of its build function")
+        return self
+
     def blobs(self) -> list[str]:
         """Every blob this job reads: the model, its code and its data."""
-        return [self.model, *([self.code.blob] if self.code else []), *self.data.blobs()]
+        return [*([self.model] if self.model else []), *([self.code.blob] if self.code else []), *self.data.blobs()]
+
+
+ORACLE_ARGS: dict[str, set[str]] = {
+    "*": {"seed", "max_retries_per_trial", "max_consecutive_failed_trials"},
+    "RandomSearch": {"max_trials"},
+    "GridSearch": {"max_trials"},
+    "BayesianOptimization": {"max_trials", "num_initial_points", "alpha", "beta"},
+    "Hyperband": {"max_epochs", "factor", "hyperband_iterations"},
+}
+
+
+class Objective(Request):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    direction: Literal["min", "max"]
+
+
+class OracleSpec(Request):
+    """What the kernel's tuner says about its search: its oracle's kind and arguments, and the space its
+    `build_model(hp)` registered (KerasTuner's HyperParameters config). The backend runs that oracle as it is."""
+
+    kind: Literal["RandomSearch", "BayesianOptimization", "Hyperband", "GridSearch"]
+    objective: Annotated[list[Objective], Field(min_length=1, max_length=16)]
+    hyperparameters: BoundedJson
+    max_trials: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1), INTEGRAL] | None = None
+    max_retries_per_trial: Annotated[int, Field(ge=0, le=100), INTEGRAL] = 0
+    max_consecutive_failed_trials: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] = 3
+    max_epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS), INTEGRAL] | None = None
+    factor: Annotated[int, Field(ge=2, le=100), INTEGRAL] | None = None
+    hyperband_iterations: Annotated[int, Field(ge=1, le=100), INTEGRAL] | None = None
+    num_initial_points: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
+    alpha: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    beta: Annotated[float, Field(gt=0, le=1e6)] | None = None
+
+    @model_validator(mode="after")
+    def _arguments_of_its_kind(self) -> OracleSpec:
+        named = set().union(*ORACLE_ARGS.values())
+        given = {k for k in named if getattr(self, k) is not None}
+        wrong = sorted(given - ORACLE_ARGS["*"] - ORACLE_ARGS[self.kind])
+        if wrong:
+            raise _fail(f"a {self.kind} oracle takes no {', '.join(wrong)}: leave them out")
+        return self
+
+
+class StudySpec(Request):
+    """POST /studies: a hyperparameter search. Each trial is a job made from `job` (whose `trial` names the build
+    function and the space; its values are the oracle's), at most `parallel` at once."""
+
+    oracle: OracleSpec
+    job: JobSpec
+    parallel: described(
+        Annotated[int, Field(ge=1, le=64), INTEGRAL], "'parallel' must be a whole number of trials from 1 to 64"
+    ) = 1
+    description: Description = ""
+
+    @model_validator(mode="after")
+    def _job_is_a_trial(self) -> StudySpec:
+        if self.job.trial is None:
+            raise _fail("a study's 'job' must have a 'trial' (its build function and space), not a 'model'")
+        return self
 
 
 class ReplayOverrides(Request):
@@ -1041,6 +1138,36 @@ class Job(Response):
     timeline: list[TimelineEntry]
     history: list[HistoryRow]
     error: str | None
+
+
+class StudyTrial(Response):
+    trial_id: str
+    job_id: str
+    status: Literal[v.TRIAL_STATUSES]  # type: ignore[valid-type]
+    values: dict[str, Any]
+    score: float | None
+    message: str | None
+
+
+class Study(Response):
+    """What a client sees of a study: its state, its trials (each a job), the best one so far."""
+
+    study_id: str
+    status: Literal[v.STUDY_STATUSES]  # type: ignore[valid-type]
+    description: str
+    message: str | None
+    kind: str
+    objective: list[dict[str, str]]
+    max_trials: int | None
+    parallel: int
+    created: float
+    updated: float
+    trials: list[StudyTrial]
+    best_trial_id: str | None = Field(description="the completed trial with the best score so far, by the objective")
+
+
+class Studies(Response):
+    studies: list[Study]
 
 
 class Jobs(Response):

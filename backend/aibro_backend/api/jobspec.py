@@ -27,6 +27,7 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
     return {
         "meta": job.meta or {},
         "model": job.model,
+        "trial": job.trial.model_dump() if job.trial else None,
         "safe_mode": job.safe_mode,
         "custom_modules": job.custom_modules,
         "code": job.code.model_dump() if job.code else None,
@@ -49,7 +50,7 @@ def spec_blobs(spec: dict[str, Any]) -> list[str]:
     """The blobs a stored (validated) spec reads: the model, its code and every array or dataset of its data."""
     code = spec.get("code") or {}
     data = spec.get("data") or {}
-    out = [spec["model"], *([code["blob"]] if code.get("blob") else [])]
+    out = [*([spec["model"]] if spec.get("model") else []), *([code["blob"]] if code.get("blob") else [])]
     for part in (data, data.get("validation") or {}):
         for key in ("x", "y", "sample_weight"):
             out += _tree_blobs(part.get(key))

@@ -62,3 +62,42 @@ class InstanceRecord:
     @classmethod
     def of(cls, row: sqlite3.Row) -> InstanceRecord:
         return cls(**{name: row[name] for name in cls.__slots__} | {"history": json.loads(row["history"])})
+
+
+@dataclass(frozen=True, slots=True)
+class StudyRecord:
+    """One row of `studies`: a hyperparameter search, its spec as validated (models.StudySpec) and its state."""
+
+    id: str
+    user_id: int
+    status: str
+    spec: dict[str, Any]
+    description: str
+    message: str | None
+    created: float
+    updated: float
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> StudyRecord:
+        return cls(**{name: row[name] for name in cls.__slots__} | {"spec": json.loads(row["spec"])})
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord:
+    """One row of `study_trials`: a trial the oracle handed out, the job that runs it, and how it ended."""
+
+    study_id: str
+    trial_id: str
+    slot: str
+    job_id: str
+    status: str
+    values: dict[str, Any]
+    score: float | None
+    message: str | None
+    created: float
+    updated: float
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> TrialRecord:
+        fields = {name: row[name] for name in cls.__slots__ if name != "values"}
+        return cls(**fields, values=json.loads(row["trial_values"]))

@@ -22,7 +22,7 @@ from aibro_core.jobpicture import JobPicture
 
 from ..server.jsonout import dumps
 from .recent import RecentEvents, encode_event
-from .records import InstanceRecord, JobRecord
+from .records import InstanceRecord, JobRecord, StudyRecord, TrialRecord
 
 log = logging.getLogger(__name__)
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
@@ -35,6 +35,12 @@ CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NU
 CREATE TABLE IF NOT EXISTS blobs (sha TEXT NOT NULL, user_id INTEGER NOT NULL, size INTEGER NOT NULL,
     created REAL NOT NULL, used REAL, s3_key TEXT, PRIMARY KEY (sha, user_id));
 CREATE TABLE IF NOT EXISTS s3_doomed (key TEXT PRIMARY KEY, after REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS studies (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
+    spec TEXT NOT NULL, description TEXT NOT NULL DEFAULT '', message TEXT, created REAL NOT NULL,
+    updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS study_trials (study_id TEXT NOT NULL, trial_id TEXT NOT NULL, slot TEXT NOT NULL,
+    job_id TEXT NOT NULL, status TEXT NOT NULL, trial_values TEXT NOT NULL, score REAL, message TEXT,
+    created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (study_id, trial_id));
 CREATE TABLE IF NOT EXISTS counters (user_id INTEGER NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
     PRIMARY KEY (user_id, name));
 CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
@@ -98,9 +104,14 @@ def _v4_blob_claims(db: sqlite3.Connection) -> None:
     db.execute("CREATE TABLE IF NOT EXISTS s3_doomed (key TEXT PRIMARY KEY, after REAL NOT NULL)")
 
 
+def _v5_studies(db: sqlite3.Connection) -> None:
+    """Hyperparameter studies (scheduling/studies.py) and their trials, each run as a job."""
+    db.executescript(SCHEMA)  # the two tables are new: made as SCHEMA declares them
+
+
 # Schema version N is reached by MIGRATIONS[N - 1]; a new change appends a step (never edits one) and the SCHEMA
 # above says what a new database holds at the latest version.
-MIGRATIONS = (_v1_token_ids, _v2_instance_enrollment_and_price, _v3_blob_use, _v4_blob_claims)
+MIGRATIONS = (_v1_token_ids, _v2_instance_enrollment_and_price, _v3_blob_use, _v4_blob_claims, _v5_studies)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -360,6 +371,53 @@ class Store:
         """Forget that the user holds `sha`; True when no user holds it any more (its bytes may go)."""
         self.db.execute("DELETE FROM blobs WHERE sha=? AND user_id=?", (sha, user_id))
         return not self.blob_held(sha)
+
+    # -- studies ----------------------------------------------------------------------------------
+    def create_study(self, study_id: str, user_id: int, spec: dict[str, Any], description: str) -> None:
+        now = time.time()
+        self.db.execute(
+            "INSERT INTO studies (id, user_id, status, spec, description, created, updated) VALUES (?,?,?,?,?,?,?)",
+            (study_id, user_id, v.STUDY_RUNNING, json.dumps(spec), description, now, now),
+        )
+
+    def study(self, study_id: str, user_id: int | None = None) -> StudyRecord | None:
+        sql, args = "SELECT * FROM studies WHERE id=?", (study_id,)
+        if user_id is not None:
+            sql, args = sql + " AND user_id=?", (study_id, user_id)
+        row = self.db.execute(sql, args).fetchone()
+        return StudyRecord.of(row) if row else None
+
+    def studies(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[StudyRecord]:
+        sql, args = "SELECT * FROM studies WHERE 1=1", []
+        if user_id is not None:
+            sql, args = sql + " AND user_id=?", [*args, user_id]
+        if statuses:
+            sql, args = sql + f" AND status IN ({','.join('?' * len(statuses))})", [*args, *statuses]
+        return [StudyRecord.of(r) for r in self.db.execute(sql + " ORDER BY created", args).fetchall()]
+
+    def update_study(self, study_id: str, **fields: Any) -> None:
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE studies SET {cols} WHERE id=?", (*fields.values(), study_id))
+
+    def add_trial(self, study_id: str, trial_id: str, slot: str, job_id: str, values: dict[str, Any]) -> None:
+        now = time.time()
+        self.db.execute(
+            "INSERT OR REPLACE INTO study_trials (study_id, trial_id, slot, job_id, status, trial_values, created, "
+            "updated) VALUES (?,?,?,?,?,?,?,?)",
+            (study_id, trial_id, slot, job_id, v.TRIAL_RUNNING, json.dumps(values), now, now),
+        )
+
+    def trials(self, study_id: str) -> list[TrialRecord]:
+        rows = self.db.execute("SELECT * FROM study_trials WHERE study_id=? ORDER BY trial_id", (study_id,))
+        return [TrialRecord.of(r) for r in rows.fetchall()]
+
+    def update_trial(self, study_id: str, trial_id: str, **fields: Any) -> None:
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(
+            f"UPDATE study_trials SET {cols} WHERE study_id=? AND trial_id=?", (*fields.values(), study_id, trial_id)
+        )
 
     # -- jobs -------------------------------------------------------------------------------------
     def create_job(self, job_id: str, user_id: int, spec: dict[str, Any], replay_of: str | None = None) -> None:

@@ -7,9 +7,12 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from .oracle_host import MAX_LINE, OracleAnswer, OracleRequest, OracleSpec
+from aibro_core.models import OracleSpec
+
+from .oracle_host import MAX_LINE, OracleAnswer, OracleRequest
 
 log = logging.getLogger(__name__)
 START_TRIES = 3
@@ -22,17 +25,20 @@ class OracleUnavailable(RuntimeError):
 class OracleHost:
     """Ask a study's oracle; the host process lives as long as this object is used and is closed with it."""
 
-    def __init__(self, directory: Path, python: str = sys.executable) -> None:
-        self.directory, self.python = Path(directory), python
+    def __init__(
+        self, directory: Path, running: Callable[[], dict[str, str]] | None = None, python: str = sys.executable
+    ) -> None:
+        """`running` answers, whenever the host (re)starts, which trials still run as jobs and in which slot."""
+        self.directory, self.python, self.running = Path(directory), python, running
         self.proc: asyncio.subprocess.Process | None = None
         self.lock = asyncio.Lock()
 
     @staticmethod
-    def create(directory: Path, spec: OracleSpec) -> OracleHost:
+    def create(directory: Path, spec: OracleSpec, running: Callable[[], dict[str, str]] | None = None) -> OracleHost:
         """A new study's directory with its oracle's spec; the host starts at the first request."""
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "oracle-spec.json").write_text(spec.model_dump_json())
-        return OracleHost(directory)
+        return OracleHost(directory, running)
 
     async def ask(self, req: OracleRequest) -> OracleAnswer:
         """One request; a host that died (killed, out of memory) is started again and asked once more."""
@@ -69,13 +75,17 @@ class OracleHost:
                 env=env,
                 limit=MAX_LINE * 4,
             )
-        assert self.proc.stdout is not None
+        assert self.proc.stdout is not None and self.proc.stdin is not None
         ready = OracleAnswer.model_validate_json(await self.proc.stdout.readline() or b'{"ok": false}')
+        if ready.ok and self.running is not None:
+            resume = OracleRequest(op="resume", running=self.running())
+            self.proc.stdin.write(resume.model_dump_json().encode() + b"\n")
+            await self.proc.stdin.drain()
+            ready = OracleAnswer.model_validate_json(await self.proc.stdout.readline() or b'{"ok": false}')
         if not ready.ok:
             await self.close()
-            raise OracleUnavailable(
-                ready.error or f"the oracle host did not start: see {self.directory}/oracle-host.log"
-            )
+            why = ready.error or f"the oracle host did not start: see {self.directory}/oracle-host.log"
+            raise OracleUnavailable(why)
         return self.proc
 
     async def close(self) -> None:

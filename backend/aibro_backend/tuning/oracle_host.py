@@ -15,65 +15,30 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from aibro_core.models import OracleSpec
 
 MAX_LINE = 1 << 20
 SLOT_PATTERN = r"^slot-[0-9]{1,3}$"
 TRIAL_PATTERN = r"^[0-9]{1,6}$"
 MetricValue = Annotated[float, Field(allow_inf_nan=True)]
-
-
-KIND_ARGS: dict[str, set[str]] = {
-    "*": {"seed", "max_retries_per_trial", "max_consecutive_failed_trials"},
-    "RandomSearch": {"max_trials"},
-    "GridSearch": {"max_trials"},
-    "BayesianOptimization": {"max_trials", "num_initial_points", "alpha", "beta"},
-    "Hyperband": {"max_epochs", "factor", "hyperband_iterations"},
-}
-
-
-class Objective(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: Annotated[str, Field(min_length=1, max_length=200)]
-    direction: Literal["min", "max"]
-
-
-class OracleSpec(BaseModel):
-    """What the kernel's tuner said about its search: the oracle's kind and arguments, and the space its
-    `build_model(hp)` registered (KerasTuner's HyperParameters config)."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["RandomSearch", "BayesianOptimization", "Hyperband", "GridSearch"]
-    objective: Annotated[list[Objective], Field(min_length=1, max_length=16)]
-    hyperparameters: dict[str, Any]
-    max_trials: Annotated[int, Field(ge=1, le=10_000)] | None = None
-    seed: int | None = None
-    max_retries_per_trial: Annotated[int, Field(ge=0, le=100)] = 0
-    max_consecutive_failed_trials: Annotated[int, Field(ge=1, le=10_000)] = 3
-    max_epochs: Annotated[int, Field(ge=1, le=100_000)] | None = None
-    factor: Annotated[int, Field(ge=2, le=100)] | None = None
-    hyperband_iterations: Annotated[int, Field(ge=1, le=100)] | None = None
-    num_initial_points: Annotated[int, Field(ge=1, le=10_000)] | None = None
-    alpha: float | None = None
-    beta: float | None = None
-
-    @model_validator(mode="after")
-    def _arguments_of_its_kind(self) -> OracleSpec:
-        given = {k for k in KIND_ARGS["*"] | set().union(*KIND_ARGS.values()) if getattr(self, k) is not None}
-        wrong = sorted(given - KIND_ARGS["*"] - KIND_ARGS[self.kind])
-        if wrong:
-            raise ValueError(f"{self.kind} takes no {', '.join(wrong)}: leave them out")
-        return self
+TrialId = Annotated[str, Field(pattern=TRIAL_PATTERN)]
+Slot = Annotated[str, Field(pattern=SLOT_PATTERN)]
 
 
 class OracleRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    op: Literal["create_trial", "end_trial", "trials"]
-    slot: Annotated[str, Field(pattern=SLOT_PATTERN)] | None = None
-    trial_id: Annotated[str, Field(pattern=TRIAL_PATTERN)] | None = None
+    op: Literal["resume", "create_trial", "end_trial", "trials"]
+    slot: Slot | None = None
+    trial_id: TrialId | None = None
     status: Literal["COMPLETED", "INVALID", "FAILED"] | None = None
     metrics: Annotated[dict[str, MetricValue], Field(max_length=200)] = {}
     message: Annotated[str, Field(max_length=4000)] | None = None
+    running: Annotated[
+        dict[Annotated[str, Field(pattern=TRIAL_PATTERN)], Annotated[str, Field(pattern=SLOT_PATTERN)]],
+        Field(max_length=64),
+    ] = {}
 
 
 class TrialState(BaseModel):
@@ -130,7 +95,21 @@ def trial_state(trial: Any) -> TrialState:
 
 
 def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
-    """One request against the oracle, as KerasTuner's own tuners call it."""
+    """One request against the oracle, as KerasTuner's own tuners call it. `resume` (sent first after a start)
+    says which trials still run as jobs, and in which slot: KerasTuner's reload put them back in the queue, and
+    they must not be handed out a second time."""
+    if req.op == "resume":
+        unknown = sorted(set(req.running) - set(oracle.trials))
+        if unknown:
+            return OracleAnswer(ok=False, error=f"resume names trials the oracle never made: {unknown}")
+        for trial_id, slot in req.running.items():
+            if trial_id in oracle._retry_queue:
+                oracle._retry_queue.remove(trial_id)
+            trial = oracle.trials[trial_id]
+            trial.status = "RUNNING"
+            oracle.ongoing_trials[slot] = trial
+        oracle.save()
+        return OracleAnswer()
     if req.op == "create_trial":
         if req.slot is None:
             return OracleAnswer(ok=False, error="create_trial needs 'slot'")

@@ -188,6 +188,12 @@ class Worker:
             model_path = self.fetch_artifact(job_id, resume["checkpoint"])
             fit["initial_epoch"] = resume["epoch"]
             outbox.put(v.EV_LOG, {"message": f"resuming from {resume['checkpoint']} at epoch {resume['epoch']}"})
+        elif spec.get("trial"):
+            from .trialbuild import build_trial_model
+
+            model_path = self.workdir / "model.keras"
+            model_path.unlink(missing_ok=True)
+            fit.update(build_trial_model(spec["trial"], model_path))
         else:
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
