@@ -30,7 +30,7 @@ from .filereturn import FilesBack
 from .prices import hourly
 from .progress import JobView, TextProgress
 from .rebuildplan import plan_callbacks, plan_compile
-from .travel import plan_code, requirements_from, warn_missing_requirements
+from .travel import build_name, plan_code, requirements_from, warn_missing_requirements
 
 Watcher = Callable[[JobView, dict[str, Any]], None]
 
@@ -190,9 +190,12 @@ class Training:
         meta: dict[str, str] | None = None,
         requirements: list[str] | str | None = None,
         argnames: dict[str, str] | None = None,
+        build: Any = None,
     ) -> tuple[b.Bundle, dict[str, Any]]:
         """Every check and everything written locally (the saved model, datasets, the code blob), nothing sent:
-        the bundle to upload and the job spec that names it. The caller removes `bundle.workdir`."""
+        the bundle to upload and the job spec that names it. The caller removes `bundle.workdir`. With `build` (a
+        search's build function, search.py), `model` is one it built, checked against the data but not sent: the
+        function travels as code instead and the spec's `trial` names it."""
         fit_kwargs = dict(fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
         check_before_upload(  # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
@@ -228,7 +231,7 @@ class Training:
         compile_args = plan_compile(model, travelling)
         for note in travelling.notes:
             warnings.warn(note, stacklevel=3)
-        code = plan_code(objects + travelling.objects)
+        code = plan_code(objects + travelling.objects + ([build] if build is not None else []))
         warn_missing_requirements(code, reqs)
         machines = _machine_list(machine_ids, self.client.machines())
         limit = self.client.policy()["max_job_bytes"]
@@ -254,7 +257,8 @@ class Training:
                     "train on a sample, or use lower precision (float32/uint8)"
                 )
             b.build_from_data(model, train_X)
-            b.save_model(model, bundle, safe_mode)
+            if build is None:
+                b.save_model(model, bundle, safe_mode)
             code_spec = None
             if code.files:
                 code_spec = {"blob": bundle.add(BytesSource(code.blob(), "code")), "modules": code.modules}
@@ -289,6 +293,9 @@ class Training:
             "seed": kernel_seed(),
             "compile": compile_args,
         }
+        if build is not None:
+            spec.pop("model")
+            spec["trial"] = {"build": build_name(build), "hyperparameters": {}, "values": {}}
         try:
             check_spec({**spec, "data": b.with_stand_ins(spec["data"])})
         except BaseException:
@@ -410,6 +417,43 @@ class Training:
             last = {k: vals[-1] for k, vals in history.history.items()}
             print(f"[{job_id}] done: " + " - ".join(f"{k}: {val:.4f}" for k, val in last.items()), flush=True)
         return job_id, trained, history
+
+    @classmethod
+    def online_search(
+        cls,
+        tuner: Any,
+        train_X: Any,
+        train_Y: Any = None,
+        machine_ids: str | list[str] | None = None,
+        parallel: int = 1,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        validation_data: Any = None,
+        description: str = "",
+        fit_kwargs: dict[str, Any] | None = None,
+        requirements: list[str] | str | None = None,
+        verbose: bool = True,
+    ) -> tuple[str, Any]:
+        """Run a KerasTuner tuner's search remotely: each trial is a job on `machine_ids`, up to `parallel` at
+        once, driven by the backend (the study goes on without this kernel); returns (study_id, the best trial's
+        trained model)."""
+        from .search import run_search
+
+        return run_search(
+            cls(),
+            tuner,
+            train_X,
+            train_Y,
+            parallel=parallel,
+            description=description,
+            verbose=verbose,
+            machine_ids=machine_ids,
+            batch_size=batch_size,
+            epochs=epochs,
+            validation_data=validation_data,
+            fit_kwargs=fit_kwargs,
+            requirements=requirements,
+        )
 
     @classmethod
     def attach(cls, job_id: str, model: Any = None, verbose: bool = True, safe_mode: bool = True) -> tuple[Any, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from aibro_core.requirements import check_requirements, parse_requirements_text
 
-from .cellcode import MAIN_MODULE, build_cell_module, is_cell_object
+from .cellcode import MAIN_MODULE, build_cell_module, is_cell_object, is_lambda, travel_name
 from .errors import ValidationError
 
 MAX_CODE_FILES = 200
@@ -224,3 +224,14 @@ def requirements_from(value: Any, argname: str = "requirements") -> list[str]:
                 raise ValidationError(f"{argname}: cannot read the requirements file {path} ({exc})") from None
         value = [part for part in text.replace(",", " ").split() if part]
     return check_requirements(value, argname)
+
+
+def build_name(fn: Any) -> str:
+    """`module:function` of a search's build function as the worker imports it from the travelling code."""
+    if not callable(fn) or getattr(fn, "__qualname__", None) != getattr(fn, "__name__", None) or is_lambda(fn):
+        raise ValidationError(
+            f"the search's build function must be a plain function defined at the top of a cell or module, not "
+            f"{fn!r}: def build_model(hp): ... and pass it to the tuner"
+        )
+    module = MAIN_MODULE if is_cell_object(fn) else str(fn.__module__)
+    return f"{module}:{travel_name(fn)}"

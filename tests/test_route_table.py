@@ -27,7 +27,7 @@ def test_every_path_has_one_handler_answering_exactly_its_methods() -> None:
 def test_the_app_serves_the_table_in_its_order() -> None:
     served = [pattern for pattern, *_ in routes(None)]  # type: ignore[arg-type]
     assert served == [table.pattern(p) for p in table.paths()]
-    concrete = {"job_id": "job-1", "instance_id": "i-1", "token_id": "t1", "upload_id": "u" * 32}
+    concrete = {"job_id": "job-1", "instance_id": "i-1", "study_id": "study-1", "token_id": "t1", "upload_id": "u" * 32}
     concrete |= {"sha256": "a" * 64, "name": "checkpoints/epoch-0001.keras", "env_key": "0a1b-py311-x86_64-2c3d"}
     for path in table.paths():
         url = table.PREFIX + re.sub(r"\{(\w+)\}", lambda m: concrete[m.group(1)], path)

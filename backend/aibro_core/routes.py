@@ -13,13 +13,19 @@ PREFIX = "/api/v1"
 CAPTURES = {
     "job_id": r"[\w-]+",
     "instance_id": r"[\w-]+",
+    "study_id": r"[\w-]+",
     "token_id": r"[\w-]+",
     "upload_id": r"[^/]+",
     "sha256": r"[^/]+",
     "name": r".+",
     "env_key": r"[^/]+",
 }
-BROWSER_CAPTURES = {**CAPTURES, "job_id": r"[\w-]{1,100}", "instance_id": r"[\w-]{1,100}"}  # the proxy's bound
+BROWSER_CAPTURES = {
+    **CAPTURES,
+    "job_id": r"[\w-]{1,100}",
+    "instance_id": r"[\w-]{1,100}",
+    "study_id": r"[\w-]{1,100}",
+}  # the proxy's bound
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint("get", "/jobs/{job_id}/artifacts", "the job's artifacts", browser=True),
     Endpoint("get", "/jobs/{job_id}/artifacts/{name}", "download one artifact"),
+    Endpoint("get", "/studies", "the user's hyperparameter studies, each with its trials", browser=True),
+    Endpoint("post", "/studies", "start a hyperparameter study: each trial the oracle hands out runs as a job"),
+    Endpoint("get", "/studies/{study_id}", "one study: its state, trials (each a job) and best trial", browser=True),
+    Endpoint("post", "/studies/{study_id}/cancel", "cancel a study and its running trials' jobs", browser=True),
     Endpoint("get", "/instances", "the user's instances with their state history", browser=True),
     Endpoint("post", "/instances/{instance_id}/terminate", "terminate a cooling or stopped instance now", browser=True),
     Endpoint("get", "/openapi.json", "this document"),

@@ -42,6 +42,7 @@ ERROR_TEXT = {
 PATH_PARAMS: dict[str, dict[str, Any]] = {
     "sha256": {"type": "string", "pattern": m.SHA_PATTERN, "description": "a blob's sha256 hex digest"},
     "job_id": {"type": "string", "pattern": m.ID_PATTERN, "description": "a job id, e.g. job-20250101-1a2b3c4d"},
+    "study_id": {"type": "string", "pattern": m.ID_PATTERN, "description": "a study id, e.g. study-20250101-1a2b3c4d"},
     "instance_id": {"type": "string", "pattern": m.ID_PATTERN, "description": "an instance id"},
     "upload_id": {"type": "string", "pattern": m.UPLOAD_ID_PATTERN, "description": "an unnamed upload's id"},
     "token_id": {"type": "string", "pattern": m.ID_PATTERN, "description": "a token's public id"},
@@ -110,6 +111,10 @@ ANSWERS: dict[str, Answer] = {
     "get /events": Answer(m.UserEvents, (400,), None, m.EventsQuery),
     "get /jobs/{job_id}/artifacts": Answer(m.Artifacts, (404,)),
     "get /jobs/{job_id}/artifacts/{name}": Answer("binary", (400, 404)),
+    "get /studies": Answer(m.Studies),
+    "post /studies": Answer(m.Study, (400, 413, 429), m.StudySpec, None, 201),
+    "get /studies/{study_id}": Answer(m.Study, (404,)),
+    "post /studies/{study_id}/cancel": Answer(m.Study, (404,)),
     "get /instances": Answer(m.Instances),
     "post /instances/{instance_id}/terminate": Answer(m.InstanceAnswer, (404, 409)),
     "get /openapi.json": Answer(m.OpenApiDocument),

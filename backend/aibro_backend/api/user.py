@@ -11,6 +11,7 @@ from aibro_core.jobpicture import JobPicture
 from aibro_core.models import Instance, Job, ReplayOverrides, finite
 
 from ..scheduling.costs import instance_cost, job_costs
+from ..server.state import Backend
 from ..storage.records import InstanceRecord, JobRecord
 from ..storage.store import Store
 from . import longpoll
@@ -140,12 +141,18 @@ class JobsHandler(UserHandler):
 
 
 def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None = None) -> Job:
-    backend = handler.backend
+    job_id = admit_job(handler.backend, handler.uid, handler.user["name"], raw, replay_of)
+    return job_view(handler.backend.store.job(job_id), handler.backend.store)
+
+
+def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], replay_of: str | None = None) -> str:
+    """Validate a job spec against the backend's machines and this user's limits, store and queue it; its id. A
+    submitted job and a study's trial (tuning/studies.py) are admitted alike."""
     spec = validate_spec(raw, backend.scheduler.machine_index())
-    if not spec["safe_mode"] and not backend.policy.unsafe_allowed(handler.user["name"]):
+    if not spec["safe_mode"] and not backend.policy.unsafe_allowed(user_name):
         raise ApiError(
             403,
-            f"this backend's policy does not let user {handler.user['name']!r} load models with safe_mode=False "
+            f"this backend's policy does not let user {user_name!r} load models with safe_mode=False "
             "(Lambda layers run their Python code on the worker): replace the Lambda layers with registered custom "
             "layers, or ask the backend's admin to allow it (AIBRO_ALLOW_UNSAFE=all or a list of users)",
         )
@@ -157,13 +164,13 @@ def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None 
         )
     total = 0
     for sha in set(spec_blobs(spec)):
-        size = backend.store.blob_size(sha, handler.uid)
+        size = backend.store.blob_size(sha, uid)
         if size is None:
             raise ApiError(400, f"blob {sha} was not uploaded by this user: PUT /blobs/{sha} first")
         total += size
     if total > backend.policy.max_job_bytes:
         raise ApiError(413, f"this job's data is {total} bytes, over the {backend.policy.max_job_bytes}-byte limit")
-    active = backend.store.jobs(handler.uid, v.JOB_ACTIVE)
+    active = backend.store.jobs(uid, v.JOB_ACTIVE)
     if len(active) >= backend.policy.max_active_jobs:
         raise ApiError(
             429,
@@ -172,11 +179,11 @@ def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None 
             "(%%cloud_fit --wait-slot S, wait_new_job_create_s=S)",
         )
     job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
-    backend.store.create_job(job_id, handler.uid, spec, replay_of=replay_of)
-    backend.store.touch_blobs(handler.uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
+    backend.store.create_job(job_id, uid, spec, replay_of=replay_of)
+    backend.store.touch_blobs(uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
     backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
     backend.scheduler.tick()
-    return job_view(backend.store.job(job_id), backend.store)
+    return job_id
 
 
 class JobHandler(UserHandler):

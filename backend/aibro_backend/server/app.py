@@ -35,6 +35,7 @@ from ..storage.blobs import BlobStore
 from ..storage.bus import EventBus
 from ..storage.s3blobs import S3Backing, s3_backing
 from ..storage.store import Store
+from ..tuning.studies import StudyDriver
 from ..worker.joblimits import JobLimits
 from ..worker.version import agent_version
 from .accesslog import RedactingFormatter, log_request
@@ -46,6 +47,7 @@ from .routes import NotFoundHandler, routes
 from .state import Backend
 
 log = logging.getLogger("aibro.backend")
+STUDY_STEP_MS = 1000  # how often running studies report ended trials and fill their slots
 
 
 def load_aws_provider(config_path: str, home: Path) -> Any:
@@ -244,6 +246,9 @@ async def serve(
     sweep(backend)
     sweeper = PeriodicCallback(lambda: sweep(backend), 1000 * min(600.0, max(1.0, limits.partial_ttl_s / 4)))
     sweeper.start()
+    driver = StudyDriver(backend)
+    stepper = PeriodicCallback(lambda: IOLoop.current().spawn_callback(driver.step), STUDY_STEP_MS)
+    stepper.start()
     tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -254,6 +259,8 @@ async def serve(
     await asyncio.sleep(0.2)
     ticker.stop()
     sweeper.stop()
+    stepper.stop()
+    await driver.close()
     reconciler.stop()
     write_watch.stop()
     shutdown_instances(backend)

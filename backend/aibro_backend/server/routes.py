@@ -8,7 +8,7 @@ import tornado.web
 
 from aibro_core import routes as api_routes
 
-from ..api import tokens, transfer, user, worker
+from ..api import studies, tokens, transfer, user, worker
 from ..api.base import BaseHandler
 from ..api.openapi import OpenApiHandler
 from .state import Backend
@@ -39,6 +39,9 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "/events": user.UserEventsHandler,
     "/jobs/{job_id}/artifacts": user.ArtifactsHandler,
     "/jobs/{job_id}/artifacts/{name}": transfer.ArtifactHandler,
+    "/studies": studies.StudiesHandler,
+    "/studies/{study_id}": studies.StudyHandler,
+    "/studies/{study_id}/cancel": studies.StudyCancelHandler,
     "/instances": user.InstancesHandler,
     "/instances/{instance_id}/terminate": user.TerminateHandler,
     "/openapi.json": OpenApiHandler,

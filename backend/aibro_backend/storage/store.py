@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
 TOKEN_TOUCH_S = 60.0  # last_used is written at most this often per token, so a polling client costs no writes
 
+STUDY_TABLES = (
+    """CREATE TABLE IF NOT EXISTS studies (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
+    spec TEXT NOT NULL, description TEXT NOT NULL DEFAULT '', message TEXT, created REAL NOT NULL,
+    updated REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS study_trials (study_id TEXT NOT NULL, trial_id TEXT NOT NULL, slot TEXT NOT NULL,
+    job_id TEXT NOT NULL, status TEXT NOT NULL, trial_values TEXT NOT NULL, score REAL, message TEXT,
+    created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (study_id, trial_id))""",
+)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NULL, created REAL NOT NULL,
@@ -35,12 +43,6 @@ CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NU
 CREATE TABLE IF NOT EXISTS blobs (sha TEXT NOT NULL, user_id INTEGER NOT NULL, size INTEGER NOT NULL,
     created REAL NOT NULL, used REAL, s3_key TEXT, PRIMARY KEY (sha, user_id));
 CREATE TABLE IF NOT EXISTS s3_doomed (key TEXT PRIMARY KEY, after REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS studies (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
-    spec TEXT NOT NULL, description TEXT NOT NULL DEFAULT '', message TEXT, created REAL NOT NULL,
-    updated REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS study_trials (study_id TEXT NOT NULL, trial_id TEXT NOT NULL, slot TEXT NOT NULL,
-    job_id TEXT NOT NULL, status TEXT NOT NULL, trial_values TEXT NOT NULL, score REAL, message TEXT,
-    created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (study_id, trial_id));
 CREATE TABLE IF NOT EXISTS counters (user_id INTEGER NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
     PRIMARY KEY (user_id, name));
 CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
@@ -61,7 +63,7 @@ CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, user_id INTEGER NOT N
 CREATE INDEX IF NOT EXISTS instances_token ON instances (token_hash);
 CREATE TABLE IF NOT EXISTS artifacts (job_id TEXT NOT NULL, name TEXT NOT NULL, size INTEGER NOT NULL,
     sha TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (job_id, name));
-"""
+""" + "".join(t + ";\n" for t in STUDY_TABLES)
 # Indexes on columns a migration added: made once the database is at the latest version.
 INDEXES = """
 CREATE UNIQUE INDEX IF NOT EXISTS tokens_id ON tokens (id);
@@ -106,7 +108,8 @@ def _v4_blob_claims(db: sqlite3.Connection) -> None:
 
 def _v5_studies(db: sqlite3.Connection) -> None:
     """Hyperparameter studies (scheduling/studies.py) and their trials, each run as a job."""
-    db.executescript(SCHEMA)  # the two tables are new: made as SCHEMA declares them
+    for table in STUDY_TABLES:
+        db.execute(table)
 
 
 # Schema version N is reached by MIGRATIONS[N - 1]; a new change appends a step (never edits one) and the SCHEMA
@@ -277,6 +280,10 @@ class Store:
 
     def revoke_all_tokens(self, user_id: int) -> int:
         return self.db.execute("DELETE FROM tokens WHERE user_id=?", (user_id,)).rowcount
+
+    def user_name(self, user_id: int) -> str | None:
+        row = self.db.execute("SELECT name FROM users WHERE id=?", (user_id,)).fetchone()
+        return str(row["name"]) if row else None
 
     def user_id(self, name: str) -> int | None:
         row = self.db.execute("SELECT id FROM users WHERE name=?", (name,)).fetchone()

@@ -1,0 +1,141 @@
+"""A KerasTuner search run by the backend (issue 27): what the kernel's tuner says (its oracle, its space, its build
+function) becomes a study; each trial the backend's copy of that oracle hands out runs as a job on the machines
+the user picked, at most `parallel` at once; the study goes on without the kernel, and the best trial's model comes
+back into it."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import ValidationError
+
+ORACLE_KINDS = {
+    "RandomSearchOracle": "RandomSearch",
+    "BayesianOptimizationOracle": "BayesianOptimization",
+    "HyperbandOracle": "Hyperband",
+    "GridSearchOracle": "GridSearch",
+}
+ORACLE_ARGS = (
+    "max_trials",
+    "seed",
+    "max_retries_per_trial",
+    "max_consecutive_failed_trials",
+    "max_epochs",
+    "factor",
+    "hyperband_iterations",
+    "num_initial_points",
+    "alpha",
+    "beta",
+)
+STUDY_FINAL = ("COMPLETED", "CANCELED", "FAILED")
+POLL_S = 1.0
+
+
+def build_function(tuner: Any) -> Callable[[Any], Any]:
+    """The user's `build_model(hp)` the tuner was given (KerasTuner wraps a function in a DefaultHyperModel)."""
+    hypermodel = getattr(tuner, "hypermodel", None)
+    build = getattr(hypermodel, "build", None)
+    if type(hypermodel).__name__ != "DefaultHyperModel" or not callable(build):
+        raise ValidationError(
+            f"the tuner's hypermodel is a {type(hypermodel).__name__}: a remote search takes a build function, "
+            "as in keras_tuner.RandomSearch(build_model, ...) with def build_model(hp): ... return a compiled model"
+        )
+    return build
+
+
+def oracle_spec(tuner: Any) -> dict[str, Any]:
+    """The tuner's oracle as the backend runs it: its kind, objective, arguments and search space."""
+    oracle = tuner.oracle
+    kind = ORACLE_KINDS.get(type(oracle).__name__)
+    if kind is None:
+        raise ValidationError(
+            f"{type(oracle).__name__} is not an oracle the backend runs: use RandomSearch, BayesianOptimization, "
+            "Hyperband or GridSearch"
+        )
+    objectives = getattr(oracle.objective, "objectives", None) or [oracle.objective]
+    if any(type(o).__name__ == "DefaultObjective" for o in objectives):
+        raise ValidationError(
+            "the tuner has no objective: give it one the trials report, e.g. objective='val_loss' (or "
+            "keras_tuner.Objective('val_auc', direction='max'))"
+        )
+    spec: dict[str, Any] = {
+        "kind": kind,
+        "objective": [{"name": o.name, "direction": o.direction} for o in objectives],
+        "hyperparameters": oracle.hyperparameters.get_config(),
+    }
+    for name in ORACLE_ARGS:
+        value = getattr(oracle, name, None)
+        if value is not None and not (name in ("max_retries_per_trial",) and value == 0):
+            spec[name] = value
+    if kind == "Hyperband":
+        spec.pop("max_trials", None)
+    return spec
+
+
+def run_search(
+    training: Any,
+    tuner: Any,
+    x: Any,
+    y: Any = None,
+    *,
+    parallel: int = 1,
+    description: str = "",
+    verbose: bool = True,
+    **fit: Any,
+) -> tuple[str, Any]:
+    """Start the study, follow it to its end (printing each trial as it starts and ends) and return (study id, the
+    best trial's trained model, or None when no trial completed)."""
+    build = build_function(tuner)
+    oracle = oracle_spec(tuner)
+    sample = build(tuner.oracle.hyperparameters.copy())  # the space's defaults: checked against the data
+    bundle, spec = training.prepare(sample, x, y, description=description, build=build, **fit)
+    try:
+        spec["trial"]["hyperparameters"] = oracle["hyperparameters"]
+        bundle.upload(training.client)
+        spec.update(data=bundle.data)
+    finally:
+        shutil.rmtree(bundle.workdir, ignore_errors=True)
+    study = training.client.t.json(
+        "POST", "/studies", json={"oracle": oracle, "job": spec, "parallel": parallel, "description": description}
+    )
+    if verbose:
+        print(f"[{study['study_id']}] {oracle['kind']}: up to {parallel} trials at once", flush=True)
+    study = follow(training.client, study["study_id"], verbose)
+    best = study.get("best_trial_id")
+    if best is None:
+        return study["study_id"], None
+    job_id = next(t["job_id"] for t in study["trials"] if t["trial_id"] == best)
+    model, _history = training.collect(training.watch(job_id, []))
+    return study["study_id"], model
+
+
+def follow(client: Any, study_id: str, verbose: bool = True) -> dict[str, Any]:
+    """Poll the study until it ends, saying what each trial does as it changes."""
+    seen: dict[str, str] = {}
+    while True:
+        study = client.t.json("GET", f"/studies/{study_id}")
+        for trial in study["trials"]:
+            if verbose and seen.get(trial["trial_id"]) != trial["status"]:
+                seen[trial["trial_id"]] = trial["status"]
+                print(trial_line(study, trial), flush=True)
+        if study["status"] in STUDY_FINAL:
+            if verbose:
+                best = study.get("best_trial_id")
+                why = f": {study['message']}" if study.get("message") else ""
+                print(f"[{study_id}] {study['status']}{why}; best trial {best}", file=sys.stdout, flush=True)
+            return study
+        time.sleep(POLL_S)
+
+
+def trial_line(study: dict[str, Any], trial: dict[str, Any]) -> str:
+    values = ", ".join(f"{k}={v}" for k, v in trial["values"].items() if not k.startswith("tuner/"))
+    objective = study["objective"][0]["name"]
+    if trial["status"] == "COMPLETED":
+        return f"  trial {trial['trial_id']} COMPLETED {objective}={trial['score']:.4g} ({values})"
+    if trial["status"] == "FAILED":
+        return f"  trial {trial['trial_id']} FAILED: {trial['message']} ({values})"
+    return f"  trial {trial['trial_id']} {trial['status']} as {trial['job_id']} ({values})"

@@ -1,0 +1,44 @@
+"""The user's hyperparameter studies (issue 27): submit one, list them, see one with its trials, cancel one."""
+
+from __future__ import annotations
+
+from aibro_core.models import StudySpec
+
+from ..storage.records import StudyRecord
+from ..tuning import studies
+from .base import ApiError, UserHandler
+from .jobspec import validate_spec
+
+
+class StudiesHandler(UserHandler):
+    def get(self) -> None:
+        found = self.backend.store.studies(self.uid)
+        self.send({"studies": [studies.study_view(self.backend, s).model_dump(mode="json") for s in found]})
+
+    def post(self) -> None:
+        raw = self.body_json()
+        spec = self.body_model(StudySpec, "the study spec", raw)
+        validate_spec(raw["job"], self.backend.scheduler.machine_index())  # the machines it names, as a job's
+        for sha in set(spec.job.blobs()):
+            if self.backend.store.blob_size(sha, self.uid) is None:
+                raise ApiError(400, f"blob {sha} was not uploaded by this user: PUT /blobs/{sha} first")
+        study_id = studies.create_study(self.backend, self.uid, raw, spec)
+        self.send(studies.study_view(self.backend, own_study(self, study_id)).model_dump(mode="json"), 201)
+
+
+class StudyHandler(UserHandler):
+    def get(self, study_id: str) -> None:
+        self.send(studies.study_view(self.backend, own_study(self, study_id)).model_dump(mode="json"))
+
+
+class StudyCancelHandler(UserHandler):
+    def post(self, study_id: str) -> None:
+        studies.cancel_study(self.backend, own_study(self, study_id))
+        self.send(studies.study_view(self.backend, own_study(self, study_id)).model_dump(mode="json"))
+
+
+def own_study(handler: UserHandler, study_id: str) -> StudyRecord:
+    study = handler.backend.store.study(study_id, handler.uid)
+    if study is None:
+        raise ApiError(404, f"no study '{study_id[:80]}' for this user: GET /studies lists yours")
+    return study
