@@ -5,10 +5,13 @@ back into it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .errors import ValidationError
@@ -104,13 +107,71 @@ def run_search(
     )
     if verbose:
         print(f"[{study['study_id']}] {oracle['kind']}: up to {parallel} trials at once", flush=True)
-    study = follow(training.client, study["study_id"], verbose)
+    return study["study_id"], finish(training, tuner, follow(training.client, study["study_id"], verbose))
+
+
+def finish(training: Any, tuner: Any, study: dict[str, Any]) -> Any:
+    """After the study: its trials into the kernel's tuner (load_results) and the best trial's trained model
+    (weights and optimizer state), or None when no trial completed."""
+    if tuner is not None:
+        load_results(training, tuner, study)
     best = study.get("best_trial_id")
     if best is None:
-        return study["study_id"], None
+        return None
     job_id = next(t["job_id"] for t in study["trials"] if t["trial_id"] == best)
     model, _history = training.collect(training.watch(job_id, []))
-    return study["study_id"], model
+    return model
+
+
+def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
+    """The study's trials into the kernel's tuner, as a local search leaves them: its oracle holds every trial
+    with its values, metrics and score, and each completed trial's weights are where KerasTuner reloads them, so
+    get_best_hyperparameters(), get_best_models() and results_summary() answer as after `tuner.search`."""
+    from keras_tuner.src.engine import trial as trial_module
+
+    oracle = tuner.oracle
+    for t in study["trials"]:
+        hp = oracle.hyperparameters.copy()
+        hp.values = dict(t["values"])
+        trial = trial_module.Trial(hyperparameters=hp, trial_id=t["trial_id"], status=t["status"])
+        for name, value in (t.get("metrics") or {}).items():
+            trial.metrics.register(name, direction=_direction(study, name))
+            trial.metrics.update(name, value, step=t.get("best_step") or 0)
+        trial.score, trial.best_step, trial.message = t["score"], t.get("best_step") or 0, t.get("message")
+        oracle.trials[trial.trial_id] = trial
+        for order in (oracle.start_order, oracle.end_order):
+            if trial.trial_id not in order:
+                order.append(trial.trial_id)
+        if t["status"] == "COMPLETED":
+            _weights_into(training, tuner, t)
+        oracle._save_trial(trial)
+    oracle.save()
+
+
+def _direction(study: dict[str, Any], name: str) -> str | None:
+    for objective in study["objective"]:
+        if objective["name"] == name:
+            return objective["direction"]
+    from keras_tuner.src.engine import metrics_tracking
+
+    return metrics_tracking.infer_metric_direction(name)
+
+
+def _weights_into(training: Any, tuner: Any, trial: dict[str, Any]) -> None:
+    """The trial's trained weights where KerasTuner's load_model reads them (trial_<id>/checkpoint.weights.h5)."""
+    import keras
+
+    dest = Path(tuner._get_checkpoint_fname(trial["trial_id"]))
+    if dest.exists():
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="aibro-trial-") as d:
+        path = training.client.download_artifact(trial["job_id"], "model.keras", Path(d) / "model.keras")
+        part = Path(d) / "checkpoint.weights.h5"
+        model = keras.saving.load_model(path)
+        model.save_weights(part)
+        Path(tuner._get_build_config_fname(trial["trial_id"])).write_text(json.dumps(model.get_build_config()))
+        shutil.move(part, dest)
 
 
 def follow(client: Any, study_id: str, verbose: bool = True) -> dict[str, Any]:

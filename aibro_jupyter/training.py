@@ -456,6 +456,15 @@ class Training:
         )
 
     @classmethod
+    def attach_study(cls, study_id: str, tuner: Any = None, verbose: bool = True) -> Any:
+        """Follow a study (started from another kernel, or before this one restarted) to its end: every trial so
+        far, then the rest as they end; its results go into `tuner` when given; returns the best trial's model."""
+        from .search import finish, follow
+
+        self = cls()
+        return finish(self, tuner, follow(self.client, study_id, verbose))
+
+    @classmethod
     def attach(cls, job_id: str, model: Any = None, verbose: bool = True, safe_mode: bool = True) -> tuple[Any, Any]:
         """Rebuild a job's progress from its full event history, follow it live, and return (model, history)."""
         self = cls()

@@ -1,6 +1,8 @@
 """Hyperparameter search from the kernel's API (issue 27 items 1, 2 and 5): a KerasTuner RandomSearch's trials run
 as jobs on the embedded backend, two at once, each model built on the worker by the user's build function with the
-oracle's values; every trial ends once; the best trial's trained model comes back and scores what its trial did."""
+oracle's values; every trial ends once; the best trial's trained model comes back and scores what its trial did,
+and the kernel's tuner answers get_best_hyperparameters(), get_best_models() and results_summary() as after a local
+search."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
-    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
     monkeypatch.setenv("AIBRO_TOKEN", backend.token)
@@ -57,3 +59,11 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
     assert best.layers[0].units == best_values["units"]
     _, accuracy = best.evaluate(xv, yv, verbose=0)
     assert accuracy == pytest.approx(jobs[study["best_trial_id"]]["history"][-1]["val_accuracy"], abs=1e-4)
+
+    # The kernel's tuner answers as after a local search.
+    assert tuner.get_best_hyperparameters()[0].values == best_values
+    reloaded = tuner.get_best_models()[0]
+    assert reloaded.evaluate(xv, yv, verbose=0)[1] == pytest.approx(accuracy, abs=1e-6)
+    tuner.results_summary()
+    summary = capsys.readouterr().out
+    assert summary.count("Trial ") >= 4 and f"Trial {study['best_trial_id']} summary" in summary, summary

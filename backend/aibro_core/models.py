@@ -1147,6 +1147,8 @@ class StudyTrial(Response):
     values: dict[str, Any]
     score: float | None
     message: str | None
+    metrics: dict[str, float] = Field(default_factory=dict, description="what the trial reported at its best epoch")
+    best_step: int | None = Field(None, description="the trial's best epoch (0-based), by the objective")
 
 
 class Study(Response):

@@ -94,10 +94,12 @@ class TrialRecord:
     values: dict[str, Any]
     score: float | None
     message: str | None
+    metrics: dict[str, float]
+    best_step: int | None
     created: float
     updated: float
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> TrialRecord:
-        fields = {name: row[name] for name in cls.__slots__ if name != "values"}
-        return cls(**fields, values=json.loads(row["trial_values"]))
+        fields = {name: row[name] for name in cls.__slots__ if name not in ("values", "metrics")}
+        return cls(**fields, values=json.loads(row["trial_values"]), metrics=json.loads(row["metrics"]))

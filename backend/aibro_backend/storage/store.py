@@ -34,7 +34,8 @@ STUDY_TABLES = (
     updated REAL NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS study_trials (study_id TEXT NOT NULL, trial_id TEXT NOT NULL, slot TEXT NOT NULL,
     job_id TEXT NOT NULL, status TEXT NOT NULL, trial_values TEXT NOT NULL, score REAL, message TEXT,
-    created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (study_id, trial_id))""",
+    metrics TEXT NOT NULL DEFAULT '{}', best_step INTEGER, created REAL NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (study_id, trial_id))""",
 )
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created REAL NOT NULL);

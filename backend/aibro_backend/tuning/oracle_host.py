@@ -35,10 +35,8 @@ class OracleRequest(BaseModel):
     status: Literal["COMPLETED", "INVALID", "FAILED"] | None = None
     metrics: Annotated[dict[str, MetricValue], Field(max_length=200)] = {}
     message: Annotated[str, Field(max_length=4000)] | None = None
-    running: Annotated[
-        dict[Annotated[str, Field(pattern=TRIAL_PATTERN)], Annotated[str, Field(pattern=SLOT_PATTERN)]],
-        Field(max_length=64),
-    ] = {}
+    running: Annotated[dict[TrialId, Slot], Field(max_length=64)] = {}
+    step: Annotated[int, Field(ge=0, le=10_000_000)] = 0
 
 
 class TrialState(BaseModel):
@@ -124,7 +122,7 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
                 ok=False, error=f"trial {trial.trial_id} is {trial.status} already", trial=trial_state(trial)
             )
         if req.metrics:
-            oracle.update_trial(trial.trial_id, req.metrics)
+            oracle.update_trial(trial.trial_id, req.metrics, step=req.step)
         trial.status, trial.message = req.status, req.message
         try:
             oracle.end_trial(trial)

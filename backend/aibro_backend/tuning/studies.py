@@ -9,6 +9,7 @@ stops it after `max_consecutive_failed_trials` failures in a row); cancelling a 
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -84,6 +85,8 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
                 values=t.values,
                 score=t.score,
                 message=t.message,
+                metrics=t.metrics,
+                best_step=t.best_step,
             )
             for t in trials
         ],
@@ -177,14 +180,21 @@ class StudyDriver:
         reports a History), or its error."""
         store = self.backend.store
         if job.status == v.COMPLETED:
-            metrics, why = best_epoch_metrics(store.typed_events(job.id, (v.EV_EPOCH,)), study)
+            metrics, best_step, why = best_epoch_metrics(store.typed_events(job.id, (v.EV_EPOCH,)), study)
             status, message = ("COMPLETED", None) if why is None else ("FAILED", why)
         else:
             errors = store.typed_events(job.id, (v.EV_ERROR,))
-            metrics, status = {}, "FAILED"
+            metrics, best_step, status = {}, None, "FAILED"
             message = errors[-1]["data"].get("message") if errors else "the job was cancelled"
         got = await host.ask(
-            OracleRequest(op="end_trial", trial_id=trial.trial_id, status=status, metrics=metrics, message=message)
+            OracleRequest(
+                op="end_trial",
+                trial_id=trial.trial_id,
+                status=status,
+                metrics=metrics,
+                step=best_step or 0,
+                message=message,
+            )
         )
         ended = got.trial
         store.update_trial(
@@ -193,6 +203,8 @@ class StudyDriver:
             status=v.TRIAL_COMPLETED if status == "COMPLETED" and ended and ended.score is not None else v.TRIAL_FAILED,
             score=ended.score if ended else None,
             message=message if status != "COMPLETED" else None,
+            metrics=json.dumps(metrics),
+            best_step=best_step,
         )
         if not got.ok and "already" not in (got.error or ""):
             self._end_study(study, v.STUDY_FAILED, got.error)
@@ -209,13 +221,21 @@ class StudyDriver:
         self.hosts.clear()
 
 
-def best_epoch_metrics(epochs: list[dict[str, Any]], study: StudyRecord) -> tuple[dict[str, float], str | None]:
-    """The trial's metrics at its best epoch by the study's first objective; or why there are none."""
+def best_epoch_metrics(
+    epochs: list[dict[str, Any]], study: StudyRecord
+) -> tuple[dict[str, float], int | None, str | None]:
+    """The trial's metrics at its best epoch by the study's first objective, and that epoch; or why there are
+    none."""
     history = JobPicture().apply_all(epochs).history_dict()
     objective = OracleSpec.model_validate(study.spec["oracle"]).objective[0]
     values = history.get(objective.name) or []
     if not values:
-        return {}, f"the trial reported no {objective.name!r} (its metrics: {sorted(history)}): check the objective"
+        return (
+            {},
+            None,
+            f"the trial reported no {objective.name!r} (its metrics: {sorted(history)}): check the objective",
+        )
     pick = min if objective.direction == "min" else max
     best = pick(range(len(values)), key=lambda i: values[i])
-    return {k: float(vals[best]) for k, vals in history.items() if best < len(vals) and vals[best] is not None}, None
+    metrics = {k: float(vals[best]) for k, vals in history.items() if best < len(vals) and vals[best] is not None}
+    return metrics, best, None
