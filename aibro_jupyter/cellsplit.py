@@ -1,4 +1,5 @@
-"""Splits a %%cloud_fit cell around its one `.fit(...)` call: what runs before, the call, what runs after."""
+"""Splits a %%cloud_fit cell around its one `.fit(...)` call (a %%cloud_tune cell around its `.search(...)`): what
+runs before, the call, what runs after."""
 
 from __future__ import annotations
 
@@ -16,29 +17,28 @@ class SplitCell:
     after: list[ast.stmt]
 
 
-def _fit_calls(node: ast.AST) -> list[ast.Call]:
+def _calls(node: ast.AST, method: str) -> list[ast.Call]:
     return [
         n
         for n in ast.walk(node)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "fit"
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == method
     ]
 
 
-def split_cell(source: str) -> SplitCell:
-    """Find exactly one top-level `.fit(...)` statement; errors name the problem and the fix."""
+def split_cell(source: str, method: str = "fit", magic: str = "%%cloud_fit") -> SplitCell:
+    """Find exactly one top-level `.METHOD(...)` statement; errors name the problem and the fix."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise ValidationError(f"the cell is not valid Python: {exc}") from None
-    found = [(i, stmt) for i, stmt in enumerate(tree.body) if _fit_calls(stmt)]
-    total = sum(len(_fit_calls(stmt)) for _, stmt in found)
+    found = [(i, stmt) for i, stmt in enumerate(tree.body) if _calls(stmt, method)]
+    total = sum(len(_calls(stmt, method)) for _, stmt in found)
+    example = "history = model.fit(x, y, epochs=5)" if method == "fit" else f"tuner.{method}(x, y, epochs=5)"
     if total == 0:
-        raise ValidationError(
-            "no `.fit(...)` call in this %%cloud_fit cell: write e.g. `history = model.fit(x, y, epochs=5)`"
-        )
+        raise ValidationError(f"no `.{method}(...)` call in this {magic} cell: write e.g. `{example}`")
     if total > 1:
         raise ValidationError(
-            f"{total} `.fit(...)` calls in this %%cloud_fit cell; exactly one runs remotely: split the cell"
+            f"{total} `.{method}(...)` calls in this {magic} cell; exactly one runs remotely: split the cell"
         )
     index, stmt = found[0]
     target: ast.expr | None = None
@@ -50,9 +50,10 @@ def split_cell(source: str) -> SplitCell:
         call, target = stmt.value, stmt.target
     else:
         raise ValidationError(
-            f"line {stmt.lineno}: the `.fit(...)` call must be a statement of its own, `model.fit(...)` or "
-            "`history = model.fit(...)`, not nested in another expression or block"
+            f"line {stmt.lineno}: the `.{method}(...)` call must be a statement of its own, `{example}`, not nested "
+            "in another expression or block"
         )
-    if _fit_calls(call.func) or any(_fit_calls(a) for a in call.args) or any(_fit_calls(k) for k in call.keywords):
-        raise ValidationError("a `.fit(...)` call may not contain another `.fit(...)` call")
+    inner = _calls(call.func, method) + [c for a in (*call.args, *call.keywords) for c in _calls(a, method)]
+    if inner:
+        raise ValidationError(f"a `.{method}(...)` call may not contain another `.{method}(...)` call")
     return SplitCell(tree.body[:index], call, target, tree.body[index + 1 :])

@@ -73,14 +73,16 @@ _ATTACH = re.compile(r"^%cloud_attach\b(.*)$")
 
 
 def awaitable_magics(lines: list[str]) -> list[str]:
-    """IPython input transformer: `%%cloud_fit` cells and top-level `%cloud_attach` lines become awaits."""
+    """IPython input transformer: `%%cloud_fit` and `%%cloud_tune` cells and top-level `%cloud_attach` lines become
+    awaits."""
     first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
     if first is None or lines[first].rstrip().endswith("?"):  # `%%cloud_fit?` asks for help
         return lines
-    if re.match(r"^%%cloud_fit\b", lines[first]):
-        line = lines[first].rstrip("\n")[len("%%cloud_fit") :].strip()
+    cell = re.match(r"^%%(cloud_fit|cloud_tune)\b", lines[first])
+    if cell:
+        line = lines[first].rstrip("\n")[len(cell.group(0)) :].strip()
         body = "".join(lines[first + 1 :])
-        return [f"await {_MAGICS}.cloud_fit_async({line!r}, {body!r})\n"]
+        return [f"await {_MAGICS}.{cell.group(1)}_async({line!r}, {body!r})\n"]
     if lines[first].startswith("%%"):
         return lines
     out = []

@@ -139,6 +139,88 @@ class CloudMagics(Magics):
                 ns.pop("__aibro_history__", None)
             return _exec_returning_last(split.after, ns)
 
+    @magic_arguments()
+    @argument("--machine", "-m", default=None, help="ordered machine list each trial runs on, e.g. local-cpu")
+    @argument("--parallel", "-p", type=int, default=1, help="trials running at once (each trial is a job)")
+    @argument("--cool-down", type=float, default=None, help="seconds to keep a machine warm for the next trial")
+    @argument("--wait-request", type=float, default=60, help="seconds to wait for a machine before the next one")
+    @argument("--description", "-d", default="", help="a note shown in study and job lists")
+    @argument("--detach", action="store_true", help="start the study and return at once; attach later")
+    @argument("--into", default="best_model", help="variable that receives the best trial's trained model")
+    @argument(
+        "--requirements",
+        "-r",
+        default=None,
+        help="packages the workers install: a requirements file, or specs like 'keras-tuner==1.4.8'",
+    )
+    @argument("--quiet", "-q", action="store_true", help="no line per trial")
+    @cell_magic
+    def cloud_tune(self, line: str, cell: str) -> Any:
+        """Run this cell's one `tuner.search(...)` (a KerasTuner RandomSearch, BayesianOptimization, Hyperband or
+        GridSearch built on `def build_model(hp)`) as a study: each trial is a job on --machine, up to --parallel
+        at once, driven by the backend, so the study goes on if this kernel stops (`%cloud_attach STUDY --tuner
+        NAME` follows it again). Afterwards the tuner answers get_best_hyperparameters(), get_best_models() and
+        results_summary() as after a local search, and --into (best_model) holds the best trial's trained model.
+        """
+        return run_sync(self._cloud_tune(line, cell))
+
+    async def cloud_tune_async(self, line: str, cell: str) -> Any:
+        return await run_async(self._cloud_tune(line, cell))
+
+    async def _cloud_tune(self, line: str, cell: str) -> Any:
+        args = _parse(self.cloud_tune, line)
+        try:
+            return await self._cloud_tune_steps(args, cell)
+        except AibroError as exc:
+            raise UsageError(str(exc)) from None
+
+    async def _cloud_tune_steps(self, args: Any, cell: str) -> Any:
+        from .search import finish, follow, start_study
+
+        ns = self.shell.user_ns
+        split = split_cell(self.shell.transform_cell(cell), "search", "%%cloud_tune")
+        _exec(split.before, ns)
+        if not isinstance(split.call.func, ast.Attribute):
+            raise ValidationError("write the search as `tuner.search(x, y, epochs=...)`")
+        tuner, tuner_src = _eval(split.call.func.value, ns), ast.unparse(split.call.func.value)
+        fit_args = _bind_fit(split.call, ns)
+        machines = args.machine or (",".join(self.default_machines) if self.default_machines else None)
+        cool_down = args.cool_down if args.cool_down is not None else (self.default_cool_down or 0)
+        if machines is None:
+            machines, cool_down = await self._pick(cool_down)
+        study_id = start_study(
+            self.trainer,
+            tuner,
+            fit_args.pop("x", None),
+            fit_args.pop("y", None),
+            parallel=args.parallel,
+            description=args.description,
+            verbose=not args.quiet,
+            machine_ids=machines,
+            batch_size=fit_args.pop("batch_size", None),
+            epochs=fit_args.pop("epochs", 1),
+            validation_data=fit_args.pop("validation_data", None),
+            cool_down_period_s=cool_down,
+            wait_request_s=args.wait_request,
+            fit_kwargs=fit_args,
+            requirements=args.requirements,
+        )
+        again = f"%cloud_attach {study_id} --tuner {tuner_src} --into {args.into}"
+        if args.detach:
+            print(f"{study_id} started; follow it with {again}")
+            return None
+        try:
+            study = follow(self.trainer.client, study_id, not args.quiet)
+        except KeyboardInterrupt:
+            print(f"\nDetached; {study_id} goes on. Follow it again with {again}", flush=True)
+            raise
+        ns[args.into] = finish(self.trainer, tuner, study)
+        if split.target is not None:
+            ns["__aibro_search__"] = None  # what tuner.search returns
+            _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_search__", ast.Load()))], ns)
+            ns.pop("__aibro_search__", None)
+        return _exec_returning_last(split.after, ns)
+
     def _receiver(self, split: SplitCell, ns: dict[str, Any]) -> tuple[Any, str]:
         import keras
 
@@ -244,11 +326,14 @@ class CloudMagics(Magics):
             )
 
     @magic_arguments()
-    @argument("job_id")
-    @argument("--into", default=None, help="variable that receives the trained model")
+    @argument("job_id", help="a job id, or a study id (study-...)")
+    @argument("--into", default=None, help="variable that receives the trained model (a study's best)")
+    @argument("--tuner", default=None, help="for a study: the tuner variable that receives its results")
     @line_magic
     def cloud_attach(self, line: str) -> None:
-        """Rebuild a job's panel from its full event history, follow it live, and load the model when it ends."""
+        """Rebuild a job's panel from its full event history, follow it live, and load the model when it ends. For
+        a study (`%cloud_attach STUDY --tuner tuner`): every trial so far, then the rest as they end, the results
+        into the tuner and the best trial's model into --into (best_model)."""
         run_sync(self._cloud_attach(line))
 
     async def cloud_attach_async(self, line: str) -> None:
@@ -257,6 +342,18 @@ class CloudMagics(Magics):
 
     async def _cloud_attach(self, line: str) -> None:
         args = _parse(self.cloud_attach, line)
+        if args.job_id.startswith("study-"):
+            from .search import finish, follow
+
+            try:
+                tuner = self.shell.user_ns[args.tuner] if args.tuner else None
+                study = follow(self.trainer.client, args.job_id)
+                self.shell.user_ns[args.into or "best_model"] = finish(self.trainer, tuner, study)
+            except KeyError:
+                raise UsageError(f"no variable {args.tuner!r} here: make the tuner first, as in its cell") from None
+            except AibroError as exc:
+                raise UsageError(str(exc)) from None
+            return
         try:
             job = self.trainer.client.job(args.job_id)
             view = await self._follow(args.job_id, job["description"], job["machines"])

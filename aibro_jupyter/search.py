@@ -80,6 +80,15 @@ def oracle_spec(tuner: Any) -> dict[str, Any]:
 
 
 def run_search(
+    training: Any, tuner: Any, x: Any, y: Any = None, *, verbose: bool = True, **options: Any
+) -> tuple[str, Any]:
+    """Start the study, follow it to its end (printing each trial as it starts and ends), fill `tuner` with its
+    results and return (study id, the best trial's trained model, or None when no trial completed)."""
+    study_id = start_study(training, tuner, x, y, verbose=verbose, **options)
+    return study_id, finish(training, tuner, follow(training.client, study_id, verbose))
+
+
+def start_study(
     training: Any,
     tuner: Any,
     x: Any,
@@ -89,9 +98,8 @@ def run_search(
     description: str = "",
     verbose: bool = True,
     **fit: Any,
-) -> tuple[str, Any]:
-    """Start the study, follow it to its end (printing each trial as it starts and ends) and return (study id, the
-    best trial's trained model, or None when no trial completed)."""
+) -> str:
+    """Check everything, upload the data and the build function's code once, and start the study; its id."""
     build = build_function(tuner)
     oracle = oracle_spec(tuner)
     sample = build(tuner.oracle.hyperparameters.copy())  # the space's defaults: checked against the data
@@ -107,7 +115,7 @@ def run_search(
     )
     if verbose:
         print(f"[{study['study_id']}] {oracle['kind']}: up to {parallel} trials at once", flush=True)
-    return study["study_id"], finish(training, tuner, follow(training.client, study["study_id"], verbose))
+    return str(study["study_id"])
 
 
 def finish(training: Any, tuner: Any, study: dict[str, Any]) -> Any:

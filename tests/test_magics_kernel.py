@@ -71,6 +71,7 @@ def test_cloud_fit_errors(kernel, cell: str, message: str) -> None:  # noqa: ANN
 def test_help_text_for_every_magic(kernel) -> None:  # noqa: ANN001
     for magic in (
         "%%cloud_fit",
+        "%%cloud_tune",
         "%cloud_machines",
         "%cloud_jobs",
         "%cloud_attach",
