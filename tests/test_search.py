@@ -67,3 +67,60 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
     tuner.results_summary()
     summary = capsys.readouterr().out
     assert summary.count("Trial ") >= 4 and f"Trial {study['best_trial_id']} summary" in summary, summary
+
+
+def test_a_hyperband_study_resumes_each_round_from_the_earlier_trials_weights(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hyperband's later rounds continue an earlier trial (its `tuner/trial_id`): that trial's job starts from the
+    earlier job's trained weights, at its `tuner/initial_epoch`, as KerasTuner's Hyperband does locally."""
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(1200, seed=4)
+    xv, yv = slow_data(300, seed=5)
+    tuner = kt.Hyperband(
+        build_model,
+        objective="val_accuracy",
+        max_epochs=4,
+        factor=2,
+        seed=2,
+        directory=str(tmp_path),
+        project_name="hb",
+    )
+    study_id, best = Training.online_search(
+        tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=4, batch_size=64, validation_data=(xv, yv)
+    )
+    client = backend.client()
+    study = client.t.json("GET", f"/studies/{study_id}")
+    assert study["status"] == "COMPLETED" and best is not None, study
+    by_id = {t["trial_id"]: t for t in study["trials"]}
+    resumed = [t for t in study["trials"] if t["values"].get("tuner/trial_id")]
+    assert resumed, "a Hyperband study continues some trials in later rounds"
+    for trial in resumed:
+        earlier = by_id[trial["values"]["tuner/trial_id"]]
+        job, before = client.job(trial["job_id"]), client.job(earlier["job_id"])
+        first = job["history"][0]
+        assert first["epoch"] == trial["values"]["tuner/initial_epoch"] + 1, job["history"]  # 1-based
+        assert len(job["history"]) == trial["values"]["tuner/epochs"] - trial["values"]["tuner/initial_epoch"]
+        said = [e["data"]["message"] for e in client.events(trial["job_id"])["events"] if e["type"] == "log"]
+        assert f"starting from the trained weights of trial {earlier['trial_id']} ({earlier['job_id']})" in said
+        assert first["loss"] < before["history"][0]["loss"], ("it starts from the earlier trial's weights", job, before)
+
+
+def test_a_trial_cannot_start_from_another_users_job(backend: Any, tmp_path: Path) -> None:
+    """`resume_job` lets a trial read one earlier job's model, only when that job is of the same user."""
+    alice = Training(backend.client())
+    x, y = slow_data(200, seed=6)
+    theirs = alice.submit(build_model(kt.HyperParameters()), x, y, machine_ids="local-cpu")["job_id"]
+    assert alice.watch(theirs, []).status == v.COMPLETED
+    mallory = backend.add_user(f"mallory-{tmp_path.name[-6:]}")
+    training = Training(mallory)
+    hp = kt.HyperParameters()
+    bundle, spec = training.prepare(build_model(hp), x, y, machine_ids="local-cpu", build=build_model)
+    bundle.upload(mallory)
+    spec.update(data=bundle.data)
+    spec["trial"].update(hyperparameters=hp.get_config(), values=dict(hp.values), resume_job=theirs)
+    job_id = training.client.submit(spec)["job_id"]
+    view = training.watch(job_id, [])
+    assert view.status == v.CANCELED and view.errors, "the trial failed"
+    assert f"{theirs} is not assigned" in view.errors[-1], view.errors

@@ -558,6 +558,9 @@ class TrialBuild(Request):
     values: BoundedJson
     study_id: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
     trial_id: Annotated[str, Field(pattern=TRIAL_ID_PATTERN)] | None = None
+    resume_job: Annotated[str, Field(pattern=ID_PATTERN)] | None = Field(
+        None, description="the job of the earlier trial whose trained weights this one starts from (Hyperband)"
+    )
 
 
 class JobSpec(Request):

@@ -349,7 +349,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
     USAGE = "worker artifact uploads need integer ?attempt= (and ?offset=&total= for chunks)"
 
     async def get(self, job_id: str, name: str) -> None:
-        self.assigned_job(job_id)
+        _readable_by_assignment(self, job_id, name)
         await _send_artifact(self, job_id, name, f"no artifact {name}")
 
     def head(self, job_id: str, name: str) -> None:
@@ -581,6 +581,19 @@ def _keep(handler: UserHandler, sha: str, size: int, s3_key: str | None = None) 
     if blobs.s3 is None and not blobs.has_blob(sha):  # another user's upload dropped it between finish and now
         raise ApiError(409, f"blob {sha} went while this upload finished (nobody else held it): upload it again")
     store.add_blob(sha, handler.uid, size, s3_key)
+
+
+def _readable_by_assignment(handler: WorkerHandler, job_id: str, name: str) -> None:
+    """A worker reads its assigned job's artifacts, and a study trial's worker also the trained model of the
+    earlier trial it resumes (Hyperband's `tuner/trial_id`), when that job is of the same user."""
+    inst = handler.backend.store.instance(handler.instance.id)
+    assigned = handler.backend.store.job(inst.job_id) if inst.job_id else None
+    resume = ((assigned.spec.get("trial") or {}).get("resume_job") if assigned else None) or None
+    if resume == job_id and name == "model.keras":
+        earlier = handler.backend.store.job(job_id)
+        if earlier is not None and assigned is not None and earlier.user_id == assigned.user_id:
+            return
+    handler.assigned_job(job_id)
 
 
 def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> None:

@@ -164,6 +164,11 @@ class StudyDriver:
         (the oracle hands the same trial to the slot again), one it refuses outright fails the trial."""
         job = dict(study.spec["job"])
         job["trial"] = {**job["trial"], "values": values, "study_id": study.id, "trial_id": trial_id}
+        earlier = values.get("tuner/trial_id")  # Hyperband: start from that trial's trained weights
+        if earlier is not None:
+            known = {t.trial_id: t.job_id for t in self.backend.store.trials(study.id)}
+            if str(earlier) in known:
+                job["trial"]["resume_job"] = known[str(earlier)]
         job["description"] = f"{study.description or study.id} · trial {trial_id}"
         user = self.backend.store.user_name(study.user_id) or ""
         try:

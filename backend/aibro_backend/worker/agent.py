@@ -193,7 +193,10 @@ class Worker:
 
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
-            fit.update(build_trial_model(spec["trial"], model_path))
+            fit.update(build_trial_model(spec["trial"], model_path, self.fetch_earlier_model))
+            if spec["trial"].get("resume_job"):
+                earlier = f"trial {spec['trial']['values'].get('tuner/trial_id')} ({spec['trial']['resume_job']})"
+                outbox.put(v.EV_LOG, {"message": f"starting from the trained weights of {earlier}"})
         else:
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
@@ -384,6 +387,12 @@ class Worker:
                 "backend then asks for those bytes again"
             )
         os.replace(tmp, dest)
+        return dest
+
+    def fetch_earlier_model(self, job_id: str) -> Path:
+        """The trained model of the earlier study trial this one resumes (the backend allows that one job)."""
+        dest = self.workdir / "earlier.keras"
+        self._download(f"/worker/jobs/{job_id}/artifacts/model.keras", dest, "earlier trial's model")
         return dest
 
     def fetch_artifact(self, job_id: str, name: str) -> Path:

@@ -5,15 +5,17 @@ The model is saved where a submitted model would be, so the job goes on exactly 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 TUNER_KEYS = ("tuner/epochs", "tuner/initial_epoch")  # Hyperband's, given to fit as KerasTuner's Tuner does
 
 
-def build_trial_model(trial: dict[str, Any], path: Path) -> dict[str, int]:
+def build_trial_model(trial: dict[str, Any], path: Path, earlier: Callable[[str], Path]) -> dict[str, int]:
     """Build, check and save the trial's model at `path`; returns the fit arguments its values set (Hyperband's
-    epochs and initial_epoch)."""
+    epochs and initial_epoch). A trial that resumes an earlier one (Hyperband's next round) starts from that
+    trial's trained weights, fetched by `earlier(job_id)`, as KerasTuner's Hyperband loads its checkpoint."""
     try:
         import keras_tuner as kt
     except ImportError:
@@ -28,6 +30,8 @@ def build_trial_model(trial: dict[str, Any], path: Path) -> dict[str, int]:
     hp = kt.HyperParameters.from_config(trial["hyperparameters"])
     hp.values = dict(trial["values"])
     model = build(hp)
+    if trial.get("resume_job"):
+        model.load_weights(earlier(trial["resume_job"]))
     if getattr(model, "optimizer", None) is None:
         raise RuntimeError(
             f"{name}(hp) returned a model that is not compiled: call model.compile(...) in it, as KerasTuner needs"
