@@ -432,11 +432,12 @@ class Training:
         description: str = "",
         fit_kwargs: dict[str, Any] | None = None,
         requirements: list[str] | str | None = None,
+        cool_down_period_s: float = 0,
         verbose: bool = True,
     ) -> tuple[str, Any]:
         """Run a KerasTuner tuner's search remotely: each trial is a job on `machine_ids`, up to `parallel` at
-        once, driven by the backend (the study goes on without this kernel); returns (study_id, the best trial's
-        trained model)."""
+        once, driven by the backend (the study goes on without this kernel); `cool_down_period_s` keeps a machine
+        warm for the next trial. Returns (study_id, the best trial's trained model)."""
         from .search import run_search
 
         return run_search(
@@ -453,6 +454,7 @@ class Training:
             validation_data=validation_data,
             fit_kwargs=fit_kwargs,
             requirements=requirements,
+            cool_down_period_s=cool_down_period_s,
         )
 
     @classmethod

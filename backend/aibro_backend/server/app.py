@@ -47,7 +47,7 @@ from .routes import NotFoundHandler, routes
 from .state import Backend
 
 log = logging.getLogger("aibro.backend")
-STUDY_STEP_MS = 1000  # how often running studies report ended trials and fill their slots
+STUDY_STEP_MS = 250  # how often running studies report ended trials and fill their slots
 
 
 def load_aws_provider(config_path: str, home: Path) -> Any:
