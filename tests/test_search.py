@@ -81,14 +81,14 @@ def test_a_hyperband_study_resumes_each_round_from_the_earlier_trials_weights(
     tuner = kt.Hyperband(
         build_model,
         objective="val_accuracy",
-        max_epochs=4,
-        factor=2,
+        max_epochs=3,
+        factor=3,
         seed=2,
         directory=str(tmp_path),
         project_name="hb",
     )
     study_id, best = Training.online_search(
-        tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=4, batch_size=64, validation_data=(xv, yv)
+        tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=3, batch_size=64, validation_data=(xv, yv)
     )
     client = backend.client()
     study = client.t.json("GET", f"/studies/{study_id}")
@@ -102,6 +102,7 @@ def test_a_hyperband_study_resumes_each_round_from_the_earlier_trials_weights(
         first = job["history"][0]
         assert first["epoch"] == trial["values"]["tuner/initial_epoch"] + 1, job["history"]  # 1-based
         assert len(job["history"]) == trial["values"]["tuner/epochs"] - trial["values"]["tuner/initial_epoch"]
+        assert job["epochs"] == trial["values"]["tuner/epochs"]
         said = [e["data"]["message"] for e in client.events(trial["job_id"])["events"] if e["type"] == "log"]
         assert f"starting from the trained weights of trial {earlier['trial_id']} ({earlier['job_id']})" in said
         assert first["loss"] < before["history"][0]["loss"], ("it starts from the earlier trial's weights", job, before)

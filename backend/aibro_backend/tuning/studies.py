@@ -164,6 +164,12 @@ class StudyDriver:
         (the oracle hands the same trial to the slot again), one it refuses outright fails the trial."""
         job = dict(study.spec["job"])
         job["trial"] = {**job["trial"], "values": values, "study_id": study.id, "trial_id": trial_id}
+        if "tuner/epochs" in values:  # Hyperband's round: these epochs, from where the earlier trial stopped
+            job["fit"] = {
+                **job.get("fit", {}),
+                "epochs": int(values["tuner/epochs"]),
+                "initial_epoch": int(values.get("tuner/initial_epoch", 0)),
+            }
         earlier = values.get("tuner/trial_id")  # Hyperband: start from that trial's trained weights
         if earlier is not None:
             known = {t.trial_id: t.job_id for t in self.backend.store.trials(study.id)}

@@ -9,13 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-TUNER_KEYS = ("tuner/epochs", "tuner/initial_epoch")  # Hyperband's, given to fit as KerasTuner's Tuner does
 
-
-def build_trial_model(trial: dict[str, Any], path: Path, earlier: Callable[[str], Path]) -> dict[str, int]:
-    """Build, check and save the trial's model at `path`; returns the fit arguments its values set (Hyperband's
-    epochs and initial_epoch). A trial that resumes an earlier one (Hyperband's next round) starts from that
-    trial's trained weights, fetched by `earlier(job_id)`, as KerasTuner's Hyperband loads its checkpoint."""
+def build_trial_model(trial: dict[str, Any], path: Path, earlier: Callable[[str], Path]) -> None:
+    """Build, check and save the trial's model at `path`. A trial that resumes an earlier one (Hyperband's next
+    round, whose epochs and initial_epoch the study put in the job's fit) starts from that trial's trained weights,
+    fetched by `earlier(job_id)`, as KerasTuner's Hyperband loads its checkpoint."""
     try:
         import keras_tuner as kt
     except ImportError:
@@ -37,8 +35,3 @@ def build_trial_model(trial: dict[str, Any], path: Path, earlier: Callable[[str]
             f"{name}(hp) returned a model that is not compiled: call model.compile(...) in it, as KerasTuner needs"
         )
     model.save(path)
-    fit = {}
-    if "tuner/epochs" in hp.values:
-        fit["epochs"] = int(hp.values["tuner/epochs"])
-        fit["initial_epoch"] = int(hp.values.get("tuner/initial_epoch", 0))
-    return fit
