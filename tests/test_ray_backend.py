@@ -2,7 +2,8 @@
 a head and two worker nodes of 1 CPU each; node b also says it has 1 GPU, which Ray takes as given), through a
 real backend process (`--provider ray --ray-address ADDRESS`): a refused address, online_fit on ray-cpu1 to
 COMPLETED, a `%%cloud_fit` cell in a real kernel training on ray-cpu1 unchanged (issue 12 item 6), three jobs
-over two nodes (placement in the instances view; the third waits with the cluster's words), a job waiting for a
+over two nodes (placement in the instances view; the third waits with the cluster's words), a hyperparameter
+study's trials as jobs over both nodes (issue 27), a job waiting for a
 GPU passed over to its fallback after wait_request_s, a killed node resumed from the last checkpoint on the other
 node with every epoch once, and `ray stop` of the whole cluster failing the job with the cluster named. The
 cluster and the backend are started once for the module (each `ray start` is slow here); the cluster-stopping
@@ -141,6 +142,44 @@ def test_online_fit_on_ray_cpu1_completes_on_a_node(
     inst = instance(client, job["instance_id"])
     assert inst["provider"] == "ray" and [h[0] for h in inst["history"]][:2] == [v.LAUNCHING, v.EXECUTING]
     until("the instance closed (no cool-down)", lambda: instance(client, job["instance_id"])["status"] == v.CLOSED)
+    until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
+
+
+def test_a_study_runs_its_trials_as_jobs_on_both_nodes(
+    backend: OwnBackend, cluster: RayCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 27 item 6: a 4-trial RandomSearch, two trials at once, on ray-cpu1: each trial a job whose model the
+    node builds with the travelling build function; two train at once, so on both nodes (1 CPU each)."""
+    import keras_tuner as kt
+    from searchmodels import build_model
+
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(400)
+    xv, yv = slow_data(100, seed=2)
+    tuner = kt.RandomSearch(
+        build_model, objective="val_accuracy", max_trials=4, seed=5, directory=str(tmp_path), project_name="ray"
+    )
+    study_id, best = Training.online_search(
+        tuner, x, y, machine_ids="ray-cpu1", parallel=2, epochs=2, batch_size=32, validation_data=(xv, yv)
+    )
+    client = backend.client()
+    study = client.t.json("GET", f"/studies/{study_id}")
+    assert study["status"] == "COMPLETED" and [t["status"] for t in study["trials"]] == ["COMPLETED"] * 4, study
+    jobs = [client.job(t["job_id"]) for t in study["trials"]]
+    assert all(j["machine_id"] == "ray-cpu1" for j in jobs)
+    spans = sorted(
+        (
+            next(e["ts"] for e in j["timeline"] if e["substatus"] == v.SUB_TRAINING),
+            max(e["ts"] or 0 for e in j["timeline"]),
+        )
+        for j in jobs
+    )
+    # Two trained at once; each node has one CPU, so they were on both nodes.
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), spans
+    assert best is not None and tuner.get_best_hyperparameters()[0].values == next(
+        t["values"] for t in study["trials"] if t["trial_id"] == study["best_trial_id"]
+    )
     until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
 
 
