@@ -17,3 +17,10 @@ def build_model(hp):
         metrics=["accuracy"],
     )
     return model
+
+
+def build_model_failing_wide(hp):
+    """As build_model, but a trial with more than 24 units fails on the worker (as a real build can)."""
+    if hp.Int("units", 8, 64, step=8) > 24:
+        raise ValueError("this machine cannot hold so many units")
+    return build_model(hp)

@@ -12,7 +12,7 @@ from typing import Any
 import keras_tuner as kt  # noqa: F401  (the test extra has it: missing fails, never skips)
 import pytest
 from backend_proc import own_backend
-from searchmodels import build_model
+from searchmodels import build_model, build_model_failing_wide
 
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
@@ -131,3 +131,80 @@ def _training_span(job: dict[str, Any]) -> tuple[float, float]:
     """From the job's entering TRAINING · TRAINING to its end, by its timeline."""
     start = next(e["ts"] for e in job["timeline"] if e["substatus"] == v.SUB_TRAINING and e["status"] == v.TRAINING)
     return start, max(e["ts"] for e in job["timeline"] if e["ts"] is not None)
+
+
+def test_a_failing_trial_is_recorded_and_the_study_goes_on(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(300, seed=4)
+    tuner = kt.RandomSearch(
+        build_model_failing_wide,
+        objective="val_accuracy",
+        max_trials=5,
+        seed=1,
+        max_consecutive_failed_trials=5,
+        directory=str(tmp_path),
+        project_name="f",
+    )
+    study_id, best = Training.online_search(
+        tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=1, validation_data=slow_data(100, seed=5)
+    )
+    study = backend.client().t.json("GET", f"/studies/{study_id}")
+    assert study["status"] == "COMPLETED" and len(study["trials"]) == 5, study
+    failed = [t for t in study["trials"] if t["status"] == "FAILED"]
+    done = [t for t in study["trials"] if t["status"] == "COMPLETED"]
+    assert failed and done, study["trials"]
+    assert all(t["values"]["units"] > 24 for t in failed) and all(t["values"]["units"] <= 24 for t in done)
+    assert all("cannot hold so many units" in t["message"] for t in failed), failed
+    assert best is not None and study["best_trial_id"] in {t["trial_id"] for t in done}
+
+
+def test_cancelling_a_study_cancels_its_running_trials_and_starts_no_more(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aibro_jupyter.search import start_study
+
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    client = backend.client()
+    x, y = slow_data(6000, seed=4)
+    tuner = kt.RandomSearch(build_model, objective="val_accuracy", max_trials=10, directory=str(tmp_path))
+    training = Training(client)
+    study_id = start_study(
+        training,
+        tuner,
+        x,
+        y,
+        parallel=2,
+        machine_ids="local-cpu",
+        epochs=200,
+        batch_size=16,
+        validation_data=slow_data(100, seed=5),
+        verbose=False,
+    )
+
+    def running() -> list[dict[str, Any]]:
+        trials = client.t.json("GET", f"/studies/{study_id}")["trials"]
+        return [t for t in trials if client.job(t["job_id"])["status"] == v.TRAINING]
+
+    assert wait_until(lambda: len(running()) == 2), "two trials training"
+    cancelled = client.t.json("POST", f"/studies/{study_id}/cancel")
+    assert cancelled["status"] == "CANCELED" and all(t["status"] == "CANCELED" for t in cancelled["trials"])
+    for trial in cancelled["trials"]:
+        assert training.watch(trial["job_id"], []).status == v.CANCELED
+    later = client.t.json("GET", f"/studies/{study_id}")
+    assert later["status"] == "CANCELED" and len(later["trials"]) == 2, "no trial started after the cancel"
+
+
+def wait_until(cond: Any, timeout: float = 300) -> bool:
+    """Whether `cond()` became true: a state the backend reaches by itself; the bound only stops a hang."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

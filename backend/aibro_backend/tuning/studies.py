@@ -162,6 +162,8 @@ class StudyDriver:
     def _start_trial(self, study: StudyRecord, slot: str, trial_id: str, values: dict[str, Any], host: Any) -> None:
         """The trial as a job of the study's user; a job the backend refuses for a limit waits for the next step
         (the oracle hands the same trial to the slot again), one it refuses outright fails the trial."""
+        if self._final(study.id):  # cancelled while the oracle answered: nothing starts after a cancel
+            return
         job = dict(study.spec["job"])
         job["trial"] = {**job["trial"], "values": values, "study_id": study.id, "trial_id": trial_id}
         if "tuner/epochs" in values:  # Hyperband's round: these epochs, from where the earlier trial stopped
