@@ -6,6 +6,7 @@ search."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from backend_proc import own_backend
 from searchmodels import build_model, build_model_failing_wide
 
 from aibro_core import vocabulary as v
+from aibro_core.errors import ApiError
 from aibro_jupyter import Training
 
 from helpers import slow_data
@@ -119,6 +121,7 @@ def test_a_trial_cannot_start_from_another_users_job(backend: Any, tmp_path: Pat
     hp = kt.HyperParameters()
     bundle, spec = training.prepare(build_model(hp), x, y, machine_ids="local-cpu", build=build_model)
     bundle.upload(mallory)
+    shutil.rmtree(bundle.workdir, ignore_errors=True)
     spec.update(data=bundle.data)
     spec["trial"].update(hyperparameters=hp.get_config(), values=dict(hp.values), resume_job=theirs)
     job_id = training.client.submit(spec)["job_id"]
@@ -208,3 +211,23 @@ def wait_until(cond: Any, timeout: float = 300) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def test_a_study_its_trials_could_not_run_is_refused_before_it_starts(backend: Any) -> None:
+    """What every trial's job would be refused for (here a cool-down over the backend's cap) refuses the study at
+    POST /studies, naming the fix, before any trial starts."""
+    client = backend.client()
+    training = Training(client)
+    x, y = slow_data(200, seed=6)
+    hp = kt.HyperParameters()
+    bundle, spec = training.prepare(build_model(hp), x, y, machine_ids="local-cpu", build=build_model)
+    bundle.upload(client)
+    shutil.rmtree(bundle.workdir, ignore_errors=True)
+    spec.update(data=bundle.data, cool_down_s=7200.0)
+    spec["trial"]["hyperparameters"] = hp.get_config()
+    oracle = {"kind": "RandomSearch", "objective": [{"name": "loss", "direction": "min"}], "max_trials": 2}
+    before = len(client.t.json("GET", "/studies")["studies"])
+    with pytest.raises(ApiError) as refused:
+        client.t.json("POST", "/studies", json={"oracle": oracle | {"hyperparameters": hp.get_config()}, "job": spec})
+    assert refused.value.status == 400 and "cool_down_s=7200 is over this backend's cap" in str(refused.value)
+    assert len(client.t.json("GET", "/studies")["studies"]) == before

@@ -108,5 +108,25 @@ def test_a_random_search_over_two_slots_survives_its_host_being_killed(tmp_path:
 def test_an_oracle_spec_names_what_its_kind_does_not_take() -> None:
     with pytest.raises(ValueError, match="a Hyperband oracle takes no max_trials"):
         OracleSpec(
-            kind="Hyperband", objective=[{"name": "val_loss", "direction": "min"}], hyperparameters={}, max_trials=3
+            kind="Hyperband",
+            objective=[{"name": "val_loss", "direction": "min"}],
+            hyperparameters=_space(),
+            max_trials=3,
         )
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        {"space": [{"class_name": "Lambda", "config": {"name": "x"}}], "values": {}},
+        {"space": [{"class_name": "Int", "config": {"name": "u"}, "module": "os"}], "values": {}},
+        {"space": [{"class_name": "Int", "config": {"name": "u", "conditions": [{"class_name": "Eval"}]}}]},
+        {"space": {"class_name": "Int"}},
+        {"space": [], "values": {}, "extra": 1},
+    ],
+)
+def test_a_space_is_kerastuners_config_and_nothing_else(space: dict) -> None:
+    """The oracle host deserializes the space with KerasTuner: only its own kinds get there."""
+    with pytest.raises(ValueError, match="oracle.hyperparameters"):
+        OracleSpec(kind="RandomSearch", objective=[{"name": "val_loss", "direction": "min"}], hyperparameters=space)
+    OracleSpec(kind="RandomSearch", objective=[{"name": "val_loss", "direction": "min"}], hyperparameters=_space())

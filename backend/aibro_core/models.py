@@ -660,6 +660,9 @@ ORACLE_ARGS: dict[str, set[str]] = {
 }
 
 
+HP_KINDS = ("Boolean", "Choice", "Fixed", "Float", "Int")
+
+
 class Objective(Request):
     name: Annotated[str, Field(min_length=1, max_length=200)]
     direction: Literal["min", "max"]
@@ -682,6 +685,25 @@ class OracleSpec(Request):
     num_initial_points: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
     alpha: Annotated[float, Field(gt=0, le=1e6)] | None = None
     beta: Annotated[float, Field(gt=0, le=1e6)] | None = None
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _a_space(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """KerasTuner's HyperParameters config, and nothing else: its five kinds, whose conditions name parents."""
+        space, values = value.get("space"), value.get("values", {})
+        if set(value) - {"space", "values"} or not isinstance(space, list) or not isinstance(values, dict):
+            raise _fail("'oracle.hyperparameters' must be KerasTuner's HyperParameters.get_config(): {space, values}")
+        for entry in space:
+            config = entry.get("config") if isinstance(entry, dict) else None
+            if set(entry) - {"class_name", "config"} or entry.get("class_name") not in HP_KINDS:
+                raise _fail(f"'oracle.hyperparameters.space' holds {str(entry)[:80]}: each must be one of {HP_KINDS}")
+            conditions = config.get("conditions", []) if isinstance(config, dict) else None
+            if not isinstance(conditions, list) or any(
+                not isinstance(c, dict) or set(c) != {"class_name", "config"} or c["class_name"] != "Parent"
+                for c in conditions
+            ):
+                raise _fail("'oracle.hyperparameters.space' conditions must be KerasTuner's Parent conditions")
+        return value
 
     @model_validator(mode="after")
     def _arguments_of_its_kind(self) -> OracleSpec:

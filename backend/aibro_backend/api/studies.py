@@ -7,7 +7,7 @@ from aibro_core.models import StudySpec
 from ..storage.records import StudyRecord
 from ..tuning import studies
 from .base import ApiError, UserHandler
-from .jobspec import validate_spec
+from .user import check_job
 
 
 class StudiesHandler(UserHandler):
@@ -18,10 +18,7 @@ class StudiesHandler(UserHandler):
     def post(self) -> None:
         raw = self.body_json()
         spec = self.body_model(StudySpec, "the study spec", raw)
-        validate_spec(raw["job"], self.backend.scheduler.machine_index())  # the machines it names, as a job's
-        for sha in set(spec.job.blobs()):
-            if self.backend.store.blob_size(sha, self.uid) is None:
-                raise ApiError(400, f"blob {sha} was not uploaded by this user: PUT /blobs/{sha} first")
+        check_job(self.backend, self.uid, self.user["name"], raw["job"])  # what each trial's job will pass
         study_id = studies.create_study(self.backend, self.uid, raw, spec)
         self.send(studies.study_view(self.backend, own_study(self, study_id)).model_dump(mode="json"), 201)
 

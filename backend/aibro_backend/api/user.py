@@ -148,6 +148,26 @@ def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None 
 def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], replay_of: str | None = None) -> str:
     """Validate a job spec against the backend's machines and this user's limits, store and queue it; its id. A
     submitted job and a study's trial (tuning/studies.py) are admitted alike."""
+    spec = check_job(backend, uid, user_name, raw)
+    active = backend.store.jobs(uid, v.JOB_ACTIVE)
+    if len(active) >= backend.policy.max_active_jobs:
+        raise ApiError(
+            429,
+            f"{len(active)} jobs are active, the limit is {backend.policy.max_active_jobs}: "
+            "wait for one to end, cancel one (`aibro cancel JOB`), or let the new job wait for a slot "
+            "(%%cloud_fit --wait-slot S, wait_new_job_create_s=S)",
+        )
+    job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
+    backend.store.create_job(job_id, uid, spec, replay_of=replay_of)
+    backend.store.touch_blobs(uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
+    backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
+    backend.scheduler.tick()
+    return job_id
+
+
+def check_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The normalised spec, once it fits the machines, the backend's policy and the user's blobs: what a job must
+    pass whenever it comes (a study's trials are checked so before the study starts)."""
     spec = validate_spec(raw, backend.scheduler.machine_index())
     if not spec["safe_mode"] and not backend.policy.unsafe_allowed(user_name):
         raise ApiError(
@@ -170,20 +190,7 @@ def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], r
         total += size
     if total > backend.policy.max_job_bytes:
         raise ApiError(413, f"this job's data is {total} bytes, over the {backend.policy.max_job_bytes}-byte limit")
-    active = backend.store.jobs(uid, v.JOB_ACTIVE)
-    if len(active) >= backend.policy.max_active_jobs:
-        raise ApiError(
-            429,
-            f"{len(active)} jobs are active, the limit is {backend.policy.max_active_jobs}: "
-            "wait for one to end, cancel one (`aibro cancel JOB`), or let the new job wait for a slot "
-            "(%%cloud_fit --wait-slot S, wait_new_job_create_s=S)",
-        )
-    job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
-    backend.store.create_job(job_id, uid, spec, replay_of=replay_of)
-    backend.store.touch_blobs(uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
-    backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
-    backend.scheduler.tick()
-    return job_id
+    return spec
 
 
 class JobHandler(UserHandler):

@@ -28,6 +28,7 @@ from .oracle_client import OracleHost, OracleUnavailable
 from .oracle_host import OracleRequest
 
 log = logging.getLogger(__name__)
+MAX_STEP_FAILURES = 5  # a study whose step fails this many times in a row (not a refusal: a defect) ends FAILED
 
 
 def study_dir(backend: Backend, study_id: str) -> Path:
@@ -100,6 +101,7 @@ class StudyDriver:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.hosts: dict[str, OracleHost] = {}
+        self.failures: dict[str, int] = {}
         self.stepping = False
 
     async def step(self) -> None:
@@ -113,8 +115,13 @@ class StudyDriver:
                     await self._drive(study)
                 except OracleUnavailable as exc:
                     self._end_study(study, v.STUDY_FAILED, str(exc))
-                except Exception:  # noqa: BLE001 - one study's trouble never stops the others
-                    log.exception("study %s: step failed", study.id)
+                except Exception as exc:  # noqa: BLE001 - one study's trouble never stops the others
+                    self.failures[study.id] = self.failures.get(study.id, 0) + 1
+                    log.exception("study %s: step failed (%d in a row)", study.id, self.failures[study.id])
+                    if self.failures[study.id] >= MAX_STEP_FAILURES:
+                        self._end_study(study, v.STUDY_FAILED, f"the backend could not drive it: {exc}")
+                else:
+                    self.failures.pop(study.id, None)
             for study_id in [s for s in self.hosts if self._final(s)]:
                 await self.hosts.pop(study_id).close()
         finally:
@@ -182,9 +189,9 @@ class StudyDriver:
         try:
             job_id = admit_job(self.backend, study.user_id, user, job)
         except ApiError as exc:
-            if exc.status == 429:
-                return
-            raise
+            if exc.status != 429:  # refused outright (the policy changed since the study began): every trial would be
+                self._end_study(study, v.STUDY_FAILED, f"trial {trial_id}'s job was refused: {exc}")
+            return
         self.backend.store.add_trial(study.id, trial_id, slot, job_id, values)
         log.info("study %s: trial %s runs as %s (%s)", study.id, trial_id, job_id, slot)
 
