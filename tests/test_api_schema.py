@@ -31,11 +31,16 @@ from helpers import aibro_cli
 
 MAX_EXAMPLES = 40  # per operation and generation mode
 # A request can match the document and still be refused by a check the document cannot state: a spec naming a
-# blob this user never uploaded or a machine this backend does not offer, initial_epoch not below epochs, a size
+# blob this user never uploaded or a machine this backend does not offer, initial_epoch not below epochs, a job with
+# both or neither of a model and a trial, a study's oracle arguments or space that KerasTuner would not take, a size
 # over a per-user limit (413, also a fine refusal of invalid data). There the positive-data check (and for 413 the
 # negative-data one) gives way; every other check still runs.
 SEMANTIC_400 = re.compile(
     r"was not uploaded by this user|unknown machine|was not recorded|must be less than epochs|^'requirements'"
+    # a job's model or trial (one of them, a trial with its code), a study's job a trial, an oracle's arguments and
+    # space as KerasTuner takes them
+    r"|a job needs either 'model'|a 'trial' job needs 'code'|a study's 'job' must have a 'trial'|oracle takes no"
+    r"|'oracle\.hyperparameters'"
 )
 
 
