@@ -72,6 +72,17 @@ def answered_again(call: Callable[[], Any], refused: type[BaseException] = Excep
             time.sleep(0.2)
 
 
+def wait_until(cond: Callable[[], Any], timeout: float = 300) -> Any:
+    """`cond()`'s first true value, or None after `timeout`: for a state the backend reaches by itself (the bound
+    only stops a hang)."""
+    deadline = time.monotonic() + timeout
+    while not (found := cond()):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+    return found
+
+
 def epochs_seen(events: list[dict[str, Any]]) -> list[int]:
     return [e["data"]["epoch"] for e in events if e["type"] == "epoch"]
 

@@ -30,7 +30,7 @@ from aibro_jupyter import Training, blobsource  # noqa: E402
 from aibro_jupyter.blobsource import ArraySource, BytesSource  # noqa: E402
 
 from conftest import make_model  # noqa: E402
-from helpers import backend_db, slow_data, wait_for  # noqa: E402
+from helpers import backend_db, slow_data, wait_for, wait_until  # noqa: E402
 
 REFUTED = r"aibro_backend\.storage\.claims WARNING user \d+'s upload \S+ is not the blob [0-9a-f]{64} it was named"
 PART = 5 * 1024 * 1024  # S3's smallest part: the test's arrays are a little over it
@@ -69,11 +69,14 @@ def _claim(aws: dict[str, Any], sha: str, user: str = "local") -> list[tuple]:
     for a proven and shared one, [] for a claim that was refused (or nothing held)."""
     home = aws["backend"].home
     sql = "SELECT b.s3_key FROM blobs b JOIN users u ON u.id = b.user_id WHERE b.sha=? AND u.name=?"
-    deadline = time.monotonic() + 300  # a state the backend reaches on its own: the bound only stops a hang
-    while (rows := backend_db(home, sql, sha, user)) and rows[0][0] is not None:
-        assert time.monotonic() < deadline, f"the upload of {sha} was neither proven nor refused: {rows}"
-        time.sleep(0.1)
-    return rows
+
+    def settled() -> tuple[list[tuple]] | None:
+        rows = backend_db(home, sql, sha, user)
+        return (rows,) if not rows or rows[0][0] is None else None  # a tuple: an empty answer is an answer too
+
+    got = wait_until(settled)
+    assert got is not None, f"the upload of {sha} was neither proven nor refused"
+    return got[0]
 
 
 def _upload_path() -> str:

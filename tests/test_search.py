@@ -19,7 +19,7 @@ from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
 from aibro_jupyter import Training
 
-from helpers import slow_data
+from helpers import slow_data, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -118,12 +118,8 @@ def test_a_trial_cannot_start_from_another_users_job(backend: Any, tmp_path: Pat
     assert alice.watch(theirs, []).status == v.COMPLETED
     mallory = backend.add_user(f"mallory-{tmp_path.name[-6:]}")
     training = Training(mallory)
-    hp = kt.HyperParameters()
-    bundle, spec = training.prepare(build_model(hp), x, y, machine_ids="local-cpu", build=build_model)
-    bundle.upload(mallory)
-    shutil.rmtree(bundle.workdir, ignore_errors=True)
-    spec.update(data=bundle.data)
-    spec["trial"].update(hyperparameters=hp.get_config(), values=dict(hp.values), resume_job=theirs)
+    spec = _trial_spec(training, x, y)
+    spec["trial"]["resume_job"] = theirs
     job_id = training.client.submit(spec)["job_id"]
     view = training.watch(job_id, [])
     assert view.status == v.CANCELED and view.errors, "the trial failed"
@@ -202,33 +198,30 @@ def test_cancelling_a_study_cancels_its_running_trials_and_starts_no_more(
     assert later["status"] == "CANCELED" and len(later["trials"]) == 2, "no trial started after the cancel"
 
 
-def wait_until(cond: Any, timeout: float = 300) -> bool:
-    """Whether `cond()` became true: a state the backend reaches by itself; the bound only stops a hang."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def test_a_study_its_trials_could_not_run_is_refused_before_it_starts(backend: Any) -> None:
     """What every trial's job would be refused for (here a cool-down over the backend's cap) refuses the study at
     POST /studies, naming the fix, before any trial starts."""
     client = backend.client()
     training = Training(client)
     x, y = slow_data(200, seed=6)
+    spec = _trial_spec(training, x, y) | {"cool_down_s": 7200.0}
     hp = kt.HyperParameters()
-    bundle, spec = training.prepare(build_model(hp), x, y, machine_ids="local-cpu", build=build_model)
-    bundle.upload(client)
-    shutil.rmtree(bundle.workdir, ignore_errors=True)
-    spec.update(data=bundle.data, cool_down_s=7200.0)
-    spec["trial"]["hyperparameters"] = hp.get_config()
     oracle = {"kind": "RandomSearch", "objective": [{"name": "loss", "direction": "min"}], "max_trials": 2}
     before = len(client.t.json("GET", "/studies")["studies"])
     with pytest.raises(ApiError) as refused:
         client.t.json("POST", "/studies", json={"oracle": oracle | {"hyperparameters": hp.get_config()}, "job": spec})
     assert refused.value.status == 400 and "cool_down_s=7200 is over this backend's cap" in str(refused.value)
     assert len(client.t.json("GET", "/studies")["studies"]) == before
+
+
+def _trial_spec(training: Training, x: Any, y: Any) -> dict[str, Any]:
+    """A trial job's spec made by hand (the build function at its space's defaults), its data uploaded."""
+    hp = kt.HyperParameters()
+    bundle, spec = training.prepare(build_model(hp), x, y, machine_ids="local-cpu", build=build_model)
+    try:
+        bundle.upload(training.client)
+    finally:
+        shutil.rmtree(bundle.workdir, ignore_errors=True)
+    spec.update(data=bundle.data)
+    spec["trial"].update(hyperparameters=hp.get_config(), values=dict(hp.values))
+    return spec
