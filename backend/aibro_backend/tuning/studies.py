@@ -9,6 +9,7 @@ stops it after `max_consecutive_failed_trials` failures in a row); cancelling a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -102,13 +103,15 @@ class StudyDriver:
         self.backend = backend
         self.hosts: dict[str, OracleHost] = {}
         self.failures: dict[str, int] = {}
-        self.stepping = False
+        self.stepping: asyncio.Future[None] | None = None
+        self.closed = False
 
     async def step(self) -> None:
-        """One pass over the running studies (never two at once: a slow oracle makes the next pass wait)."""
-        if self.stepping:
+        """One pass over the running studies (never two at once: a slow oracle makes the next pass wait; none once
+        the driver is closed, when the store may already be)."""
+        if self.stepping is not None or self.closed:
             return
-        self.stepping = True
+        self.stepping = asyncio.get_running_loop().create_future()
         try:
             for study in self.backend.store.studies(statuses=(v.STUDY_RUNNING,)):
                 try:
@@ -125,7 +128,8 @@ class StudyDriver:
             for study_id in [s for s in self.hosts if self._final(s)]:
                 await self.hosts.pop(study_id).close()
         finally:
-            self.stepping = False
+            self.stepping.set_result(None)
+            self.stepping = None
 
     def _final(self, study_id: str) -> bool:
         study = self.backend.store.study(study_id)
@@ -236,6 +240,10 @@ class StudyDriver:
         log.info("study %s %s%s", study.id, status, f": {message}" if message else "")
 
     async def close(self) -> None:
+        """Stop stepping, let a pass under way finish, then end the oracle processes."""
+        self.closed = True
+        if self.stepping is not None:
+            await self.stepping
         for host in self.hosts.values():
             await host.close()
         self.hosts.clear()
