@@ -175,7 +175,7 @@ class CloudMagics(Magics):
             raise UsageError(str(exc)) from None
 
     async def _cloud_tune_steps(self, args: Any, cell: str) -> Any:
-        from .search import finish, follow, start_study
+        from .search import start_study
 
         ns = self.shell.user_ns
         split = split_cell(self.shell.transform_cell(cell), "search", "%%cloud_tune")
@@ -209,12 +209,10 @@ class CloudMagics(Magics):
         if args.detach:
             print(f"{study_id} started; follow it with {again}")
             return None
-        try:
-            study = follow(self.trainer.client, study_id, not args.quiet)
-        except KeyboardInterrupt:
-            print(f"\nDetached; {study_id} goes on. Follow it again with {again}", flush=True)
-            raise
-        ns[args.into] = finish(self.trainer, tuner, study)
+        study = await self._follow_study(study_id, args.description, again, not args.quiet)
+        if study is None:
+            return None
+        self._bind_study(tuner, study, args.into, tuner_src)
         if split.target is not None:
             ns["__aibro_search__"] = None  # what tuner.search returns
             _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_search__", ast.Load()))], ns)
@@ -293,6 +291,62 @@ class CloudMagics(Magics):
             raise result["error"]
         return result["view"]
 
+    async def _follow_study(
+        self, study_id: str, description: str, again: str, verbose: bool = True
+    ) -> dict[str, Any] | None:
+        """Show the study's panel and follow the study until it ends; None when the user detached."""
+        from .search import follow
+        from .widgets.study_panel import StudyPanel
+
+        client = self.trainer.client
+        panel = StudyPanel(study_id, description, again)
+        panel.on_cancel(lambda: client.t.json("POST", f"/studies/{study_id}/cancel"))
+        self.last_panel = panel
+        display(panel)
+        result: dict[str, Any] = {}
+        stop = threading.Event()
+
+        def watch() -> None:
+            try:
+                result["study"] = follow(client, study_id, verbose, on_poll=panel.update, stop=stop)
+            except Exception as exc:  # noqa: BLE001 - shown in the cell thread
+                result["error"] = exc
+
+        thread = threading.Thread(target=watch, name=f"aibro-{study_id}", daemon=True)
+        thread.start()
+        try:
+            await until(lambda: not thread.is_alive() or panel.detached.is_set())
+        except KeyboardInterrupt:
+            panel.detach()
+        if panel.detached.is_set():
+            stop.set()
+            print(f"Detached; {study_id} goes on. Follow it again with {again}", flush=True)
+            return None
+        if "error" in result:
+            raise result["error"]
+        return result["study"]
+
+    def _bind_study(self, tuner: Any, study: dict[str, Any], into: str, tuner_src: str | None) -> None:
+        """The study's trials into the tuner and the best trial's model into `into`; the panel says which."""
+        from .search import finish
+        from .widgets.study_panel import StudyPanel
+
+        panel = self.last_panel
+        try:
+            self.shell.user_ns[into] = model = finish(self.trainer, tuner, study)
+        except Exception as exc:
+            if isinstance(panel, StudyPanel):
+                panel.cell_done("", f"the results could not come back: {exc}")
+            raise
+        if isinstance(panel, StudyPanel):
+            told = f"; {tuner_src} holds every trial" if tuner_src else ""
+            best = study.get("best_trial_id")
+            panel.cell_done(
+                f"{into} holds trial {best}'s trained model{told}"
+                if model is not None
+                else f"no trial completed: {into} is None{told}"
+            )
+
     # -- line magics --------------------------------------------------------------------------------
     @magic_arguments()
     @argument("--use", default=None, help="make this machine list the session default for %%cloud_fit")
@@ -343,12 +397,14 @@ class CloudMagics(Magics):
     async def _cloud_attach(self, line: str) -> None:
         args = _parse(self.cloud_attach, line)
         if args.job_id.startswith("study-"):
-            from .search import finish, follow
-
             try:
                 tuner = self.shell.user_ns[args.tuner] if args.tuner else None
-                study = follow(self.trainer.client, args.job_id)
-                self.shell.user_ns[args.into or "best_model"] = finish(self.trainer, tuner, study)
+                into = args.into or "best_model"
+                again = f"%cloud_attach {args.job_id}" + (f" --tuner {args.tuner}" if args.tuner else "")
+                description = self.trainer.client.t.json("GET", f"/studies/{args.job_id}")["description"]
+                study = await self._follow_study(args.job_id, description, again)
+                if study is not None:
+                    self._bind_study(tuner, study, into, args.tuner)
             except KeyError:
                 raise UsageError(f"no variable {args.tuner!r} here: make the tuner first, as in its cell") from None
             except AibroError as exc:

@@ -9,6 +9,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -182,22 +183,41 @@ def _weights_into(training: Any, tuner: Any, trial: dict[str, Any]) -> None:
         shutil.move(part, dest)
 
 
-def follow(client: Any, study_id: str, verbose: bool = True) -> dict[str, Any]:
-    """Poll the study until it ends, saying what each trial does as it changes."""
+def follow(
+    client: Any,
+    study_id: str,
+    verbose: bool = True,
+    on_poll: Callable[[dict[str, Any], dict[str, list[dict[str, Any]]]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> dict[str, Any] | None:
+    """Poll the study until it ends, saying what each trial does as it changes; with `on_poll` (a panel), hand it
+    the study and the epoch history of each trial that trained since the last poll. None when `stop` is set."""
     seen: dict[str, str] = {}
+    settled: set[str] = set()  # ended trials whose whole history was handed over
     while True:
         study = client.t.json("GET", f"/studies/{study_id}")
         for trial in study["trials"]:
             if verbose and seen.get(trial["trial_id"]) != trial["status"]:
                 seen[trial["trial_id"]] = trial["status"]
                 print(trial_line(study, trial), flush=True)
+        if on_poll is not None:
+            histories = {}
+            for trial in study["trials"]:
+                if trial["trial_id"] not in settled:
+                    histories[trial["trial_id"]] = client.job(trial["job_id"])["history"]
+                    if trial["status"] != "RUNNING":
+                        settled.add(trial["trial_id"])
+            on_poll(study, histories)
         if study["status"] in STUDY_FINAL:
             if verbose:
                 best = study.get("best_trial_id")
                 why = f": {study['message']}" if study.get("message") else ""
                 print(f"[{study_id}] {study['status']}{why}; best trial {best}", file=sys.stdout, flush=True)
             return study
-        time.sleep(POLL_S)
+        if stop is None:
+            time.sleep(POLL_S)
+        elif stop.wait(POLL_S):
+            return None
 
 
 def trial_line(study: dict[str, Any], trial: dict[str, Any]) -> str:

@@ -138,7 +138,7 @@ def gallery_shot(target: Any, name: str, until: Any = None, toasts: bool = False
     Notifications are hidden from the picture unless `toasts` (they would cover what it shows)."""
     GALLERY.mkdir(parents=True, exist_ok=True)
     path = GALLERY / f"{name}.png"
-    style = "" if toasts else ".Toastify__toast-container { visibility: hidden !important; }"
+    style = "" if toasts else ".Toastify__toast-container, .Toastify__toast { visibility: hidden !important; }"
     if until is None:
         target.screenshot(path=str(path), style=style)  # not animations="disabled": it ends a toast's timer
     else:

@@ -294,10 +294,15 @@ class _Tee:
 def epoch_ticks(epochs: int, most: int = 10) -> list[int]:
     """Whole epoch numbers for the x-axis: every epoch up to `most`, else the multiples of a round step (2, 5, 10,
     20, 50, …)."""
-    if epochs <= most:
-        return list(range(1, epochs + 1))
-    step = next(s for m in (1, 10, 100, 1000, 10000) for s in (1 * m, 2 * m, 5 * m) if epochs / s <= most)
-    return list(range(step, epochs + 1, step))
+    return whole_ticks(1, epochs, most)
+
+
+def whole_ticks(low: int, high: int, most: int = 10) -> list[int]:
+    """Whole numbers from `low` to `high` for an axis: each one while at most `most` fit, else the multiples of a
+    round step (2, 5, 10, 20, 50, …) between them."""
+    count = max(1, high - low + 1)
+    step = next(s for m in (1, 10, 100, 1000, 10000) for s in (1 * m, 2 * m, 5 * m) if count / s <= most)
+    return list(range(-(-low // step) * step, high + 1, step))
 
 
 def _num(val: Any) -> float:

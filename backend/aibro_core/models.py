@@ -1163,6 +1163,8 @@ class Job(Response):
     timeline: list[TimelineEntry]
     history: list[HistoryRow]
     error: str | None
+    study_id: str | None = Field(None, description="the hyperparameter study this job is a trial of")
+    trial_id: str | None = Field(None, description="which of the study's trials it is")
 
 
 class StudyTrial(Response):
@@ -1191,6 +1193,7 @@ class Study(Response):
     updated: float
     trials: list[StudyTrial]
     best_trial_id: str | None = Field(description="the completed trial with the best score so far, by the objective")
+    cost: float = Field(0.0, description="USD: what its trials' jobs cost so far, each as a job's cost is counted")
 
 
 class Studies(Response):

@@ -29,6 +29,7 @@ export type IJob = Answer<'/jobs/{job_id}'>;
 export type IEvent = Answer<'/events'>['events'][number];
 export type IInstance = Answer<'/instances'>['instances'][number];
 export type IMachine = Answer<'/machines'>['machines'][number];
+export type IStudy = Answer<'/studies/{study_id}'>;
 export type JobStatus = IJob['status'];
 export type JobSubstatus = IJob['substatus'];
 /** One epoch of a job's history: `epoch` (from 1) and every Keras log of it (null where it was not finite). */
@@ -50,6 +51,9 @@ export const api = {
   jobs: () => call('get', '/jobs', undefined),
   machines: () => call('get', '/machines', undefined),
   instances: () => call('get', '/instances', undefined),
+  studies: () => call('get', '/studies', undefined),
+  /** The study as it is once cancelled: no more trials start, its running trials' jobs are cancelled. */
+  cancelStudy: (studyId: string) => call('post', '/studies/{study_id}/cancel', { study_id: studyId }),
   /** The user's events after `after`, waiting up to `wait` seconds for one. */
   events: (after: number, wait: number) => call('get', '/events', undefined, { after, wait }),
   /** The job as it is once the cancel is recorded (`cancel_requested`); the worker stops within a batch. */

@@ -7,7 +7,7 @@
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { api, IEvent, IInstance, IJob, IMachine } from './api';
+import { api, IEvent, IInstance, IJob, IMachine, IStudy } from './api';
 import { FINAL } from './format';
 import { applyEvent } from './jobpicture';
 
@@ -23,6 +23,8 @@ export class JobsModel {
   instances: IInstance[] = [];
   instancesFetched = 0;
   machines: IMachine[] = [];
+  /** The studies whose trials are among the jobs, by id: the sidebar groups each study's trials under it. */
+  studies = new Map<string, IStudy>();
   connection: Connection = 'connecting';
   lastError = '';
 
@@ -58,6 +60,9 @@ export class JobsModel {
     this.instanceTimer = window.setInterval(() => {
       if (this.connection === 'live') {
         void this.refreshInstances();
+        if (Array.from(this.studies.values()).some(s => s.status === 'RUNNING')) {
+          void this.refreshStudies(); // a study ends a step after its last trial: no job event says so
+        }
         if (Date.now() - this.machinesFetched > MACHINE_REFRESH_MS) {
           void this.refreshMachines();
         }
@@ -85,6 +90,15 @@ export class JobsModel {
       this.changedSignal.emit();
     }
     return answer;
+  }
+
+  /**
+   * Cancel a study: no further trial starts and its running trials' jobs are cancelled.
+   * @throws {ApiError} when the proxy or the backend refuses
+   */
+  async cancelStudy(studyId: string): Promise<void> {
+    this.studies.set(studyId, await api.cancelStudy(studyId));
+    this.changedSignal.emit();
   }
 
   /** The offer a machine id names, when the backend lists it. */
@@ -149,6 +163,7 @@ export class JobsModel {
     });
     await this.refreshMachines(false);
     await this.refreshInstances(false);
+    await this.refreshStudies(false);
     this.setConnection('live');
     this.changedSignal.emit();
   }
@@ -157,6 +172,20 @@ export class JobsModel {
     this.machinesFetched = Date.now();
     try {
       this.machines = (await api.machines()).machines;
+    } catch {
+      return; // the event loop notices a lost backend and says so
+    }
+    if (emit) {
+      this.changedSignal.emit();
+    }
+  }
+
+  private async refreshStudies(emit = true): Promise<void> {
+    if (!Array.from(this.jobs.values()).some(j => j.study_id)) {
+      return;
+    }
+    try {
+      this.studies = new Map((await api.studies()).studies.map(s => [s.study_id, s]));
     } catch {
       return; // the event loop notices a lost backend and says so
     }
@@ -180,6 +209,7 @@ export class JobsModel {
   /** Events into the job pictures, by the one TypeScript reducer (jobpicture.ts); signals what they changed. */
   private apply(events: IEvent[]): void {
     let instancesChanged = false;
+    let studiesChanged = false;
     for (const ev of events) {
       const job = this.jobs.get(ev.job_id);
       if (!job) {
@@ -190,6 +220,7 @@ export class JobsModel {
       const wasFinal = FINAL.has(job.status);
       if (applyEvent(job, ev) === 'status') {
         instancesChanged = true;
+        studiesChanged = studiesChanged || !!job.study_id;
         if (!wasFinal && FINAL.has(job.status)) {
           this.finishedSignal.emit(job);
         }
@@ -197,6 +228,9 @@ export class JobsModel {
     }
     if (instancesChanged) {
       void this.refreshInstances(false);
+    }
+    if (studiesChanged) {
+      void this.refreshStudies(); // a trial ended: the study's best so far may have changed
     }
     this.changedSignal.emit();
   }

@@ -1,6 +1,7 @@
 /**
  * The "Cloud training" sidebar: jobs (live), instances (state with times, cooling countdown, Terminate) and the
  * machines on offer (a table sortable by price, GPU, vCPU, memory and availability).
+ * A study's trials sit under their study, with its best trial so far.
  * Cards are built once per job and updated in place, so a click never lands on a node being replaced.
  * Every element keeps inside the sidebar at JupyterLab's default width: long names end in an ellipsis (the full
  * text is the tooltip), buttons wrap to a new line rather than out of their box, the machine table scrolls
@@ -9,7 +10,7 @@
 import { Clipboard } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { IInstance, IJob, IMachine } from './api';
+import { IInstance, IJob, IMachine, IStudy } from './api';
 import { clock, duration, elapsed, FINAL, isActive, metrics, money, price } from './format';
 import { JobsModel } from './model';
 import { Sparkline } from './sparkline';
@@ -60,7 +61,7 @@ class JobCard {
   private pending = false;
 
   constructor(
-    private job: IJob,
+    public job: IJob,
     private model: JobsModel
   ) {
     this.node.dataset.jobId = job.job_id;
@@ -115,9 +116,10 @@ class JobCard {
     this.job = job;
     const active = isActive(job);
     this.node.dataset.status = job.status;
-    this.title.textContent = this.title.title = job.description || job.job_id;
+    const name = job.trial_id ? `trial ${job.trial_id}` : job.description; // under its study's name
+    this.title.textContent = this.title.title = name || job.job_id;
     this.jobId.textContent = this.jobId.title = job.job_id;
-    this.jobId.hidden = !job.description;
+    this.jobId.hidden = !name;
     this.state.textContent = `${job.status} · ${job.substatus}`;
     this.epochs.textContent = `epoch ${job.epochs_done}/${job.epochs}`;
     this.bar.max = Math.max(1, job.epochs);
@@ -146,6 +148,82 @@ class JobCard {
   tick(): void {
     const where = this.job.machine_id ?? this.job.machines.join(' → ');
     this.meta.textContent = `${where} · ${duration(elapsed(this.job))} · ${jobCost(this.job, this.model)}`;
+  }
+}
+
+/** Put `nodes` into `box` in this order, moving only what moved (a node being clicked is never replaced). */
+function place(box: HTMLElement, nodes: HTMLElement[]): void {
+  nodes.forEach((n, i) => {
+    if (box.children[i] !== n) {
+      box.insertBefore(n, box.children[i] ?? null);
+    }
+  });
+  while (box.children.length > nodes.length) {
+    box.lastElementChild!.remove();
+  }
+}
+
+/** "best val_loss 0.1234 · trial 03", or why there is none yet. */
+function bestSoFar(study: IStudy): string {
+  const best = study.trials.find(t => t.trial_id === study.best_trial_id);
+  const objective = study.objective[0]?.name ?? 'score';
+  if (!best || best.score === null || best.score === undefined) {
+    return study.trials.length ? 'no trial completed yet' : 'no trial yet';
+  }
+  return `best ${objective} ${Number(best.score).toFixed(4)} · trial ${best.trial_id}`;
+}
+
+/** A hyperparameter study: its state, trial count, best so far and cost, then its trials' cards. */
+class StudyGroup {
+  readonly node = el('div', 'aibro-study');
+  readonly trials = el('div', 'aibro-study-trials');
+  private title = line('aibro-study-title', '');
+  private state = el('div', 'aibro-study-state');
+  private best = el('div', 'aibro-study-best');
+  private meta = el('div', 'aibro-study-meta');
+  private note = el('div', 'aibro-job-note');
+  private cancel = el('button', 'jp-Button jp-mod-styled jp-mod-warn aibro-cancel-study', 'Cancel study');
+
+  constructor(
+    private studyId: string,
+    private model: JobsModel
+  ) {
+    this.node.dataset.studyId = studyId;
+    const buttons = el('div', 'aibro-job-buttons');
+    buttons.append(this.cancel);
+    this.node.append(this.title, this.state, this.best, this.meta, this.note, buttons, this.trials);
+    this.cancel.onclick = () => void this.onCancel();
+  }
+
+  private async onCancel(): Promise<void> {
+    this.cancel.disabled = true;
+    this.cancel.textContent = 'Canceling…';
+    try {
+      await this.model.cancelStudy(this.studyId);
+    } catch (error) {
+      this.note.textContent = `cancel failed: ${(error as Error).message}`;
+      this.cancel.disabled = false;
+      this.cancel.textContent = 'Cancel study';
+    }
+  }
+
+  update(jobs: IJob[]): void {
+    const study = this.model.studies.get(this.studyId);
+    const running = study ? study.status === 'RUNNING' : jobs.some(isActive);
+    this.node.dataset.status = study?.status ?? 'RUNNING';
+    this.title.textContent = this.title.title = study?.description || this.studyId;
+    const done = study ? study.trials.filter(t => t.status !== 'RUNNING').length : 0;
+    const of = study?.max_trials ? `/${study.max_trials}` : '';
+    this.state.textContent = study ? `${study.status} · ${done}${of} trials · ${study.kind}` : '';
+    this.state.title = study ? `${study.parallel} trials at once` : '';
+    this.best.textContent = study ? bestSoFar(study) : '';
+    const cost = study?.cost ?? jobs.reduce((sum, j) => sum + j.cost, 0);
+    const start = study?.created ?? Math.min(...jobs.map(j => j.created));
+    const end = running ? Date.now() / 1000 : (study?.updated ?? start);
+    const free = !cost && jobs.every(j => jobCost(j, this.model) === 'free');
+    const shown = free ? 'free' : money(cost);
+    this.meta.textContent = `${this.studyId} · ${duration(Math.max(0, end - start))} · ${shown}`;
+    this.cancel.hidden = !running;
   }
 }
 
@@ -220,6 +298,7 @@ export class CloudSidebar extends Widget {
   };
   private activeBadge = el('span', 'aibro-badge');
   private cards = new Map<string, JobCard>();
+  private groups = new Map<string, StudyGroup>();
   private timer: number;
   private machineScroll = el('div', 'aibro-machine-scroll');
   private machineHint = el('div', 'aibro-hint', SORT_HINT);
@@ -296,6 +375,7 @@ export class CloudSidebar extends Widget {
       return;
     }
     const nodes: HTMLElement[] = [];
+    const trials = new Map<string, JobCard[]>();
     for (const job of jobs) {
       let card = this.cards.get(job.job_id);
       if (card) {
@@ -304,16 +384,28 @@ export class CloudSidebar extends Widget {
         card = new JobCard(job, this.model);
         this.cards.set(job.job_id, card);
       }
-      nodes.push(card.node);
-    }
-    nodes.forEach((n, i) => {
-      if (pane.children[i] !== n) {
-        pane.insertBefore(n, pane.children[i] ?? null);
+      if (!job.study_id) {
+        nodes.push(card.node);
+        continue;
       }
-    });
-    while (pane.children.length > nodes.length) {
-      pane.lastElementChild!.remove();
+      let group = this.groups.get(job.study_id);
+      if (!group) {
+        group = new StudyGroup(job.study_id, this.model);
+        this.groups.set(job.study_id, group);
+      }
+      if (!trials.has(job.study_id)) {
+        trials.set(job.study_id, []);
+        nodes.push(group.node); // where its newest trial sorts: a running study stays on top
+      }
+      trials.get(job.study_id)!.push(card);
     }
+    trials.forEach((cards, studyId) => {
+      const group = this.groups.get(studyId)!;
+      group.update(cards.map(c => c.job));
+      const order = [...cards].sort((a, b) => a.job.trial_id!.localeCompare(b.job.trial_id!));
+      place(group.trials, order.map(c => c.node));
+    });
+    place(pane, nodes);
   }
 
   /** Live instances first, then the five most recently closed ones (their history says how they ended). */
@@ -488,6 +580,7 @@ export class CloudSidebar extends Widget {
 
   private tick(): void {
     this.cards.forEach(c => c.tick());
+    this.groups.forEach((g, id) => g.update(Array.from(this.model.jobs.values()).filter(j => j.study_id === id)));
     this.panes.instances.querySelectorAll<HTMLElement>('.aibro-instance').forEach(row => this.tickInstance(row));
   }
 }

@@ -22,14 +22,23 @@ from .transfer import quota
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
 
 
-def job_view(job: JobRecord, store: Store, costs: dict[str, float] | None = None) -> Job:
+def job_view(
+    job: JobRecord,
+    store: Store,
+    costs: dict[str, float] | None = None,
+    trials: dict[str, tuple[str, str]] | None = None,
+) -> Job:
     """What a client sees of a job: states, progress, timeline and cost, never other users' data.
 
     Built by the one event reduction (aibro_core.jobpicture), which skips an event it cannot use, and read from
     the stored spec defensively: a row stored before requests were validated never turns this into a 500.
-    `costs` (job id → USD, from job_costs) saves a listing from reading the user's instances once per job."""
+    `costs` (job id → USD, from job_costs) and `trials` (from trial_of_jobs) save a listing from reading the user's
+    instances and trials once per job."""
     if costs is None:
         costs = job_costs(store.instances(job.user_id), time.time())
+    if trials is None:
+        trials = store.trial_of_jobs(job.user_id, job.id)
+    study_id, trial_id = trials.get(job.id, (None, None))
     spec = job.spec if isinstance(job.spec, dict) else {}
     picture = JobPicture().apply_all(store.typed_events(job.id, (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
     valid = job.status in v.JOB_STATUSES and job.substatus in v.JOB_SUBSTATUSES
@@ -62,6 +71,8 @@ def job_view(job: JobRecord, store: Store, costs: dict[str, float] | None = None
         timeline=picture.timeline,
         history=picture.history_rows(),
         error=picture.error,
+        study_id=study_id,
+        trial_id=trial_id,
     )
 
 
@@ -132,7 +143,8 @@ class JobsHandler(UserHandler):
         store = self.backend.store
         cursor = store.max_gid(self.uid)  # taken first: events after it reach a watcher that follows from here
         costs = job_costs(store.instances(self.uid), time.time())
-        jobs = [job_view(j, store, costs).model_dump(mode="json") for j in store.jobs(self.uid)]
+        trials = store.trial_of_jobs(self.uid)
+        jobs = [job_view(j, store, costs, trials).model_dump(mode="json") for j in store.jobs(self.uid)]
         self.send({"jobs": jobs, "cursor": cursor})
 
     def post(self) -> None:

@@ -420,6 +420,18 @@ class Store:
         rows = self.db.execute("SELECT * FROM study_trials WHERE study_id=? ORDER BY trial_id", (study_id,))
         return [TrialRecord.of(r) for r in rows.fetchall()]
 
+    def trial_of_jobs(self, user_id: int, job_id: str | None = None) -> dict[str, tuple[str, str]]:
+        """job id → (study id, trial id) for the user's trial jobs (or that one job): the study's own table says
+        which jobs are its trials, not what a job spec claims."""
+        sql = (
+            "SELECT t.job_id, t.study_id, t.trial_id FROM study_trials t JOIN studies s ON s.id=t.study_id "
+            "WHERE s.user_id=?"
+        )
+        args: tuple[Any, ...] = (user_id,)
+        if job_id is not None:
+            sql, args = sql + " AND t.job_id=?", (user_id, job_id)
+        return {r[0]: (r[1], r[2]) for r in self.db.execute(sql, args).fetchall()}
+
     def update_trial(self, study_id: str, trial_id: str, **fields: Any) -> None:
         fields["updated"] = time.time()
         cols = ", ".join(f"{k}=?" for k in fields)

@@ -23,6 +23,7 @@ from aibro_core.models import OracleSpec, Study, StudyTrial
 
 from ..api.base import ApiError
 from ..api.user import admit_job
+from ..scheduling.costs import job_costs
 from ..server.state import Backend
 from ..storage.records import JobRecord, StudyRecord, TrialRecord
 from .oracle_client import OracleHost, OracleUnavailable
@@ -68,6 +69,7 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
     sign = 1.0 if oracle.objective[0].direction == "min" else -1.0
     scored = [t for t in trials if t.status == v.TRIAL_COMPLETED and t.score is not None]
     best = min(scored, key=lambda t: sign * float(t.score or 0.0)).trial_id if scored else None
+    costs = job_costs(backend.store.instances(study.user_id), time.time())
     return Study(
         study_id=study.id,
         status=study.status,  # type: ignore[arg-type]
@@ -93,6 +95,7 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
             for t in trials
         ],
         best_trial_id=best,
+        cost=sum(costs.get(t.job_id, 0.0) for t in trials),
     )
 
 
