@@ -114,3 +114,12 @@ def test_detach_stops_the_panel_and_says_how_to_follow_again() -> None:
     panel.update(_study("COMPLETED"), {})
     assert "DETACHED" in panel.state.value and "%cloud_attach study-x --tuner tuner" in panel.state.value
     assert "RUNNING" in panel.summary.value, "a detached panel keeps still"
+
+
+def test_cancel_asks_once_and_greys_the_button() -> None:
+    asked: list[str] = []
+    panel = StudyPanel("study-x")
+    panel.on_cancel(lambda: asked.append("cancel"))
+    panel.update(_study(), {})
+    panel.cancel_button.click()
+    assert asked == ["cancel"] and panel.cancel_button.disabled and panel.canceled.is_set()
