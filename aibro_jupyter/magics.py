@@ -9,6 +9,7 @@ import ast
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -252,12 +253,11 @@ class CloudMagics(Magics):
         self.last_panel = panel
         display(panel)
         text = TextProgress()
-        result: dict[str, Any] = {}
         stop = threading.Event()
 
         asked = [0.0]  # when the cost was last fetched
 
-        def watch() -> None:
+        def watch() -> JobView | None:
             def watcher(view: JobView, ev: dict[str, Any]) -> None:
                 if stop.is_set():
                     raise _Stop
@@ -271,25 +271,12 @@ class CloudMagics(Magics):
                     text(view, ev)  # a notice ("backend unreachable, restarting…") shows even with --quiet
 
             try:
-                result["view"] = self.trainer.watch(job_id, [watcher])
+                return self.trainer.watch(job_id, [watcher])
             except _Stop:
-                pass
-            except Exception as exc:  # noqa: BLE001 - shown in the cell thread
-                result["error"] = exc
+                return None
 
-        thread = threading.Thread(target=watch, name=f"aibro-{job_id}", daemon=True)
-        thread.start()
-        try:
-            await until(lambda: not thread.is_alive() or panel.detached.is_set())
-        except KeyboardInterrupt:
-            panel.detach()
-        if panel.detached.is_set():
-            stop.set()
-            print(f"Detached; {job_id} keeps training. Attach again with: %cloud_attach {job_id}")
-            return None
-        if "error" in result:
-            raise result["error"]
-        return result["view"]
+        detached = f"Detached; {job_id} keeps training. Attach again with: %cloud_attach {job_id}"
+        return await _on_a_thread(panel, job_id, watch, stop, detached)
 
     async def _follow_study(
         self, study_id: str, description: str, again: str, verbose: bool = True
@@ -303,28 +290,11 @@ class CloudMagics(Magics):
         panel.on_cancel(lambda: client.t.json("POST", f"/studies/{study_id}/cancel"))
         self.last_panel = panel
         display(panel)
-        result: dict[str, Any] = {}
         stop = threading.Event()
-
-        def watch() -> None:
-            try:
-                result["study"] = follow(client, study_id, verbose, on_poll=panel.update, stop=stop)
-            except Exception as exc:  # noqa: BLE001 - shown in the cell thread
-                result["error"] = exc
-
-        thread = threading.Thread(target=watch, name=f"aibro-{study_id}", daemon=True)
-        thread.start()
-        try:
-            await until(lambda: not thread.is_alive() or panel.detached.is_set())
-        except KeyboardInterrupt:
-            panel.detach()
-        if panel.detached.is_set():
-            stop.set()
-            print(f"Detached; {study_id} goes on. Follow it again with {again}", flush=True)
-            return None
-        if "error" in result:
-            raise result["error"]
-        return result["study"]
+        detached = f"Detached; {study_id} goes on. Follow it again with {again}"
+        return await _on_a_thread(
+            panel, study_id, lambda: follow(client, study_id, verbose, on_poll=panel.update, stop=stop), stop, detached
+        )
 
     def _bind_study(self, tuner: Any, study: dict[str, Any], into: str, tuner_src: str | None) -> None:
         """The study's trials into the tuner and the best trial's model into `into`; the panel says which."""
@@ -499,6 +469,33 @@ def _parse(magic: Any, line: str) -> Any:
         if isinstance(val, str) and len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
             setattr(args, key, val[1:-1])
     return args
+
+
+async def _on_a_thread(panel: Any, name: str, work: Callable[[], Any], stop: threading.Event, detached: str) -> Any:
+    """Run `work` (following a job or a study to its end) on a thread while the cell waits on the kernel's loop, so
+    the panel's buttons keep working; what it returned, or None once the user detached (Detach or Ctrl-C), which
+    sets `stop` for the thread and says how to follow again."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except Exception as exc:  # noqa: BLE001 - raised in the cell's own thread below
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"aibro-{name}", daemon=True)
+    thread.start()
+    try:
+        await until(lambda: not thread.is_alive() or panel.detached.is_set())
+    except KeyboardInterrupt:
+        panel.detach()
+    if panel.detached.is_set():
+        stop.set()
+        print(detached, flush=True)
+        return None
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
 
 
 class _Stop(Exception):

@@ -34,6 +34,19 @@ def build():
 """
 
 
+TUNE_SETUP = digits_setup(
+    then="""
+import keras_tuner as kt
+def build_model(hp):
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hp.Int("units", 8, 64, step=8), activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+    m.compile(optimizer=keras.optimizers.Adam(hp.Choice("learning_rate", [1e-2, 1e-3])),
+              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+"""
+)  # the set-up cell of a %%cloud_tune notebook: the digits and a KerasTuner build function over two hyperparameters
+
+
 @dataclass
 class CellResult:
     msg_id: str = ""

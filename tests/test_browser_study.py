@@ -13,24 +13,13 @@ from typing import Any
 
 import pytest
 from browser import chromium_page, gallery_shot, jupyterlab, outside_their_box, wait_kernel_idle, wait_until
-from kernel_helpers import digits_setup
+from kernel_helpers import TUNE_SETUP
 
 from aibro_jupyter.client import BackendClient
 
 from conftest import ARTIFACTS
 
 TRIALS = 4
-SETUP = digits_setup(
-    then="""
-import keras_tuner as kt
-def build_model(hp):
-    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hp.Int("units", 8, 64, step=8), activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-    m.compile(optimizer=keras.optimizers.Adam(hp.Choice("learning_rate", [1e-2, 1e-3])),
-              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return m
-"""
-)
 
 
 def _notebook(dest: Path) -> None:
@@ -43,7 +32,7 @@ def _notebook(dest: Path) -> None:
     )
     cells = [
         {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": s}
-        for s in (SETUP, tune)
+        for s in (TUNE_SETUP, tune)
     ]
     kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb = {"cells": cells, "metadata": {"kernelspec": kernel}, "nbformat": 4, "nbformat_minor": 5}

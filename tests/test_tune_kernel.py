@@ -8,19 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kernel_helpers import digits_setup, run_cell, start_kernel
-
-SETUP = digits_setup(
-    then="""
-import keras_tuner as kt
-def build_model(hp):
-    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hp.Int("units", 8, 64, step=8), activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-    m.compile(optimizer=keras.optimizers.Adam(hp.Choice("lr", [1e-2, 1e-3])),
-              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return m
-"""
-)
+from kernel_helpers import TUNE_SETUP, run_cell, start_kernel
 
 
 def _tuner(directory: Path, trials: int, project: str) -> str:
@@ -33,7 +21,7 @@ def _tuner(directory: Path, trials: int, project: str) -> str:
 def test_a_cloud_tune_cell_runs_its_search_remotely_and_the_rest_here(aibro_home: Path, client, tmp_path) -> None:  # noqa: ANN001
     km, kc = start_kernel({"AIBRO_HOME": str(aibro_home)})
     try:
-        assert not run_cell(kc, SETUP, timeout=180).error
+        assert not run_cell(kc, TUNE_SETUP, timeout=180).error
         res = run_cell(
             kc,
             "%%cloud_tune -m local-cpu --parallel 2\n"
@@ -60,7 +48,7 @@ def test_a_cloud_tune_cell_runs_its_search_remotely_and_the_rest_here(aibro_home
 
 def test_a_study_outlives_its_kernel_and_attaches_in_a_new_one(aibro_home: Path, client, tmp_path) -> None:  # noqa: ANN001
     km, kc = start_kernel({"AIBRO_HOME": str(aibro_home)})
-    res = run_cell(kc, SETUP, timeout=180)
+    res = run_cell(kc, TUNE_SETUP, timeout=180)
     assert not res.error, res.error
     res = run_cell(
         kc,
@@ -77,7 +65,7 @@ def test_a_study_outlives_its_kernel_and_attaches_in_a_new_one(aibro_home: Path,
 
     km2, kc2 = start_kernel({"AIBRO_HOME": str(aibro_home)})
     try:
-        assert not run_cell(kc2, SETUP, timeout=180).error
+        assert not run_cell(kc2, TUNE_SETUP, timeout=180).error
         res = run_cell(
             kc2,
             _tuner(tmp_path / "second", 6, "attached") + f"%cloud_attach {study_id} --tuner tuner\n"

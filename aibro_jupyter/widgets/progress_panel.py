@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import html
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -19,6 +18,7 @@ import ipywidgets as w
 from aibro_core import vocabulary as v
 
 from ..progress import JobView, format_logs, local_notice
+from .followcontrols import FollowControls
 from .style import STYLE, text_class
 
 STEPS = v.SUBSTATUS_ORDER
@@ -26,16 +26,14 @@ TRAIN_COLOR, VAL_COLOR = "#1f77b4", "#ff7f0e"  # readable on JupyterLab's light 
 RUNNING_NOTE = "this cell is still running (JupyterLab says Idle meanwhile, so that these buttons keep working)"
 
 
-class ProgressPanel(w.VBox):
+class ProgressPanel(FollowControls, w.VBox):
     """Status → substatus stepper, epoch and batch bars, all epochs' metrics, live curves, cost, Cancel and Detach,
     and a state line that says whether the cell still runs, is done, or was detached."""
 
     def __init__(self, job_id: str, description: str = "", machines: list[str] | None = None) -> None:
         self.job_id = job_id
         self.started = time.time()
-        self.canceled = threading.Event()
-        self.detached = threading.Event()
-        self._on_cancel: Callable[[], None] | None = None
+        self._make_controls()
         self._ended_at: float | None = None
         self._last_view: JobView | None = None  # the final picture, for the result line
         self.header = w.HTML(STYLE + self._header_html(description, machines or []))
@@ -57,14 +55,9 @@ class ProgressPanel(w.VBox):
         self.result.add_class("aibro-nb-result")
         self.cost = w.Label("cost $0.00 · elapsed 0s")
         self.placement = w.HTML("")  # the devices a multi-device fit trains on, and the batch each one gets
-        self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop")
-        self.detach_button = w.Button(description="Detach", icon="unlink")
-        self.cancel_button.on_click(lambda _b: self._cancel())
-        self.detach_button.on_click(lambda _b: self.detach())
         self.figure, self.lines, self._scales = _make_figure()
         self.status = v.QUEUING
         self.substatus = v.REQUESTING_SERVER
-        self.cell_state = "running"
         self._render_stepper()
         self._render_state()
         chart = w.VBox([w.HBox([self.legend, self.log_scale]), self.figure])
@@ -84,23 +77,9 @@ class ProgressPanel(w.VBox):
         )
         self.add_class("aibro-nb-panel")
 
-    def on_cancel(self, fn: Callable[[], None]) -> None:
-        self._on_cancel = fn
-
-    def _cancel(self) -> None:
-        self.canceled.set()
-        self.cancel_button.disabled = True
-        if self._on_cancel:
-            self._on_cancel()
-
     def detach(self) -> None:
-        """The user detached (Detach or Ctrl-C): the job keeps training, this panel stops following it and says so."""
-        self.detached.set()
-        self.cell_state = "detached"
-        self.cancel_button.disabled = True
-        self.detach_button.disabled = True
+        super().detach()
         self.epoch_bar.bar_style = ""
-        self._render_state()
 
     def cell_done(self, output: str = "", error: str = "") -> None:
         """The cell finished: what the code after the fit printed (and its error, if any) goes into the panel, so a
@@ -201,9 +180,7 @@ class ProgressPanel(w.VBox):
             if view.status == v.COMPLETED:
                 self.batch_bar.value = self.batch_bar.max
                 self.batch_label.value = f"{self.batch_bar.max}/{self.batch_bar.max}"
-            for button in (self.cancel_button, self.detach_button):  # nothing left to cancel or detach from
-                button.disabled = True
-                button.layout.display = "none"
+            self.hide_controls()
             self._last_view = view
             self.result.value = self._final_html(view)
         self._render_state()

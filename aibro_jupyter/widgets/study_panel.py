@@ -8,11 +8,11 @@ from __future__ import annotations
 import html
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
 
+from .followcontrols import FollowControls
 from .progress_panel import whole_ticks
 from .style import STYLE
 
@@ -81,20 +81,17 @@ def parallel_axes(trials: list[dict[str, Any]], objective: str) -> list[tuple[st
     return axes
 
 
-class StudyPanel(w.VBox):
+class StudyPanel(FollowControls, w.VBox):
     """The study's state, its trials (sortable), best-so-far, live loss and parallel-coordinates charts, cost and
     elapsed time, Cancel and Detach."""
 
     def __init__(self, study_id: str, description: str = "", attach_hint: str = "") -> None:
         self.study_id = study_id
         self.attach_hint = attach_hint or f"%cloud_attach {study_id}"
-        self.canceled = threading.Event()
-        self.detached = threading.Event()
-        self._on_cancel: Callable[[], None] | None = None
+        self._make_controls()
         self._study: dict[str, Any] | None = None
         self._histories: dict[str, list[dict[str, Any]]] = {}
         self._lock = threading.Lock()
-        self.cell_state = "running"
         desc = f" — {html.escape(description)}" if description else ""
         self.header = w.HTML(
             STYLE + STUDY_STYLE + f"<div class='aibro-nb-header'><b>{html.escape(study_id)}</b>{desc}</div>"
@@ -119,10 +116,6 @@ class StudyPanel(w.VBox):
         self.result = w.HTML()
         self.result.add_class("aibro-nb-result")
         self.cost = w.Label("cost $0.00 · elapsed 0s")
-        self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop")
-        self.detach_button = w.Button(description="Detach", icon="unlink")
-        self.cancel_button.on_click(lambda _b: self._cancel())
-        self.detach_button.on_click(lambda _b: self.detach())
         charts = w.HBox(
             [
                 w.VBox([w.HTML("<div class='aibro-nb-chart-title'>best so far</div>"), self.best_chart]),
@@ -153,23 +146,6 @@ class StudyPanel(w.VBox):
         )
         self.add_class("aibro-nb-panel")
         self.add_class("aibro-nb-study")
-
-    def on_cancel(self, fn: Callable[[], None]) -> None:
-        self._on_cancel = fn
-
-    def _cancel(self) -> None:
-        self.canceled.set()
-        self.cancel_button.disabled = True
-        if self._on_cancel:
-            self._on_cancel()
-
-    def detach(self) -> None:
-        """The user detached: the study goes on with the backend, this panel stops following it and says so."""
-        self.detached.set()
-        self.cell_state = "detached"
-        self.cancel_button.disabled = True
-        self.detach_button.disabled = True
-        self._render_state()
 
     def cell_done(self, text: str, error: str = "") -> None:
         """The results are in the kernel (or could not be brought in): say what the cell bound, or why not."""
@@ -211,9 +187,7 @@ class StudyPanel(w.VBox):
             self._render_coords(study)
             final = study["status"] in FINAL
             if final:
-                for button in (self.cancel_button, self.detach_button):
-                    button.disabled = True
-                    button.layout.display = "none"
+                self.hide_controls()
             end = study["updated"] if final else time.time()
             self.cost.value = f"cost ${study.get('cost', 0.0):.2f} · elapsed {max(0.0, end - study['created']):.0f}s"
             self._render_state()
