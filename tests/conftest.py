@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Embedded backends started by tests keep no spare worker (one more TensorFlow process per backend on a 2-core box,
@@ -288,15 +289,42 @@ def unexpected_log_lines(paths: Iterable[Path], expected: Iterable[str]) -> list
     return out
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `-n 2 --dist loadgroup` (the README's test command) a module's tests stay on one worker, so its module
+    fixtures start once; the Ray modules share one worker, so two clusters never start at once on the host."""
+    for item in items:
+        group = "ray" if "ray" in item.path.stem else item.path.stem
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is None or getattr(factory, "_basetemp", None) is None:
-        return  # no test made a temporary directory: no backend ran
-    rest = [path for path in backend_logs(factory.getbasetemp()) if path not in _judged_logs]
-    lines = _judged_findings + unexpected_log_lines(rest, _expected_patterns)
+    lines = list(_judged_findings)
+    if factory is not None and getattr(factory, "_basetemp", None) is not None:
+        rest = [path for path in backend_logs(factory.getbasetemp()) if path not in _judged_logs]
+        lines += unexpected_log_lines(rest, _expected_patterns)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports its findings and fails the session
+        workeroutput["aibro_log_findings"] = lines
+        workeroutput["aibro_disk"] = [_disk["start"], _disk["least"]]
+        return
+    lines += _from_workers
     session.config.stash[_LOG_FINDINGS] = lines
     if lines and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_from_workers: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """An xdist worker ended: its backend-log findings and the least free disk it saw come to the controller."""
+    out = getattr(node, "workeroutput", {}) or {}
+    _from_workers.extend(out.get("aibro_log_findings", []))
+    start, least = out.get("aibro_disk", [None, None])
+    if least is not None and (_disk["least"] is None or least < _disk["least"]):
+        _disk["least"] = least
 
 
 _LOG_FINDINGS = pytest.StashKey[list[str]]()

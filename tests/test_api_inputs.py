@@ -4,6 +4,7 @@ user input, and a job list that survives rows stored before any of this was chec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import sqlite3
@@ -24,7 +25,7 @@ from helpers import backend_db, instance_pid, slow_data, wait_for, worker_proces
 
 pytestmark = pytest.mark.fast
 
-SHA = secrets.token_hex(32)  # a digest nobody uploaded: a spec that passes validation stops at "not uploaded"
+SHA = hashlib.sha256(b"bytes no test uploads").hexdigest()  # a spec that passes validation stops at "not uploaded"
 BASE = {"model": SHA, "data": {"x": {"blob": SHA}}, "fit": {"epochs": 1}, "machines": ["local-cpu"]}
 
 

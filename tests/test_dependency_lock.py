@@ -59,7 +59,8 @@ def test_the_test_command_installs_into_a_fresh_venv_under_the_lock() -> None:
     _, tests = readme_commands()
     assert re.search(r"python3 -m venv --clear (\S+) && \. \1/bin/activate && ", tests), tests
     assert 'PIP_CONSTRAINT="$PWD/requirements/test-lock.txt" pip install' in tests, tests
-    assert tests.endswith("python -m pytest -q tests"), "the README's test command runs the whole suite"
+    whole = "python -m pytest -q -n 2 --dist loadgroup tests"
+    assert tests.endswith(whole), "the README's test command runs the whole suite"
 
 
 def test_the_lock_pins_a_version_that_every_stated_requirement_accepts() -> None:
