@@ -289,12 +289,19 @@ def unexpected_log_lines(paths: Iterable[Path], expected: Iterable[str]) -> list
     return out
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `-n 2 --dist loadgroup` (the README's test command) a module's tests stay on one worker, so its module
-    fixtures start once; the Ray modules share one worker, so two clusters never start at once on the host."""
-    for item in items:
-        group = "ray" if "ray" in item.path.stem else item.path.stem
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n 2` (the README's test command) a module's tests stay on one worker, so its module fixtures start
+    once; the Ray modules share one worker, so two clusters never start at once on the host. (xdist's own
+    `--dist loadgroup` cannot say this under pytest 9: it renames node ids through a field pytest no longer reads.)"""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "ray" if "ray" in Path(module).stem else module
+
+    return ModuleScheduling(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -59,7 +59,7 @@ def test_the_test_command_installs_into_a_fresh_venv_under_the_lock() -> None:
     _, tests = readme_commands()
     assert re.search(r"python3 -m venv --clear (\S+) && \. \1/bin/activate && ", tests), tests
     assert 'PIP_CONSTRAINT="$PWD/requirements/test-lock.txt" pip install' in tests, tests
-    whole = "python -m pytest -q -n 2 --dist loadgroup tests"
+    whole = "python -m pytest -q -n 2 tests"
     assert tests.endswith(whole), "the README's test command runs the whole suite"
 
 
