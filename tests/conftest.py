@@ -293,7 +293,8 @@ def unexpected_log_lines(paths: Iterable[Path], expected: Iterable[str]) -> list
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `-n 2` (the README's test command) a module's tests stay on one worker, so its module fixtures start
     once; the Ray modules share one worker, so two clusters never start at once on the host. (xdist's own
-    `--dist loadgroup` cannot say this under pytest 9: it renames node ids through a field pytest no longer reads.)"""
+    `--dist loadgroup` cannot say this under pytest 9: it renames node ids through a field pytest no longer reads,
+    https://github.com/pytest-dev/pytest-xdist/issues/1386.)"""
     from xdist.scheduler import LoadFileScheduling
 
     class ModuleScheduling(LoadFileScheduling):
