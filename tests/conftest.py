@@ -308,7 +308,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     lines = list(_judged_findings)
-    if factory is not None and getattr(factory, "_basetemp", None) is not None:
+    controller = session.config.pluginmanager.getplugin("dsession") is not None  # xdist's: its workers judge
+    if not controller and factory is not None and getattr(factory, "_basetemp", None) is not None:
         rest = [path for path in backend_logs(factory.getbasetemp()) if path not in _judged_logs]
         lines += unexpected_log_lines(rest, _expected_patterns)
     workeroutput = getattr(session.config, "workeroutput", None)
