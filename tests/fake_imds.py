@@ -1,12 +1,14 @@
 """A tiny fake of the EC2 instance metadata service (IMDSv2) for spot-interruption tests: a session token is
 required (PUT /latest/api/token), `spot/instance-action` and the rebalance recommendation answer 404 until the
-test flips them with `announce()` / `recommend_rebalance()`."""
+test flips them with `announce()` / `recommend_rebalance()`, or (`notice_when`) the notice comes by itself once a
+condition holds, checked on each read: no test thread in between, so a loaded box cannot make it late."""
 
 from __future__ import annotations
 
 import json
 import secrets
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,7 +16,8 @@ from aibro_backend.worker.spot import INSTANCE_ACTION, REBALANCE, TOKEN_PATH
 
 
 class FakeImds:
-    def __init__(self) -> None:
+    def __init__(self, notice_when: Callable[[], bool] | None = None) -> None:
+        self.notice_when = notice_when
         self.tokens: set[str] = set()
         self.answers: dict[str, str] = {}
         self.reads: list[str] = []  # paths read with a valid token
@@ -39,6 +42,9 @@ class FakeImds:
                     self._answer(401, "")
                     return
                 fake.reads.append(self.path)
+                if self.path == INSTANCE_ACTION and fake.notice_when is not None and fake.notice_when():
+                    fake.notice_when = None
+                    fake.announce()
                 body = fake.answers.get(self.path)
                 self._answer(200, body) if body is not None else self._answer(404, "Not Found")
 

@@ -667,6 +667,37 @@ def test_reconcile_spares_a_launch_newer_than_its_snapshot(
     assert provider.reconcile(set()).result(timeout=30) == [ec2_id]  # a later snapshot without it: a stray
 
 
+def test_a_listing_begun_before_a_start_does_not_undo_it(
+    provider: AwsProvider, account: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend's periodic listing saw a machine stopped; a restart landed before the listing was applied: the
+    restarted machine stays alive (the scheduler would otherwise take it for lost and launch another)."""
+    ec2_id = launched(provider, "inst-back", "g5.xlarge.od")
+    provider.stop(record("inst-back")).result(timeout=30)
+    provider.refresh().result(timeout=30)
+    assert provider.alive(record("inst-back")), "stopped by us: still ours"
+    real = provider.ec2.describe_instances
+    listed, gate = threading.Event(), threading.Event()
+
+    def listed_then_held(**kwargs: Any) -> Any:
+        out = real(**kwargs)
+        listed.set()
+        assert gate.wait(timeout=30)
+        return out
+
+    monkeypatch.setattr(provider.ec2, "describe_instances", listed_then_held)
+    listing = provider.refresh()
+    assert listed.wait(timeout=30), "the listing has seen the machine stopped"
+    monkeypatch.setattr(provider.ec2, "describe_instances", real)
+    provider.start(record("inst-back")).result(timeout=30)
+    gate.set()
+    listing.result(timeout=30)
+    assert provider.alive(record("inst-back")), "the older listing did not undo the start"
+    assert describe(account["ec2"], ec2_id)["State"]["Name"] in ("pending", "running")
+    provider.refresh().result(timeout=30)  # a listing begun after the start is news again
+    assert provider.alive(record("inst-back"))
+
+
 def test_adopt_after_a_restart(provider: AwsProvider, account: dict[str, Any]) -> None:
     a = launched(provider, "inst-live1", "g4dn.xlarge", user_id=3, job_id="job-9")
     b = launched(provider, "inst-live2", "g5.xlarge.od", user_id=4)

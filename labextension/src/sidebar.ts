@@ -93,20 +93,13 @@ class JobCard {
 
   /** Cancel, and say what came of it: the backend's refusal, or that the job had already ended. */
   private async onCancel(): Promise<void> {
-    this.note.textContent = '';
-    this.cancel.disabled = true;
-    this.cancel.textContent = 'Canceling…';
     this.pending = true;
     try {
-      const answer = await this.model.cancel(this.job.job_id);
-      if (!answer.cancel_requested && FINAL.has(answer.status)) {
+      const answer = await requestCancel(this.cancel, this.note, () => this.model.cancel(this.job.job_id));
+      if (answer && !answer.cancel_requested && FINAL.has(answer.status)) {
         this.note.textContent = `already ${answer.status}: nothing to cancel`;
         this.cancel.hidden = true;
       }
-    } catch (error) {
-      this.note.textContent = `cancel failed: ${(error as Error).message}`;
-      this.cancel.disabled = false;
-      this.cancel.textContent = 'Cancel';
     } finally {
       this.pending = false;
     }
@@ -148,6 +141,29 @@ class JobCard {
   tick(): void {
     const where = this.job.machine_id ?? this.job.machines.join(' → ');
     this.meta.textContent = `${where} · ${duration(elapsed(this.job))} · ${jobCost(this.job, this.model)}`;
+  }
+}
+
+/**
+ * The button reads "Canceling…" while `request` runs; a refusal is said in `note` and the button is offered again.
+ * Resolves to the backend's answer, or undefined when the request failed.
+ */
+async function requestCancel<T>(
+  button: HTMLButtonElement,
+  note: HTMLElement,
+  request: () => Promise<T>
+): Promise<T | undefined> {
+  const label = button.textContent;
+  note.textContent = '';
+  button.disabled = true;
+  button.textContent = 'Canceling…';
+  try {
+    return await request();
+  } catch (error) {
+    note.textContent = `cancel failed: ${(error as Error).message}`;
+    button.disabled = false;
+    button.textContent = label;
+    return undefined;
   }
 }
 
@@ -196,15 +212,7 @@ class StudyGroup {
   }
 
   private async onCancel(): Promise<void> {
-    this.cancel.disabled = true;
-    this.cancel.textContent = 'Canceling…';
-    try {
-      await this.model.cancelStudy(this.studyId);
-    } catch (error) {
-      this.note.textContent = `cancel failed: ${(error as Error).message}`;
-      this.cancel.disabled = false;
-      this.cancel.textContent = 'Cancel study';
-    }
+    await requestCancel(this.cancel, this.note, () => this.model.cancelStudy(this.studyId));
   }
 
   update(jobs: IJob[]): void {
@@ -372,6 +380,7 @@ export class CloudSidebar extends Widget {
     if (!jobs.length) {
       pane.replaceChildren(el('div', 'aibro-empty', 'No jobs yet: run a %%cloud_fit cell or `aibro fit`.'));
       this.cards.clear();
+      this.groups.clear();
       return;
     }
     const nodes: HTMLElement[] = [];
@@ -399,6 +408,7 @@ export class CloudSidebar extends Widget {
       }
       trials.get(job.study_id)!.push(card);
     }
+    this.groups.forEach((_, id) => trials.has(id) || this.groups.delete(id)); // studies no longer listed
     trials.forEach((cards, studyId) => {
       const group = this.groups.get(studyId)!;
       group.update(cards.map(c => c.job));
@@ -580,7 +590,13 @@ export class CloudSidebar extends Widget {
 
   private tick(): void {
     this.cards.forEach(c => c.tick());
-    this.groups.forEach((g, id) => g.update(Array.from(this.model.jobs.values()).filter(j => j.study_id === id)));
+    const byStudy = new Map<string, IJob[]>();
+    for (const job of this.model.jobs.values()) {
+      if (job.study_id) {
+        byStudy.set(job.study_id, [...(byStudy.get(job.study_id) ?? []), job]);
+      }
+    }
+    this.groups.forEach((g, id) => g.update(byStudy.get(id) ?? []));
     this.panes.instances.querySelectorAll<HTMLElement>('.aibro-instance').forEach(row => this.tickInstance(row));
   }
 }

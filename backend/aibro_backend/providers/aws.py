@@ -258,6 +258,7 @@ class _Tracked:
     expires_at: float | None = None
     intended_stop: bool = False
     terminate_requested: bool = False
+    changed_at: float = 0.0  # when an operation last set `state`: a listing begun before then is older news
     launch: Future | None = None
     op: Future | None = None
     op_kind: str = ""
@@ -532,11 +533,11 @@ class AwsProvider(provider_base.Provider):
             instance = self._run_idempotent(t, params)
         except Exception as exc:
             t.error = self._launch_failure(t, exc)
-            t.state = "failed"
+            self._moved(t, "failed")
             log.warning("launch of %s (%s) failed: %s", t.instance_id, t.machine_id, t.error)
             raise t.error from exc
         t.ec2_id = instance["InstanceId"]
-        t.state = instance.get("State", {}).get("Name", "pending")
+        self._moved(t, instance.get("State", {}).get("Name", "pending"))
         t.launched_at = self.clock()
         log.info("launched %s as %s (%s)", t.instance_id, t.ec2_id, t.machine_id)
         if t.terminate_requested:  # terminated while the request was in flight
@@ -651,20 +652,24 @@ class AwsProvider(provider_base.Provider):
                 self._tracked[instance.id] = t
             return t
 
+    def _moved(self, t: _Tracked, state: str) -> None:
+        """An operation's own answer: newer than any listing begun before it (`_refresh_blocking` keeps it)."""
+        t.state, t.changed_at = state, self.clock()
+
     def _ec2_id(self, t: _Tracked) -> str | None:
         if t.ec2_id is None:
             found = self._list((*LIVE_STATES, "shutting-down"), t.instance_id)
             if found:
                 t.ec2_id = found[0]["InstanceId"]
-                t.state = found[0]["State"]["Name"]
+                self._moved(t, found[0]["State"]["Name"])
         return t.ec2_id
 
     def _terminate_blocking(self, t: _Tracked) -> str:
         if self._ec2_id(t) is None:
-            t.state = "terminated" if t.state != "failed" else t.state
+            self._moved(t, "terminated" if t.state != "failed" else t.state)
             return t.state
         out = self._call(self.ec2.terminate_instances, InstanceIds=[t.ec2_id])
-        t.state = out["TerminatingInstances"][0]["CurrentState"]["Name"]
+        self._moved(t, out["TerminatingInstances"][0]["CurrentState"]["Name"])
         log.info("terminating %s (%s)", t.instance_id, t.ec2_id)
         return t.state
 
@@ -682,7 +687,7 @@ class AwsProvider(provider_base.Provider):
         if self._ec2_id(t) is None:
             raise AwsError(f"{t.instance_id} has no EC2 instance to stop", "NotFound")
         out = self._call(self.ec2.stop_instances, InstanceIds=[t.ec2_id])
-        t.state = out["StoppingInstances"][0]["CurrentState"]["Name"]
+        self._moved(t, out["StoppingInstances"][0]["CurrentState"]["Name"])
         return t.state
 
     def start(self, instance: InstanceRecord, stopping_wait_s: float = 120.0) -> Future:
@@ -698,7 +703,7 @@ class AwsProvider(provider_base.Provider):
         while t.state == "stopping" and self.clock() < deadline:  # EC2 refuses to start a stopping instance
             self.sleep(5)
             found = self._list(LIVE_STATES, t.instance_id)
-            t.state = found[0]["State"]["Name"] if found else "terminated"
+            self._moved(t, found[0]["State"]["Name"] if found else "terminated")
         t.expires_at = self.clock() + self.config.max_instance_hours * 3600
         self._call(
             self.ec2.create_tags,
@@ -712,7 +717,7 @@ class AwsProvider(provider_base.Provider):
                 raise self._launch_failure(t, exc) from exc
             raise
         t.intended_stop = False
-        t.state = out["StartingInstances"][0]["CurrentState"]["Name"]
+        self._moved(t, out["StartingInstances"][0]["CurrentState"]["Name"])
         return t.state
 
     def refresh(self) -> Future:
@@ -735,10 +740,10 @@ class AwsProvider(provider_base.Provider):
                 t = self._tracked.get(iid)
                 if t is None:
                     t = self._tracked[iid] = self._from_listing(inst)
-                if t.state != "launching":
+                if t.state != "launching" and t.changed_at < started:
                     t.ec2_id, t.state = inst["InstanceId"], inst["State"]["Name"]
             for iid, t in self._tracked.items():
-                if iid in found or t.state in ("launching", "failed", *GONE_STATES):
+                if iid in found or t.state in ("launching", "failed", *GONE_STATES) or t.changed_at >= started:
                     continue
                 if t.launched_at is not None and t.launched_at > started - LISTING_GRACE_S:
                     continue  # too new to be listed yet

@@ -33,10 +33,11 @@ async def publish(store: Store, s3: S3Backing, sha: str, user_id: int, key: str)
     try:
         await IOLoop.current().run_in_executor(s3.pool, s3.publish, key, sha)
     except S3BlobError as exc:
-        if store.blob_s3_key(sha, user_id) == key:
-            store.drop_blob(sha, user_id)
-        store.doom_s3_key(key, time.time() + URL_TTL_S)
-        store.bump(user_id, "blob_claims_refused", 1)
+        with store.transaction():
+            if store.blob_s3_key(sha, user_id) == key:
+                store.drop_blob(sha, user_id)
+            store.doom_s3_key(key, time.time() + URL_TTL_S)
+            store.bump(user_id, "blob_claims_refused", 1)
         log.warning("user %d's upload %s is not the blob %s it was named (%s): dropped", user_id, key, sha, exc)
         return False
     except Exception as exc:  # noqa: BLE001 - S3 unreachable or refusing: the claim stays, upkeep tries again
@@ -44,17 +45,19 @@ async def publish(store: Store, s3: S3Backing, sha: str, user_id: int, key: str)
         return False
     finally:
         _in_flight.discard(claim)
-    store.set_blob_s3_key(sha, user_id, None, was=key)
-    store.doom_s3_key(key, time.time() + URL_TTL_S)  # a worker may still hold a URL to it
+    with store.transaction():  # a reader never sees the move without its key's deletion planned
+        store.set_blob_s3_key(sha, user_id, None, was=key)
+        store.doom_s3_key(key, time.time() + URL_TTL_S)  # a worker may still hold a URL to it
     return True
 
 
 def drop(store: Store, sha: str, user_id: int) -> bool:
     """Forget the user's `sha` (their own upload's key goes later); True when no user holds it any more."""
-    key = store.blob_s3_key(sha, user_id)
-    if key is not None:
-        store.doom_s3_key(key, time.time() + URL_TTL_S)
-    return store.drop_blob(sha, user_id)
+    with store.transaction():
+        key = store.blob_s3_key(sha, user_id)
+        if key is not None:
+            store.doom_s3_key(key, time.time() + URL_TTL_S)
+        return store.drop_blob(sha, user_id)
 
 
 def replace(store: Store, sha: str, user_id: int, key: str) -> None:
@@ -62,9 +65,10 @@ def replace(store: Store, sha: str, user_id: int, key: str) -> None:
     old = store.blob_s3_key(sha, user_id)
     if old == key:
         return
-    store.set_blob_s3_key(sha, user_id, key, was=old)
-    if old is not None:
-        store.doom_s3_key(old, time.time() + URL_TTL_S)
+    with store.transaction():
+        store.set_blob_s3_key(sha, user_id, key, was=old)
+        if old is not None:
+            store.doom_s3_key(old, time.time() + URL_TTL_S)
 
 
 async def upkeep(store: Store, s3: S3Backing) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -209,6 +211,17 @@ class Store:
                 os.chmod(f"{self.path}{suffix}", 0o600)
             except OSError:
                 pass
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several writes in one commit: a reader (another process, a test) sees all of them or none."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     # -- users and tokens -------------------------------------------------------------------------
     def user_count(self) -> int:
