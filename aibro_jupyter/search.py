@@ -15,6 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aibro_core import vocabulary as v
+from aibro_core.jobpicture import JobPicture
+
 from .errors import ValidationError
 
 ORACLE_KINDS = {
@@ -37,6 +40,7 @@ ORACLE_ARGS = (
 )
 STUDY_FINAL = ("COMPLETED", "CANCELED", "FAILED")
 POLL_S = 1.0
+EVENT_PAGES_PER_POLL = 20
 
 
 def build_function(tuner: Any) -> Callable[[Any], Any]:
@@ -193,21 +197,15 @@ def follow(
     """Poll the study until it ends, saying what each trial does as it changes; with `on_poll` (a panel), hand it
     the study and the epoch history of each trial that trained since the last poll. None when `stop` is set."""
     seen: dict[str, str] = {}
-    settled: set[str] = set()  # ended trials whose whole history was handed over
+    trained = TrialHistories(client) if on_poll is not None else None
     while True:
         study = client.t.json("GET", f"/studies/{study_id}")
         for trial in study["trials"]:
             if verbose and seen.get(trial["trial_id"]) != trial["status"]:
                 seen[trial["trial_id"]] = trial["status"]
                 print(trial_line(study, trial), flush=True)
-        if on_poll is not None:
-            histories = {}
-            for trial in study["trials"]:
-                if trial["trial_id"] not in settled:
-                    histories[trial["trial_id"]] = client.job(trial["job_id"])["history"]
-                    if trial["status"] != "RUNNING":
-                        settled.add(trial["trial_id"])
-            on_poll(study, histories)
+        if on_poll is not None and trained is not None:
+            on_poll(study, trained.since_last(study))
         if study["status"] in STUDY_FINAL:
             if verbose:
                 best = study.get("best_trial_id")
@@ -218,6 +216,48 @@ def follow(
             time.sleep(POLL_S)
         elif stop.wait(POLL_S):
             return None
+
+
+class TrialHistories:
+    """Each trial job's epoch rows, kept current from the user's event stream: one request a poll for every
+    running trial, carrying only what is new (a job's whole view also carries its timeline and code)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.cursor: int | None = None
+        self.rows: dict[str, dict[int, dict[str, Any]]] = {}  # job id -> epoch number -> row
+        self.handed: set[str] = set()  # trial ids handed over at least once
+
+    def since_last(self, study: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Trial id -> its epoch rows, for the trials that trained since the last call (and each new trial)."""
+        trials = {t["job_id"]: t["trial_id"] for t in study["trials"] if t.get("job_id")}
+        moved = self._first_listing(trials) if self.cursor is None else self._new_epochs()
+        moved |= {job for job, trial in trials.items() if trial not in self.handed}
+        out = {trials[job]: [r for _, r in sorted(self.rows.get(job, {}).items())] for job in moved if job in trials}
+        self.handed |= set(out)
+        return out
+
+    def _first_listing(self, trials: dict[str, str]) -> set[str]:
+        listing = self.client.t.json("GET", "/jobs")  # its cursor is taken before the views: nothing falls between
+        self.cursor = int(listing["cursor"])
+        for view in listing["jobs"]:
+            if view["job_id"] in trials or view["status"] not in v.JOB_FINAL:  # a trial the study lists next
+                self.rows[view["job_id"]] = {r["epoch"]: r for r in view["history"]}
+        return set(trials)
+
+    def _new_epochs(self) -> set[str]:
+        epochs: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(EVENT_PAGES_PER_POLL):
+            page = self.client.user_events(self.cursor)
+            self.cursor = int(page["cursor"])
+            for ev in page["events"]:
+                if ev["type"] == v.EV_EPOCH:
+                    epochs.setdefault(ev["job_id"], []).append(ev)
+            if not page["events"]:
+                break
+        for job, evs in epochs.items():  # an epoch a resumed attempt ran again replaces the lost one's
+            self.rows.setdefault(job, {}).update({r["epoch"]: r for r in JobPicture().apply_all(evs).history_rows()})
+        return set(epochs)
 
 
 def trial_line(study: dict[str, Any], trial: dict[str, Any]) -> str:

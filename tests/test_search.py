@@ -18,6 +18,7 @@ from searchmodels import build_model, build_model_failing_wide
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
 from aibro_jupyter import Training
+from aibro_jupyter.search import TrialHistories
 
 from helpers import slow_data, wait_until
 
@@ -38,6 +39,8 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
     tuner = kt.RandomSearch(
         build_model, objective="val_accuracy", max_trials=4, seed=7, directory=str(tmp_path), project_name="local"
     )
+    followed = TrialHistories(backend.client())  # what the study panel follows, started before the study
+    assert followed.since_last({"trials": []}) == {}
     study_id, best = Training.online_search(
         tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=2, batch_size=64, validation_data=(xv, yv)
     )
@@ -49,6 +52,14 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
     assert len({t["job_id"] for t in trials}) == 4 and len({str(t["values"]) for t in trials}) == 4
     jobs = {t["trial_id"]: client.job(t["job_id"]) for t in trials}
     assert all(j["status"] == v.COMPLETED for j in jobs.values())
+
+    # The panel's loss charts: each trial's epochs read from the user's event stream since before the study, and
+    # from one listing after it, are that trial job's own history; nothing new is handed over twice.
+    histories = {trial: job["history"] for trial, job in jobs.items()}
+    assert all(len(h) == 2 for h in histories.values()), histories
+    assert followed.since_last(study) == histories
+    assert TrialHistories(client).since_last(study) == histories
+    assert followed.since_last(study) == {}
 
     # Two at once: some trial's job was on its machine while another's was (local-cpu has capacity 2 here).
     spans = sorted(_training_span(j) for j in jobs.values())
