@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium_page, gallery_shot, jupyterlab, outside_their_box, wait_kernel_idle, wait_until
+from browser import (
+    chromium_page,
+    gallery_shot,
+    jupyterlab,
+    outside_their_box,
+    text_contrast,
+    wait_kernel_idle,
+    wait_until,
+)
 from kernel_helpers import TUNE_SETUP
 
 from aibro_jupyter.client import BackendClient
@@ -125,4 +133,6 @@ def test_the_study_panel_and_the_sidebar_group_follow_a_search(
         assert not group.locator(".aibro-cancel-study").is_visible(), "nothing to cancel in a COMPLETED study"
         assert not group.locator("button", has_text=re.compile("^Cancel$")).first.is_visible()
         assert outside_their_box(page, "#aibro-cloud-training", clip=".aibro-machine-scroll") == []
+        poor = [t for t in text_contrast(page, ".aibro-study") if t["ratio"] < 4.5]
+        assert not poor, f"the study box's text does not read against its background (WCAG AA): {poor}"
         gallery_shot(page.locator("#aibro-cloud-training"), "sidebar-study-completed", until=group)
