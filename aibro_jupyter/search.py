@@ -197,14 +197,14 @@ def follow(
     """Poll the study until it ends, saying what each trial does as it changes; with `on_poll` (a panel), hand it
     the study and the epoch history of each trial that trained since the last poll. None when `stop` is set."""
     seen: dict[str, str] = {}
-    trained = TrialHistories(client) if on_poll is not None else None
+    trained = TrialHistories(client)  # no request until the first poll that has a panel to hand it to
     while True:
         study = client.t.json("GET", f"/studies/{study_id}")
         for trial in study["trials"]:
             if verbose and seen.get(trial["trial_id"]) != trial["status"]:
                 seen[trial["trial_id"]] = trial["status"]
                 print(trial_line(study, trial), flush=True)
-        if on_poll is not None and trained is not None:
+        if on_poll is not None:
             on_poll(study, trained.since_last(study))
         if study["status"] in STUDY_FINAL:
             if verbose:
