@@ -1,0 +1,337 @@
+"""One recipe per keras-io example: where it is, which commit was read, and the few exact-string changes that make it
+run here in seconds: data loading replaced by stand-ins of the same shapes and dtypes (standins.py), epochs and
+sizes cut down, pretrained weights dropped. Everything else runs as printed. The originals are not in this
+repository: they are read from a keras-io checkout given to the runner (--keras-io).
+
+A substitution quotes only as much of the original as it needs to be found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: str  # in keras-io
+    commit: str  # the version read
+    category: str
+    call: str  # the designated call: "NAME.fit(" / "NAME.search(" (the first cell holding it runs remotely)
+    nth: int = 0  # or the nth (from 0) cell holding it
+    subs: tuple[tuple[str, str], ...] = ()
+    drop: tuple[str, ...] = ()  # cells holding any of these are left out (plots, inference on downloads)
+    stop_after: str | None = None  # no cell after the one holding this
+    kind: str = "fit"
+    flags: str = ""
+    setup: str = ""  # more set-up code (files the example reads, written from stand-ins)
+    why: str = ""  # what the recipe changes beyond data and sizes, and why
+
+
+MNIST = ("keras.datasets.mnist.load_data()", "standins.mnist()")
+
+CALLBACK_SUBS = (
+    ("tf.keras.datasets.mnist.load_data()", "standins.mnist(1000, 256)"),
+    ("np.Inf", "np.inf"),
+    ('hasattr(self.model.optimizer, "lr")', 'hasattr(self.model.optimizer, "learning_rate")'),
+    (
+        "float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))",
+        "float(self.model.optimizer.learning_rate)",
+    ),
+    (
+        "tf.keras.backend.set_value(self.model.optimizer.lr, scheduled_lr)",
+        "self.model.optimizer.learning_rate = scheduled_lr",
+    ),
+)
+CALLBACK_WHY = (
+    "Keras 3 and NumPy 2 cannot run three lines as printed: np.Inf is gone (np.inf), optimizers have no `lr` "
+    "(learning_rate) and tf.keras.backend has no get_value/set_value (read and assign learning_rate)"
+)
+KT_SUBS = (
+    ("keras.datasets.mnist.load_data()", "standins.mnist()"),
+    ("x[:-10000]", "x[:-128]"),
+    ("x[-10000:]", "x[-128:]"),
+    ("y[:-10000]", "y[:-128]"),
+    ("y[-10000:]", "y[-128:]"),
+)
+KT_DROP = (
+    "def keras_code(",
+    'project_name="keep_code_separate"',
+    "from keras_tuner.applications import HyperResNet",
+    'project_name="built_in_hypermodel"',
+    "x_train[:100], y_train[:100], epochs=1",
+)
+KT_WHY = (
+    "the end of the guide is left out: keras_code() saves to a path without .keras, which Keras 3 refuses, and the "
+    "HyperResNet search is minutes on a CPU"
+)
+
+RECIPES: list[Recipe] = [
+    Recipe(
+        name="vae",
+        path="examples/generative/vae.py",
+        commit="cca4efba8e0b8514ae3817931696294039b3bfc9",
+        category="generative",
+        call="vae.fit(",
+        subs=(
+            ("tf.keras.backend.random_normal(", "tf.random.normal("),
+            MNIST,
+            ("epochs=30, batch_size=128", "epochs=2, batch_size=128"),
+            ("plot_latent_space(vae)\n", "plot_latent_space(vae, n=3)\n"),
+        ),
+        why="tf.keras.backend.random_normal is gone in Keras 3 (the example as read predates it): tf.random.normal",
+    ),
+    Recipe(
+        name="knowledge_distillation",
+        path="examples/vision/knowledge_distillation.py",
+        commit="501fb4cbe62e5b5c434393f512a452ef833640a1",
+        category="vision",
+        call="distiller.fit(",
+        subs=(
+            MNIST,
+            ("teacher.fit(x_train, y_train, epochs=5)", "teacher.fit(x_train, y_train, epochs=1)"),
+            ("distiller.fit(x_train, y_train, epochs=3)", "distiller.fit(x_train, y_train, epochs=2)"),
+            ("student_scratch.fit(x_train, y_train, epochs=3)", "student_scratch.fit(x_train, y_train, epochs=1)"),
+        ),
+    ),
+    Recipe(
+        name="siamese_contrastive",
+        path="examples/vision/siamese_contrastive.py",
+        commit="12bad05fbf95911b2e994cde3c9340c13a5e76d0",
+        category="vision",
+        call="siamese.fit(",
+        flags="--unsafe",
+        subs=(
+            MNIST,
+            ("epochs = 10", "epochs = 2"),
+            ("x_train_val[:30000], x_train_val[30000:]", "x_train_val[:384], x_train_val[384:]"),
+            ("y_train_val[:30000], y_train_val[30000:]", "y_train_val[:384], y_train_val[384:]"),
+        ),
+        why="a Lambda layer: run with --unsafe, the fix the refusal names",
+    ),
+    Recipe(
+        name="dcgan_overriding_train_step",
+        path="examples/generative/dcgan_overriding_train_step.py",
+        commit="cca4efba8e0b8514ae3817931696294039b3bfc9",
+        category="generative",
+        call="gan.fit(",
+        subs=(
+            ("import gdown\n", ""),
+            ("gdown.download(url, output, quiet=True)", "standins.celeba_zip(output)"),
+        ),
+    ),
+    Recipe(
+        name="wgan_gp",
+        path="examples/generative/wgan_gp.py",
+        commit="81aa0edb72a1735c5c577f123bb3a4a475a181c9",
+        category="generative",
+        call="wgan.fit(",
+        subs=(
+            ("fashion_mnist.load_data()", "standins.fashion_mnist(256, 64)"),
+            ("BATCH_SIZE = 512", "BATCH_SIZE = 64"),
+            ("epochs = 20", "epochs = 2"),
+            ("_19.png", "_1.png"),
+        ),
+    ),
+    Recipe(
+        name="customizing_fit_gan",
+        path="guides/customizing_what_happens_in_fit.py",
+        commit="ad4fc805f5e1a4a4c0bcdd416aa9feac6608fb6c",
+        category="guide: fit/train_step",
+        call="gan.fit(",
+        subs=(
+            MNIST,
+            ("keras.losses.mean_squared_error(y, y_pred)", "keras.losses.MeanSquaredError()(y, y_pred)"),
+        ),
+        why="tf.keras.losses has no mean_squared_error function under Keras 3 (MeanSquaredError()); "
+        "the guide's last fit, the GAN (two optimizers, no call()), is the remote one; the others run locally",
+    ),
+    Recipe(
+        name="text_classification_from_scratch",
+        path="examples/nlp/text_classification_from_scratch.py",
+        commit="ef4cd453400aae442632ffdba260673ecc09500a",
+        category="nlp",
+        call="model.fit(train_ds",
+        setup='standins.text_folders("aclImdb")',
+        subs=(("epochs = 3", "epochs = 2"),),
+    ),
+    Recipe(
+        name="callbacks_printing",
+        path="guides/writing_your_own_callbacks.py",
+        commit="040e8ba4b4bf32ba42d56130fd0f793bec57d097",
+        category="guide: callbacks",
+        call="model.fit(",
+        nth=1,
+        subs=CALLBACK_SUBS,
+        why=CALLBACK_WHY + "; the remote fit is the one with LossAndErrorPrintingCallback (prints per batch, epoch)",
+    ),
+    Recipe(
+        name="callbacks_early_stopping",
+        path="guides/writing_your_own_callbacks.py",
+        commit="040e8ba4b4bf32ba42d56130fd0f793bec57d097",
+        category="guide: callbacks",
+        call="model.fit(",
+        nth=2,
+        subs=CALLBACK_SUBS,
+        why=CALLBACK_WHY + "; the remote fit is EarlyStoppingAtMinLoss's (stop_training, set_weights)",
+    ),
+    Recipe(
+        name="callbacks_lr_scheduler",
+        path="guides/writing_your_own_callbacks.py",
+        commit="040e8ba4b4bf32ba42d56130fd0f793bec57d097",
+        category="guide: callbacks",
+        call="model.fit(",
+        nth=3,
+        subs=CALLBACK_SUBS,
+        why=CALLBACK_WHY + "; the remote fit is CustomLearningRateScheduler's (a schedule function as argument)",
+    ),
+    Recipe(
+        name="kt_getting_started",
+        path="guides/keras_tuner/getting_started.py",
+        commit="0be9a38b96e8dd85bc525a74babb614f38b179c7",
+        category="guide: KerasTuner",
+        call="tuner.search(x_train, y_train, epochs=2",
+        kind="tune",
+        subs=KT_SUBS,
+        drop=KT_DROP,
+        why="RandomSearch of build_model with executions_per_trial=2; " + KT_WHY,
+    ),
+    Recipe(
+        name="kt_getting_started_hypermodel",
+        path="guides/keras_tuner/getting_started.py",
+        commit="0be9a38b96e8dd85bc525a74babb614f38b179c7",
+        category="guide: KerasTuner",
+        call="tuner.search(x_train, y_train, epochs=2",
+        nth=1,
+        kind="tune",
+        subs=KT_SUBS,
+        drop=KT_DROP,
+        why="the search of MyHyperModel (a HyperModel subclass whose fit() crops and shuffles); " + KT_WHY,
+    ),
+    Recipe(
+        name="kt_getting_started_objective",
+        path="guides/keras_tuner/getting_started.py",
+        commit="0be9a38b96e8dd85bc525a74babb614f38b179c7",
+        category="guide: KerasTuner",
+        call="tuner.search(",
+        nth=3,
+        kind="tune",
+        subs=KT_SUBS,
+        drop=KT_DROP,
+        why="the search with keras_tuner.Objective('val_custom_metric', 'min') over a custom Metric; " + KT_WHY,
+    ),
+    Recipe(
+        name="mnist_convnet",
+        path="examples/vision/mnist_convnet.py",
+        commit="02cfe8063b505adc073986c91729f22039f77ad0",
+        category="vision",
+        call="model.fit(",
+        subs=(MNIST, ("epochs = 15", "epochs = 2")),
+    ),
+    Recipe(
+        name="bidirectional_lstm_imdb",
+        path="examples/nlp/bidirectional_lstm_imdb.py",
+        commit="0a4be8bbc3ae126f3ca49a0bf173902866ec06f0",
+        category="nlp",
+        call="model.fit(",
+        subs=(("keras.datasets.imdb.load_data(", "standins.imdb("),),
+    ),
+    Recipe(
+        name="timeseries_classification_from_scratch",
+        path="examples/timeseries/timeseries_classification_from_scratch.py",
+        commit="ad4fc805f5e1a4a4c0bcdd416aa9feac6608fb6c",
+        category="timeseries",
+        call="history = model.fit(",
+        subs=(
+            (
+                'root_url = "https://raw.githubusercontent.com/hfawaz/cd-diagram/master/FordA/"',
+                'root_url = standins.forda("FordA") + "/"',
+            ),
+            ("keras.utils.plot_model(model, show_shapes=True)", "model.summary()"),
+            ("epochs = 500", "epochs = 2"),
+        ),
+        why="plot_model needs pydot and graphviz, not installed here: model.summary() instead",
+    ),
+    Recipe(
+        name="structured_data_feature_space",
+        path="examples/structured_data/structured_data_classification_with_feature_space.py",
+        commit="f54746f7633a6e4eedb38f273ab4c71944f01df6",
+        category="structured_data",
+        call="training_model.fit(",
+        subs=(
+            (
+                'file_url = "http://storage.googleapis.com/download.tensorflow.org/data/heart.csv"',
+                'file_url = standins.heart_csv("heart.csv")',
+            ),
+            ("epochs=20,", "epochs=2,"),
+        ),
+    ),
+    Recipe(
+        name="imbalanced_classification",
+        path="examples/structured_data/imbalanced_classification.py",
+        commit="d8288ba8f6cc707577aebf2321229a5f40419046",
+        category="structured_data",
+        call="model.fit(",
+        subs=(
+            ('fname = "/Users/fchollet/Downloads/creditcard.csv"', 'fname = standins.creditcard_csv("creditcard.csv")'),
+            ("epochs=30,", "epochs=2,"),
+        ),
+    ),
+    Recipe(
+        name="timeseries_anomaly_detection",
+        path="examples/timeseries/timeseries_anomaly_detection.py",
+        commit="ad4fc805f5e1a4a4c0bcdd416aa9feac6608fb6c",
+        category="timeseries",
+        call="history = model.fit(",
+        setup=(
+            'standins.nab_csv("nab/artificialNoAnomaly/art_daily_small_noise.csv")\n'
+            'standins.nab_csv("nab/artificialWithAnomaly/art_daily_jumpsup.csv", anomaly=True)'
+        ),
+        subs=(
+            (
+                'master_url_root = "https://raw.githubusercontent.com/numenta/NAB/master/data/"',
+                'master_url_root = "nab/"',
+            ),
+            ("epochs=50,", "epochs=2,"),
+        ),
+    ),
+    Recipe(
+        name="autoencoder_denoising",
+        path="examples/vision/autoencoder.py",
+        commit="f8f7dd396e1af11bccdc6bb6869e4f9be0bf9e32",
+        category="vision",
+        call="autoencoder.fit(",
+        subs=(("mnist.load_data()", "standins.mnist()"), ("epochs=50,", "epochs=2,"), ("epochs=100,", "epochs=1,")),
+        why="the first fit is the remote one; the second (denoising) fit then continues locally on the trained model",
+    ),
+    Recipe(
+        name="transfer_learning",
+        path="guides/transfer_learning.py",
+        commit="1bc3fb07ff3d214073384770b60ccbd0c0873f8d",
+        category="guide: transfer learning",
+        call="model.fit(train_ds, epochs=epochs",
+        subs=(
+            ("import tensorflow_datasets as tfds", "tfds = standins.FakeTfds()"),
+            ('weights="imagenet",  # Load weights', "weights=None,  # Load weights"),
+            ("epochs = 20", "epochs = 1"),
+            ("epochs = 10", "epochs = 1"),
+        ),
+        why="tensorflow_datasets is not installed: a stand-in object answers tfds.load with cats_vs_dogs-shaped "
+        "datasets; Xception with weights=None (no download); the frozen-base fit is the remote one, the "
+        "fine-tuning fit then runs locally on the trained model",
+    ),
+    Recipe(
+        name="subclassing_vae",
+        path="guides/making_new_layers_and_models_via_subclassing.py",
+        commit="175a5e441aee7e228bfa9100bab65c2dae303273",
+        category="guide: subclassing",
+        call="vae.fit(",
+        subs=(
+            ("keras.backend.random_normal(", "tf.random.normal("),
+            MNIST,
+            ("x_train.reshape(60000, 784)", "x_train.reshape(512, 784)"),
+        ),
+        why="keras.backend.random_normal is gone in Keras 3 (tf.random.normal); MNIST's 60000 in a reshape "
+        "becomes the stand-in's 512",
+    ),
+]
