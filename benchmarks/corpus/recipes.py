@@ -334,4 +334,120 @@ RECIPES: list[Recipe] = [
         why="keras.backend.random_normal is gone in Keras 3 (tf.random.normal); MNIST's 60000 in a reshape "
         "becomes the stand-in's 512",
     ),
+    Recipe(
+        name="addition_rnn",
+        path="examples/nlp/addition_rnn.py",
+        commit="653efec051cf5ad149f93795a218fdd7c27d1afb",
+        category="nlp",
+        call="model.fit(",
+        subs=(
+            ("TRAINING_SIZE = 50000", "TRAINING_SIZE = 2000"),
+            ("dtype=np.bool)", "dtype=bool)"),
+            ("epochs = 30", "epochs = 3"),
+        ),
+        why="np.bool is gone in NumPy 2 (bool); its fit runs inside a for loop over epochs, one fit per iteration",
+    ),
+    Recipe(
+        name="text_classification_with_transformer",
+        path="examples/nlp/text_classification_with_transformer.py",
+        commit="8bda227c08adf855a8b9ec579840e2a7171fff60",
+        category="nlp",
+        call="history = model.fit(",
+        subs=(("keras.datasets.imdb.load_data(", "standins.imdb("),),
+    ),
+    Recipe(
+        name="collaborative_filtering_movielens",
+        path="examples/structured_data/collaborative_filtering_movielens.py",
+        commit="ff6a507b2737777a8845ff9a2f1caf7f53ce3e78",
+        category="structured_data",
+        call="history = model.fit(",
+        subs=(
+            (
+                'keras.utils.get_file(\n    "ml-latest-small.zip", movielens_data_file_url, extract=False\n)',
+                'standins.movielens_zip("ml-latest-small.zip")',
+            ),
+            ("epochs=5,", "epochs=2,"),
+        ),
+    ),
+    Recipe(
+        name="conditional_gan",
+        path="examples/generative/conditional_gan.py",
+        commit="8bda227c08adf855a8b9ec579840e2a7171fff60",
+        category="generative",
+        call="cond_gan.fit(",
+        subs=(
+            ("from tensorflow_docs.vis import embed\n", ""),
+            ("import imageio\n", ""),
+            MNIST,
+            ("epochs=20)", "epochs=2)"),
+        ),
+        drop=('imageio.mimsave("animation.gif"',),
+        why="tensorflow_docs and imageio are not installed: their imports and the cell that writes the GIF are "
+        "left out (the interpolation with the trained generator still runs)",
+    ),
+    Recipe(
+        name="timeseries_weather_forecasting",
+        path="examples/timeseries/timeseries_weather_forecasting.py",
+        commit="e70ae747b458a92dfd71486bf65f4eb2d265f7b0",
+        category="timeseries",
+        call="history = model.fit(",
+        subs=(
+            (
+                'keras.utils.get_file(origin=uri, fname="jena_climate_2009_2016.csv.zip")',
+                'standins.jena_zip("jena_climate_2009_2016.csv.zip")',
+            ),
+            ("epochs = 10", "epochs = 2"),
+        ),
+        why="6000 rows of Jena-shaped weather (enough for 720-step windows in both splits)",
+    ),
+    Recipe(
+        name="timeseries_classification_transformer",
+        path="examples/timeseries/timeseries_classification_transformer.py",
+        commit="dc8c9b4ab936f7111ef5b0c09fff761e9327eb33",
+        category="timeseries",
+        call="model.fit(",
+        subs=(
+            (
+                'root_url = "https://raw.githubusercontent.com/hfawaz/cd-diagram/master/FordA/"',
+                'root_url = standins.forda("FordA") + "/"',
+            ),
+            ("epochs=200,", "epochs=2,"),
+        ),
+    ),
+    Recipe(
+        name="lstm_character_level_text_generation",
+        path="examples/generative/lstm_character_level_text_generation.py",
+        commit="61b6dba5e62808524df142b4c56d8266add5d349",
+        category="generative",
+        call="model.fit(",
+        subs=(
+            (
+                'keras.utils.get_file(\n    "nietzsche.txt", origin="https://s3.amazonaws.com/text-datasets/nietzsche.txt"\n)',
+                'standins.text_file("nietzsche.txt")',
+            ),
+            ("dtype=np.bool)", "dtype=bool)"),
+            ("epochs = 40", "epochs = 2"),
+            ("for i in range(400):", "for i in range(20):"),
+        ),
+        why="np.bool is gone in NumPy 2 (bool); 20 generated characters per diversity instead of 400 (each one a "
+        "predict call); its fit runs inside the epoch loop",
+    ),
+    Recipe(
+        name="structured_data_from_scratch",
+        path="examples/structured_data/structured_data_classification_from_scratch.py",
+        commit="b0d68751937c4e87063b1267e6562a70481d879f",
+        category="structured_data",
+        call="model.fit(",
+        subs=(
+            (
+                'file_url = "http://storage.googleapis.com/download.tensorflow.org/data/heart.csv"',
+                'file_url = standins.heart_csv("heart.csv")',
+            ),
+            ('lookup_class(output_mode="binary")', 'lookup_class(output_mode="multi_hot")'),
+            ('keras.utils.plot_model(model, show_shapes=True, rankdir="LR")', "model.summary()"),
+            ("epochs=50,", "epochs=2,"),
+        ),
+        why='Keras 3 lookup layers have no output_mode "binary" (renamed "multi_hot"); plot_model needs pydot '
+        "and graphviz (model.summary() instead)",
+    ),
 ]

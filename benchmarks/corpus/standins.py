@@ -205,7 +205,7 @@ def nab_csv(path: str, n: int = 4032, anomaly: bool = False) -> str:
     return write_csv(path, ["timestamp", "value"], [[a, round(float(b), 4)] for a, b in zip(ts, v)])
 
 
-def jena_csv(path: str, n: int = 3000) -> str:
+def jena_csv(path: str, n: int = 6000) -> str:
     """jena_climate_2009_2016.csv: 'Date Time' and 14 weather columns every 10 minutes."""
     rng = _rng(14)
     cols = [
@@ -291,3 +291,38 @@ class FakeTfds:
             ds = ds.apply(tf.data.experimental.assert_cardinality(len(items)))
             out.append(ds if as_supervised else ds.map(lambda x, y: {"image": x, "label": y}))
         return out if isinstance(split, (list, tuple)) else out[0]
+
+
+def movielens_zip(name: str) -> str:
+    """keras.utils.get_file("ml-latest-small.zip", ...): the zip, written in the current folder, holding
+    ml-latest-small/ratings.csv and movies.csv; its absolute path, as get_file returns."""
+    folder = Path("ml-latest-small-src")
+    movielens_csv(str(folder / "ratings.csv"))
+    write_csv(
+        str(folder / "movies.csv"),
+        ["movieId", "title", "genres"],
+        [[i, f"Movie {i} (2000)", "Drama|Comedy"] for i in range(1, 81)],
+    )
+    with zipfile.ZipFile(name, "w") as z:
+        for f in ("ratings.csv", "movies.csv"):
+            z.write(folder / f, f"ml-latest-small/{f}")
+    return os.path.abspath(name)
+
+
+def jena_zip(name: str) -> str:
+    """keras.utils.get_file(origin=..., fname="jena_climate_2009_2016.csv.zip"): the zip, with the CSV inside."""
+    jena_csv("jena_climate_2009_2016.csv.src")
+    with zipfile.ZipFile(name, "w") as z:
+        z.write("jena_climate_2009_2016.csv.src", "jena_climate_2009_2016.csv")
+    return os.path.abspath(name)
+
+
+def text_file(name: str, chars: int = 6000) -> str:
+    """A plain-text corpus (nietzsche.txt and the like): sentences of common words, lower and upper case."""
+    rng = _rng(16)
+    words = [*WORDS, *WORDS_POS, *WORDS_NEG, "Truth", "The", "philosopher", "will", "power"]
+    out: list[str] = []
+    while sum(len(w) + 1 for w in out) < chars:
+        out.append(str(rng.choice(words)) + ("." if rng.random() < 0.1 else ""))
+    Path(name).write_text(" ".join(out) + "\n")
+    return os.path.abspath(name)
