@@ -53,6 +53,7 @@ KT_SUBS = (
     ("x[-10000:]", "x[-128:]"),
     ("y[:-10000]", "y[:-128]"),
     ("y[-10000:]", "y[-128:]"),
+    ("best_model.build(input_shape=(None, 28, 28))\n", ""),
 )
 KT_DROP = (
     "def keras_code(",
@@ -62,8 +63,9 @@ KT_DROP = (
     "x_train[:100], y_train[:100], epochs=1",
 )
 KT_WHY = (
-    "the end of the guide is left out: keras_code() saves to a path without .keras, which Keras 3 refuses, and the "
-    "HyperResNet search is minutes on a CPU"
+    "Keras 3 refuses to build the already-built best model again with another input shape, so that build() line "
+    "is left out; so is the end of the guide: keras_code() saves to a path without .keras, which Keras 3 "
+    "refuses, and the HyperResNet search is minutes on a CPU"
 )
 
 RECIPES: list[Recipe] = [
@@ -449,5 +451,86 @@ RECIPES: list[Recipe] = [
         ),
         why='Keras 3 lookup layers have no output_mode "binary" (renamed "multi_hot"); plot_model needs pydot '
         "and graphviz (model.summary() instead)",
+    ),
+    Recipe(
+        name="mixup",
+        path="examples/vision/mixup.py",
+        commit="be6d3665bad56d9e9ce5ad7ef083da75dd514afc",
+        category="vision",
+        call="model.fit(train_ds_mu",
+        subs=(
+            ("tf.keras.datasets.fashion_mnist.load_data()", "standins.fashion_mnist()"),
+            ("val_samples = 2000", "val_samples = 128"),
+            ("EPOCHS = 10", "EPOCHS = 2"),
+            ('"initial_weights.h5"', '"initial.weights.h5"'),
+        ),
+        why="Keras 3 save_weights/load_weights need a name ending in .weights.h5; the mixup fit (a zipped, "
+        "mapped tf.data pipeline drawing Beta samples) is the remote one, the plain fit then runs locally",
+    ),
+    Recipe(
+        name="kt_custom_tuner",
+        path="guides/keras_tuner/custom_tuner.py",
+        commit="13d741d9634831015df7686556620880bf28daa7",
+        category="guide: KerasTuner",
+        call="tuner.search(",
+        kind="tune",
+        subs=((".reset_states()", ".reset_state()"),),
+        why="Keras 3 metrics have reset_state() (reset_states() is gone); a HyperModel whose fit() is a custom "
+        "training loop reading the notebook's x_train",
+    ),
+    Recipe(
+        name="metric_learning",
+        path="examples/vision/metric_learning.py",
+        commit="653efec051cf5ad149f93795a218fdd7c27d1afb",
+        category="vision",
+        call="history = model.fit(",
+        subs=(
+            ("cifar10.load_data()", "standins.cifar10()"),
+            ("np.random.randint(0, 50000, size=(5, 5))", "np.random.randint(0, 256, size=(5, 5))"),
+            ("tf.nn.l2_normalize(embeddings, axis=-1)", "keras.ops.normalize(embeddings, axis=-1)"),
+            ("AnchorPositivePairs(num_batchs=1000), epochs=20", "AnchorPositivePairs(num_batchs=20), epochs=2"),
+        ),
+        why="a TensorFlow op on a Keras 3 symbolic tensor is an error (tf.nn.l2_normalize -> keras.ops.normalize); "
+        "the fit's data is a keras.utils.Sequence (PyDataset) drawing random pairs",
+    ),
+    Recipe(
+        name="image_classification_from_scratch",
+        path="examples/vision/image_classification_from_scratch.py",
+        commit="b8bb4c0d5068d64290003740c2ef9e703eefa751",
+        category="vision",
+        call="model.fit(",
+        setup='standins.image_folders("PetImages", ("Cat", "Dog"), per_class=20, size=64)',
+        subs=(
+            ("keras.utils.plot_model(model, show_shapes=True)", "model.summary()"),
+            ("epochs = 50", "epochs = 1"),
+            ('"PetImages/Cat/6779.jpg"', '"PetImages/Cat/1.jpg"'),
+        ),
+        why="JPEG folders written with PIL (they carry JFIF, so the corruption filter keeps them); plot_model needs "
+        "pydot and graphviz (model.summary() instead); the inference cell reads one of the stand-in files",
+    ),
+    Recipe(
+        name="lstm_seq2seq",
+        path="examples/nlp/lstm_seq2seq.py",
+        commit="7d9a8190d134b15aa8fb54b457e8ba6c1cb562a3",
+        category="nlp",
+        call="model.fit(",
+        setup='standins.fra_txt("fra.txt")',
+        subs=(
+            ("epochs = 100", "epochs = 2"),
+            ('model.save("s2s")', 'model.save("s2s.keras")'),
+            ('keras.models.load_model("s2s")', 'keras.models.load_model("s2s.keras")'),
+            ("for seq_index in range(20):", "for seq_index in range(2):"),
+        ),
+        why="Keras 3 saves only to .keras (the SavedModel folder 's2s' is refused); two decoded sentences instead "
+        "of twenty (each character is a predict call)",
+    ),
+    Recipe(
+        name="text_generation_with_miniature_gpt",
+        path="examples/generative/text_generation_with_miniature_gpt.py",
+        commit="b8bb4c0d5068d64290003740c2ef9e703eefa751",
+        category="generative",
+        call="model.fit(",
+        setup='standins.text_folders("aclImdb")',
+        subs=(("epochs=25,", "epochs=2,"),),
     ),
 ]

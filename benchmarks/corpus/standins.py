@@ -326,3 +326,19 @@ def text_file(name: str, chars: int = 6000) -> str:
         out.append(str(rng.choice(words)) + ("." if rng.random() < 0.1 else ""))
     Path(name).write_text(" ".join(out) + "\n")
     return os.path.abspath(name)
+
+
+def fra_txt(path: str, n: int = 300) -> str:
+    """fra.txt of the Anki English-French pairs: 'english<TAB>french<TAB>attribution' per line."""
+    rng = _rng(17)
+    en = "go run stop wait help come see hello thanks sorry".split()
+    fr = "va cours arrete attends aide viens regarde bonjour merci pardon".split()
+    lines = []
+    for _ in range(n):
+        k = rng.integers(1, 4)
+        idx = rng.integers(0, len(en), size=k)
+        lines.append(
+            " ".join(en[i] for i in idx).capitalize() + ".\t" + " ".join(fr[i] for i in idx).capitalize() + " !\tCC-BY"
+        )
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
