@@ -533,4 +533,52 @@ RECIPES: list[Recipe] = [
         setup='standins.text_folders("aclImdb")',
         subs=(("epochs=25,", "epochs=2,"),),
     ),
+    Recipe(
+        name="rnn_nested_cell",
+        path="guides/working_with_rnns.py",
+        commit="4849412cb6cd6089949fb97edf1758083c964416",
+        category="guide: RNNs",
+        call="model.fit(input_data",
+        subs=(MNIST, ("num_batches = 10", "num_batches = 1"), ("timestep = 50", "timestep = 5")),
+        why="the remote fit is the registered custom NestedCell in keras.layers.RNN with list inputs and targets "
+        "(its get_config reads the notebook's unit_2); the MNIST LSTM fits before it run locally; 64 x 5 "
+        "steps of random data instead of 640 x 50 (half a gigabyte of float64)",
+    ),
+    Recipe(
+        name="rnn_mnist_lstm",
+        path="guides/working_with_rnns.py",
+        commit="4849412cb6cd6089949fb97edf1758083c964416",
+        category="guide: RNNs",
+        call="model.fit(\n    x_train, y_train",
+        subs=(MNIST, ("num_batches = 10", "num_batches = 1"), ("timestep = 50", "timestep = 5")),
+        why="the remote fit is the first MNIST LSTM; the RNN(LSTMCell) model then copies its trained weights "
+        "(set_weights) and trains locally, and a CPU copy predicts",
+    ),
+    Recipe(
+        name="preprocessing_resnet50_augment",
+        path="guides/preprocessing_layers.py",
+        commit="04bfdf8adc4ea39646c3d09f3cd397f32f1a0923",
+        category="guide: preprocessing layers",
+        call="model.fit(train_dataset, steps_per_epoch=5)",
+        subs=(
+            ("keras.datasets.cifar10.load_data()", "standins.cifar10()"),
+            ('output_mode="tf-idf"', 'output_mode="tf_idf"'),
+        ),
+        why="keras.applications.ResNet50(weights=None) inside a functional model, trained on a tf.data pipeline "
+        "that maps random augmentation layers, with steps_per_epoch; Keras 3 spells the TextVectorization mode "
+        "tf_idf",
+    ),
+    Recipe(
+        name="preprocessing_text_gru",
+        path="guides/preprocessing_layers.py",
+        commit="04bfdf8adc4ea39646c3d09f3cd397f32f1a0923",
+        category="guide: preprocessing layers",
+        call="model.fit(train_dataset)",
+        subs=(
+            ("keras.datasets.cifar10.load_data()", "standins.cifar10()"),
+            ('output_mode="tf-idf"', 'output_mode="tf_idf"'),
+        ),
+        why="a GRU on a dataset of strings mapped through an adapted TextVectorization; the trained model is then "
+        "wrapped in an end-to-end model taking strings",
+    ),
 ]
