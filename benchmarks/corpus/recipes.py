@@ -581,4 +581,34 @@ RECIPES: list[Recipe] = [
         why="a GRU on a dataset of strings mapped through an adapted TextVectorization; the trained model is then "
         "wrapped in an end-to-end model taking strings",
     ),
+    Recipe(
+        name="involution",
+        path="examples/vision/involution.py",
+        commit="b8bb4c0d5068d64290003740c2ef9e703eefa751",
+        category="vision",
+        call="inv_hist = inv_model.fit(",
+        subs=(
+            ("keras.datasets.cifar10.load_data()", "standins.cifar10()"),
+            ("epochs=20, validation_data=test_ds)", "epochs=1, validation_data=test_ds)"),
+        ),
+        why="the remote fit is the involution model (a custom layer whose build() makes sublayers and keeps "
+        "tf.identity as an attribute, returning two outputs); the conv model's fit before it runs locally",
+    ),
+    Recipe(
+        name="speaker_recognition",
+        path="examples/audio/speaker_recognition_using_cnn.py",
+        commit="8bda227c08adf855a8b9ec579840e2a7171fff60",
+        category="audio",
+        call="history = model.fit(",
+        subs=(
+            (
+                'DATASET_ROOT = os.path.join(os.path.expanduser("~"), "Downloads/16000_pcm_speeches")',
+                'DATASET_ROOT = standins.speech_folders("16000_pcm_speeches")',
+            ),
+            ("BATCH_SIZE = 128", "BATCH_SIZE = 8"),
+            ("EPOCHS = 100", "EPOCHS = 2"),
+        ),
+        why="WAV folders written with scipy (1 s at 16 kHz, already at the rate the example wants, so its ffmpeg "
+        "resampling step finds nothing to do); batches of 8 so the demonstration's random picks stay in the batch",
+    ),
 ]

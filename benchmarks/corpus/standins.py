@@ -342,3 +342,23 @@ def fra_txt(path: str, n: int = 300) -> str:
         )
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def speech_folders(root: str, speakers: int = 5, per_speaker: int = 16, rate: int = 16000) -> str:
+    """The Kaggle speaker-recognition layout: ROOT/<speaker>/N.wav (1 s, 16 kHz, int16; each speaker a tone of its
+    own pitch) and ROOT/_background_noise_/N.wav (3 s of noise)."""
+    from scipy.io import wavfile
+
+    rng = _rng(18)
+    t = np.arange(rate) / rate
+    for s in range(speakers):
+        d = Path(root) / f"Speaker_{s:04d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(per_speaker):
+            wave = 0.5 * np.sin(2 * np.pi * (200 + 120 * s) * t) + rng.normal(0, 0.05, rate)
+            wavfile.write(d / f"{i}.wav", rate, (wave * 20000).astype("int16"))
+    noise = Path(root) / "_background_noise_"
+    noise.mkdir(parents=True, exist_ok=True)
+    for i in range(2):
+        wavfile.write(noise / f"noise_{i}.wav", rate, (rng.normal(0, 0.3, 3 * rate) * 20000).astype("int16"))
+    return root
