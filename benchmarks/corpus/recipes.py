@@ -539,7 +539,11 @@ RECIPES: list[Recipe] = [
         commit="4849412cb6cd6089949fb97edf1758083c964416",
         category="guide: RNNs",
         call="model.fit(input_data",
-        subs=(MNIST, ("num_batches = 10", "num_batches = 1"), ("timestep = 50", "timestep = 5")),
+        subs=(
+            ("mnist.load_data()", "standins.mnist()"),
+            ("num_batches = 10", "num_batches = 1"),
+            ("timestep = 50", "timestep = 5"),
+        ),
         why="the remote fit is the registered custom NestedCell in keras.layers.RNN with list inputs and targets "
         "(its get_config reads the notebook's unit_2); the MNIST LSTM fits before it run locally; 64 x 5 "
         "steps of random data instead of 640 x 50 (half a gigabyte of float64)",
@@ -550,7 +554,11 @@ RECIPES: list[Recipe] = [
         commit="4849412cb6cd6089949fb97edf1758083c964416",
         category="guide: RNNs",
         call="model.fit(\n    x_train, y_train",
-        subs=(MNIST, ("num_batches = 10", "num_batches = 1"), ("timestep = 50", "timestep = 5")),
+        subs=(
+            ("mnist.load_data()", "standins.mnist()"),
+            ("num_batches = 10", "num_batches = 1"),
+            ("timestep = 50", "timestep = 5"),
+        ),
         why="the remote fit is the first MNIST LSTM; the RNN(LSTMCell) model then copies its trained weights "
         "(set_weights) and trains locally, and a CPU copy predicts",
     ),
