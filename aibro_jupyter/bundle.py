@@ -5,22 +5,25 @@ Every check here runs before anything is uploaded, and each error names the prob
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from aibro_core.kerasfile import keras_notes_quiet, note, note_optimizers, restore_optimizers
+
 from .blobsource import ArraySource, ByteSource, FileSource
+from .cellcode import is_lambda
 from .checks import check_branch
 from .dataset_blob import check_dataset, is_dataset, save_dataset, travelling_pass
 from .errors import ValidationError
+from .kerasnames import NamePlan
+from .randomstate import random_state_kept
 
 
 @dataclass
@@ -90,9 +93,9 @@ def _renamed(value: Any, names: dict[str, str]) -> Any:
 
 
 # -- model -------------------------------------------------------------------------------------------
-def check_model(model: Any, safe_mode: bool = True) -> list[Any]:
-    """Refuse what cannot train remotely; return the custom classes and functions the model names (their code
-    travels or their package is installed on the worker: see travel.py)."""
+def check_model(model: Any, safe_mode: bool = True) -> None:
+    """Refuse what cannot train remotely, before anything else is looked at; what the model names by class or
+    function is matched to the notebook later (kerasnames.plan_names)."""
     import keras
 
     if not isinstance(model, keras.Model):
@@ -104,142 +107,26 @@ def check_model(model: Any, safe_mode: bool = True) -> list[Any]:
         raise ValidationError(
             f"model '{model.name}' is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) first"
         )
-    for layer in _all_layers(model):
-        if isinstance(layer, keras.layers.Lambda) and safe_mode:
+    for layer in all_layers(model):
+        if isinstance(layer, keras.layers.Lambda) and safe_mode and is_lambda(layer.function):
             raise ValidationError(
-                f"layer '{layer.name}' is a Lambda layer, whose Python code cannot be loaded with safe_mode=True on "
-                "the worker: replace it with a registered custom layer, or opt out with safe_mode=False "
-                "(`--unsafe` in %%cloud_fit) if you trust this code"
+                f"layer '{layer.name}' is a Lambda layer over a lambda, which Keras saves as Python bytecode and loads "
+                "only with safe_mode=False: opt out with safe_mode=False (`--unsafe` in %%cloud_fit) if you trust "
+                "this code, or give it a named function (def ...: Keras saves that by name)"
             )
-    objects: list[Any] = []
-    for what, obj in _custom_objects(model):
-        custom = _custom_object(what, obj)
-        if custom is not None and custom not in objects:
-            objects.append(custom)
-    return objects
 
 
-def _custom_objects(model: Any) -> list[tuple[str, Any]]:
-    """The model, its layers, its optimizer and its compile-time losses and metrics, and everything the model's
-    saved config names anywhere (functions in layer arguments, initializers, schedules...): all must rebuild
-    remotely."""
-    found: list[tuple[str, Any]] = [("model class", model)]
-    found += [("layer", layer) for layer in _all_layers(model)]
-    found.append(("optimizer class", model.optimizer))
-    config = getattr(getattr(model, "_compile_config", None), "config", None) or {}
-    for key in ("loss", "metrics", "weighted_metrics"):
-        for item in _flatten(config.get(key)):
-            if item is not None and not isinstance(item, str):
-                found.append(({"loss": "loss", "metrics": "metric"}.get(key, "weighted metric"), item))
-    return found + _config_references(model)
-
-
-def _config_references(model: Any) -> list[tuple[str, Any]]:
-    """The registered classes and functions named in the model's saved config, wherever they sit, as Keras writes
-    them: a function as {"class_name": "function", "config": "<registered name>"}, a class by its registered_name.
-    A function Keras does not know by name cannot be rebuilt anywhere: refused here, naming where it is used."""
-    import keras
-
-    return registered_in(keras.saving.serialize_keras_object(model), "model")
-
-
-def registered_in(config: Any, owner: str) -> list[tuple[str, Any]]:
-    """The registered classes and functions a serialized Keras config names (see _config_references)."""
-    import keras
-
-    found: list[tuple[str, Any]] = []
-    for where, node in _config_nodes(config, owner):
-        function = node.get("class_name") == "function"
-        name = node.get("config") if function else node.get("registered_name")
-        if not isinstance(name, str) or str(node.get("module") or "").startswith("keras"):
-            continue
-        obj = keras.saving.get_registered_object(name)
-        if obj is not None:
-            found.append((where, obj))
-        elif function and not _keras_function(name):
-            raise ValidationError(
-                f"{where} is the function {name}, which is not registered, so neither the worker nor Keras' own "
-                f"load_model can find it by name: decorate `def {name}` with "
-                "@keras.saving.register_keras_serializable(package='...')"
-            )
-    return found
-
-
-def _keras_function(name: str) -> bool:
-    """Whether Keras finds a function of this name itself (an activation, a loss), as its loader would."""
-    import keras
-
-    for finder in (keras.activations.get, keras.losses.get, keras.metrics.get):
-        try:
-            if finder(name) is not None:
-                return True
-        except (ValueError, TypeError):
-            continue
-    return False
-
-
-def _config_nodes(config: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
-    """Every serialized object in a Keras config, with words for where it sits (the layer and argument)."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    if isinstance(config, list):
-        for item in config:
-            out += _config_nodes(item, where)
-    elif isinstance(config, dict):
-        inner = config.get("config")
-        owner = where
-        if "class_name" in config and isinstance(inner, dict) and isinstance(inner.get("name"), str):
-            owner = f"{config['class_name']} '{inner['name']}'"
-        if "class_name" in config:
-            out.append((where, config))
-        for key, value in config.items():
-            if isinstance(value, (dict, list)):
-                child = owner if key in ("config", "layers", "compile_config") else f"{owner} argument '{key}'"
-                out += _config_nodes(value, child)
-    return out
-
-
-def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flatten(v)]
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _flatten(v)]
-    return [value]
-
-
-def _custom_object(what: str, obj: Any) -> Any:
-    """None for Keras' own objects; the class (or function) of a registered custom one; an error otherwise."""
-    import keras
-
-    cls = obj if _is_function(obj) or isinstance(obj, type) else type(obj)
-    module = getattr(cls, "__module__", "") or ""
-    if module.startswith("keras") or module.startswith("tensorflow"):
-        return None
-    name = getattr(cls, "__name__", repr(cls))
-    registered = keras.saving.get_registered_object(keras.saving.get_registered_name(cls))
-    if registered is not cls:
-        where = "in a notebook cell" if module == "__main__" else f"in {module}"
-        raise ValidationError(
-            f"{what} {name} (defined {where}) is not registered, so the worker cannot rebuild it: decorate it with "
-            "@keras.saving.register_keras_serializable(package='...')"
-        )
-    return cls
-
-
-def _is_function(obj: Any) -> bool:
-    import types
-
-    return isinstance(obj, (types.FunctionType, types.BuiltinFunctionType))
-
-
-def _all_layers(model: Any) -> list[Any]:
+def all_layers(model: Any) -> list[Any]:
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
 def build_from_data(model: Any, x: Any) -> None:
     """A subclassed model that was compiled but never called has no weights to save or to copy back: call it
     once on one sample of the training inputs, as fit would, so the worker and the kernel share its variables."""
-    if model.built and (model.weights or not _all_layers(model)):
+    if model.built and (model.weights or not all_layers(model)):
         return
+    if not _calls(model):
+        return  # no call() of its own (a GAN driven by train_step): fit trains it as it is, so does the worker
     sample = _first_sample(x)
     if sample is None:
         raise ValidationError(
@@ -255,6 +142,12 @@ def build_from_data(model: Any, x: Any) -> None:
         ) from None
 
 
+def _calls(model: Any) -> bool:
+    import keras
+
+    return type(model).call is not keras.Model.call
+
+
 def _first_sample(x: Any) -> Any:
     if is_dataset(x):
         batch = next(iter(x.take(1)), None)
@@ -268,38 +161,32 @@ def _first_sample(x: Any) -> Any:
     return None
 
 
-def save_model(model: Any, bundle: Bundle, safe_mode: bool = True) -> str:
+def save_model(model: Any, bundle: Bundle, names: NamePlan, safe_mode: bool = True) -> str:
     path = bundle.workdir / "model.keras"
     optimizer = model.optimizer
     if optimizer is not None and not optimizer.built and model.built and model.trainable_variables:
         optimizer.build(model.trainable_variables)  # so the worker loads every optimizer variable, silently
-    model.save(path)
+    with names.saved_as(), keras_notes_quiet():
+        model.save(path)
+    note_optimizers(model, path)
+    note(path, "objects", names.refs)
     canonicalize_keras(path)
-    check_reloads(model, path, safe_mode)
+    check_reloads(model, path, names.local, safe_mode)
     bundle.model_sha = bundle.add_file(path)
     return bundle.model_sha
 
 
-# What Keras says while loading that the worker deals with itself: an optimizer built after the save, and a
-# custom compile() it calls again with the model's own arguments (rebuildplan.plan_compile).
-KERAS_LOAD_NOTES = ("Skipping variable loading for optimizer", "`compile()` was not called as part of model loading")
-
-
-def check_reloads(model: Any, path: Path, safe_mode: bool = True) -> None:
-    """Load the saved model back here, as the worker will (`keras.saving.load_model`), so that a model Keras
-    cannot rebuild (a custom layer whose __init__ refuses its own get_config) fails in the cell, before any upload,
-    with Keras' own reason first; and the weights it loads must be the ones saved."""
+def check_reloads(model: Any, path: Path, custom_objects: dict[str, Any], safe_mode: bool = True) -> None:
+    """Load the saved model back here, as the worker will (`keras.saving.load_model` with the objects the model
+    names), so that a model Keras cannot rebuild (a custom layer whose __init__ refuses its own get_config) fails in
+    the cell, before any upload, with Keras' own reason first; and the weights it loads must be the ones saved."""
     import keras
 
-    with warnings.catch_warnings(record=True) as caught, random_state_kept():
-        warnings.simplefilter("always")
+    with keras_notes_quiet(), random_state_kept():
         try:
-            loaded = keras.saving.load_model(path, safe_mode=safe_mode)
+            loaded = keras.saving.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
         except Exception as exc:  # noqa: BLE001 - whatever Keras raises, the user needs its reason
             raise ValidationError(_reload_failure(exc, model)) from None
-    for w in caught:
-        if not str(w.message).startswith(KERAS_LOAD_NOTES):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     saved, back = model.weights, loaded.weights
     differ = len(saved) != len(back) or any(
         tuple(a.shape) != tuple(b.shape) or not np.array_equal(np.asarray(a), np.asarray(b))
@@ -312,45 +199,6 @@ def check_reloads(model: Any, path: Path, safe_mode: bool = True) -> None:
             f"{len(back)} or other values), so the worker would train other weights than yours: give each custom "
             "layer a build() that creates its weights, and a get_config() with every constructor argument"
         )
-
-
-@contextlib.contextmanager
-def random_state_kept() -> Iterator[None]:
-    """Whatever random numbers the block draws (rebuilding layers draws default seeds and runs initializers), the
-    kernel's own generators are where they were: a seeded notebook draws the same numbers with or without a
-    remote fit in between. Python's and NumPy's, Keras' global seed generator and TensorFlow's eager op seeds."""
-    import random
-
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-
-    py, npy = random.getstate(), np.random.get_state()
-    key = getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator")
-    keras_gen = global_state.get_global_attribute(key)
-    keras_state = None if keras_gen is None else np.asarray(keras_gen.state)
-    tf_rng = _tf_op_seeds()
-    tf_state = tf_rng.getstate() if tf_rng is not None else None
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        global_state.set_global_attribute(key, keras_gen)
-        if keras_gen is not None:
-            keras_gen.state.assign(keras_state)
-        if tf_rng is not None and tf_state is not None:
-            tf_rng.setstate(tf_state)
-
-
-def _tf_op_seeds() -> Any:
-    """TensorFlow's eager context draws each unseeded op's seed from this Random (None where it has none)."""
-    try:
-        from tensorflow.python.eager import context
-
-        rng = getattr(context.context(), "_rng", None)
-    except Exception:  # noqa: BLE001 - another TensorFlow layout: nothing to keep
-        return None
-    return rng if hasattr(rng, "getstate") else None
 
 
 def _reload_failure(exc: BaseException, model: Any) -> str:
@@ -544,19 +392,24 @@ def new_bundle() -> Bundle:
 
 
 # -- back into the kernel ------------------------------------------------------------------------------
-def load_into(model: Any, path: Path, safe_mode: bool = True) -> Any:
-    """Copy trained weights and optimizer state from a .keras file into `model`, in place."""
+def load_into(model: Any, path: Path, custom_objects: dict[str, Any], safe_mode: bool = True) -> Any:
+    """Copy trained weights and every optimizer's state from a .keras file into `model`, in place."""
     import keras
 
-    trained = keras.saving.load_model(path, safe_mode=safe_mode)
+    with keras_notes_quiet(), random_state_kept():
+        trained = keras.saving.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
+    _build_like(model, trained)
     model.set_weights(trained.get_weights())
-    src_opt, dst_opt = getattr(trained, "optimizer", None), getattr(model, "optimizer", None)
-    if src_opt is not None and dst_opt is not None:
-        if not dst_opt.built:
-            dst_opt.build(model.trainable_variables)
-        if len(src_opt.variables) == len(dst_opt.variables):
-            for dst, src in zip(dst_opt.variables, src_opt.variables):
-                dst.assign(src)
-        else:
-            warnings.warn("optimizer state has a different layout; only the weights were copied back", stacklevel=2)
+    for problem in restore_optimizers(model, path):
+        warnings.warn(f"optimizer state not copied back ({problem}); the weights were", stacklevel=2)
     return model
+
+
+def _build_like(model: Any, trained: Any) -> None:
+    """A layer the kernel never built (a sub-model called first inside the remote fit) gets the trained one's shape,
+    so it holds the trained weights too."""
+    for mine, theirs in zip(all_layers(model), all_layers(trained)):
+        if not mine.built and theirs.built and type(mine).__name__ == type(theirs).__name__:
+            config = theirs.get_build_config()
+            if config:
+                mine.build_from_config(config)

@@ -50,7 +50,15 @@ def worker_note(ev: dict[str, Any]) -> str | None:
 def printed(ev: dict[str, Any]) -> str | None:
     """A line the job's own code printed on the worker (a callback's print), shown as it would be locally."""
     d = ev.get("data") or {}
-    return str(d.get("message", "")) if ev.get("type") == v.EV_LOG and d.get("stream") == "stdout" else None
+    return str(d.get("message", "")) if ev.get("type") == v.EV_LOG and d.get("stream") in STREAMS else None
+
+
+STREAMS = ("stdout", "stderr")
+
+
+def printed_to(ev: dict[str, Any], out: TextIO) -> TextIO:
+    """Where a printed line goes in the kernel: stderr's lines to stderr, as they went on the worker."""
+    return sys.stderr if (ev.get("data") or {}).get("stream") == "stderr" else out
 
 
 def format_logs(logs: dict[str, Any]) -> str:
@@ -77,7 +85,7 @@ class TextProgress:
         elif ev["type"] == v.EV_ERROR and d.get("message"):
             print(f"[{view.job_id}] error: {d['message']}", file=self.out, flush=True)
         elif printed(ev) is not None:
-            print(printed(ev), file=self.out, flush=True)
+            print(printed(ev), file=printed_to(ev, self.out), flush=True)
         elif local_notice(ev):
             print(f"[{view.job_id}] {local_notice(ev)}", file=self.out, flush=True)
         elif worker_note(ev):

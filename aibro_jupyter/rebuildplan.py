@@ -12,20 +12,16 @@ model does not keep them. Keras objects travel as their Keras config; nothing is
 
 from __future__ import annotations
 
+import ast
 import inspect
-import math
-import numbers
 import os
-import types
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .bundle import registered_in
-from .cellcode import MAIN_MODULE, is_cell_object, is_lambda, travel_name
+from .argcodec import check_importable, encode, module_of
 from .errors import ValidationError
 
 # Keras callbacks whose argument is a file (its name may hold {epoch} and metric fields) or a folder on disk.
@@ -47,7 +43,6 @@ REFUSED = {
     "RemoteMonitor": "RemoteMonitor posts every epoch to a server of yours, which a worker cannot reach (it talks "
     "only to the backend): drop it and follow the job with %cloud_attach, Training.attach or the sidebar",
 }
-MAX_ARG_ITEMS = 1000
 
 
 @dataclass
@@ -83,12 +78,12 @@ def plan_callbacks(callbacks: Any, namespace: dict[str, Any] | None = None) -> C
         if own and name in REFUSED:
             raise ValidationError(REFUSED[name])
         if not own:
-            _check_importable(cls, f"callback {name}")
+            check_importable(cls, f"callback {name}")
             plan.objects.append(cls)
         args = _arguments(cb, name, plan, namespace)
         spec: dict[str, Any] = {"class": name, "config": args}
         if not own:
-            spec["module"] = _module_of(cls)
+            spec["module"] = module_of(cls)
         plan.specs.append(spec)
     return plan
 
@@ -104,17 +99,26 @@ def _arguments(cb: Any, name: str, plan: CallbackPlan, namespace: dict[str, Any]
         if kind is not None:
             args[param.name] = {"__path__": kind, "kernel": _kernel_path(value, where)}
         else:
-            args[param.name] = _encode(value, where, plan, namespace, 0)
+            args[param.name] = encode(value, where, plan.objects, namespace)
     return args
 
 
-def kept_arguments(obj: Any, method: Any, what: str, where: str, name: str = "") -> Iterator[tuple[Any, Any]]:
-    """The named parameters of `method` with the value `obj` keeps for each (an attribute of the same name, or the
-    one Keras keeps it under); one it keeps none of is skipped when it has a default, refused otherwise."""
+def kept_arguments(
+    obj: Any, method: Any, what: str, where: str, name: str = "", given: dict[str, Any] | None = None
+) -> Iterator[tuple[Any, Any]]:
+    """The named parameters of `method` with the value `obj` keeps for each: the attribute `method` assigns it to
+    (`self.loss_fn = loss_fn`), what Keras' own compile() was `given` of it, or an attribute of the same name (or the
+    one Keras keeps it under); one kept nowhere is skipped when it has a default, refused otherwise."""
+    assigned = assigned_attributes(method)
     for param in list(inspect.signature(method).parameters.values())[1:]:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        value = getattr(obj, ATTRIBUTE_OF.get((name, param.name), param.name), inspect.Parameter.empty)
+        if param.name in assigned:
+            value = getattr(obj, assigned[param.name], inspect.Parameter.empty)
+        elif given is not None and param.name in given:
+            value = given[param.name]
+        else:
+            value = getattr(obj, ATTRIBUTE_OF.get((name, param.name), param.name), inspect.Parameter.empty)
         if inspect.ismethod(value) and value.__self__ is obj:
             continue  # a LambdaCallback hook that was not given: the class's own no-op
         if value is inspect.Parameter.empty:
@@ -127,6 +131,22 @@ def kept_arguments(obj: Any, method: Any, what: str, where: str, name: str = "")
         yield param, value
 
 
+def assigned_attributes(method: Any) -> dict[str, str]:
+    """`self.<attribute> = <argument>` statements in a method's source: argument → attribute (the first one)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return {}
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                    if target.value.id == "self":
+                        found.setdefault(node.value.id, target.attr)
+    return found
+
+
 def _plain(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
@@ -135,56 +155,6 @@ def _kernel_path(value: Any, where: str) -> str:
     if not isinstance(value, (str, os.PathLike)):
         raise ValidationError(f"{where} must be a path, got {type(value).__name__}")
     return str(Path(value).expanduser().absolute())
-
-
-def _encode(value: Any, where: str, plan: CallbackPlan, namespace: dict[str, Any] | None, depth: int) -> Any:
-    """Literals as JSON; a function as a reference to travelling code; anything else is refused, named."""
-    if depth > 8:
-        raise ValidationError(f"{where} nests lists and dicts more than 8 levels deep: pass a flatter value")
-    if isinstance(value, np.generic):
-        value = value.item()
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value) if math.isfinite(value) else {"__float__": str(float(value))}
-    if isinstance(value, (list, tuple)) and len(value) <= MAX_ARG_ITEMS:
-        return [_encode(v, f"{where}[{i}]", plan, namespace, depth + 1) for i, v in enumerate(value)]
-    if isinstance(value, dict) and len(value) <= MAX_ARG_ITEMS and all(isinstance(k, str) for k in value):
-        return {k: _encode(v, f"{where}[{k!r}]", plan, namespace, depth + 1) for k, v in value.items()}
-    if _is_keras_object(value):
-        import keras
-
-        config = keras.saving.serialize_keras_object(value)
-        plan.objects += [obj for _, obj in registered_in(config, where)]
-        return {"__keras__": config}
-    if isinstance(value, types.FunctionType):
-        _check_importable(value, where)
-        plan.objects.append(value)
-        return {"__function__": f"{_module_of(value)}:{_name_in_module(value, namespace)}"}
-    raise ValidationError(
-        f"{where} is a {type(value).__module__}.{type(value).__name__}, which cannot travel to the worker: pass "
-        "numbers, strings, lists, dicts or functions (defined in the notebook or a module next to it), and build "
-        "anything else inside the callback"
-    )
-
-
-def _is_keras_object(value: Any) -> bool:
-    """An optimizer, loss, metric, layer, initializer...: what Keras itself serializes to a config and back."""
-    import keras
-
-    kinds = (
-        keras.optimizers.Optimizer,
-        keras.losses.Loss,
-        keras.metrics.Metric,
-        keras.layers.Layer,
-        keras.initializers.Initializer,
-        keras.regularizers.Regularizer,
-        keras.constraints.Constraint,
-        keras.optimizers.schedules.LearningRateSchedule,
-    )
-    return isinstance(value, kinds)
 
 
 def plan_compile(model: Any, plan: CallbackPlan, namespace: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -196,34 +166,8 @@ def plan_compile(model: Any, plan: CallbackPlan, namespace: dict[str, Any] | Non
     if compile_fn is keras.Model.compile or getattr(compile_fn, "__module__", "").startswith("keras"):
         return None
     name = f"{type(model).__name__}.compile"
+    given = dict(getattr(getattr(model, "_compile_config", None), "config", None) or {})  # super().compile()'s
     return {
-        param.name: _encode(value, f"{name}'s argument '{param.name}'", plan, namespace, 0)
-        for param, value in kept_arguments(model, compile_fn, name, "compile")
+        param.name: encode(value, f"{name}'s argument '{param.name}'", plan.objects, namespace)
+        for param, value in kept_arguments(model, compile_fn, name, "compile", given=given)
     }
-
-
-def _module_of(obj: Any) -> str:
-    return MAIN_MODULE if is_cell_object(obj) else str(obj.__module__)
-
-
-def _name_in_module(fn: Any, namespace: dict[str, Any] | None) -> str:
-    if is_cell_object(fn):
-        return travel_name(fn, namespace)
-    return str(fn.__qualname__)
-
-
-def _check_importable(obj: Any, where: str) -> None:
-    """A class or function the worker finds by name: defined at the top level of a cell or a module."""
-    qual = str(getattr(obj, "__qualname__", ""))
-    if is_cell_object(obj) and is_lambda(obj) and obj.__closure__ is None:
-        return  # a lambda in a cell travels as its own text, wherever it was written, if it closes over nothing
-    if "<locals>" in qual or ("." in qual and not is_cell_object(obj)):
-        raise ValidationError(
-            f"{where} ({qual}) is defined inside another function or class, so the worker cannot find it by name: "
-            "define it at the top level of a cell or of a module next to the notebook"
-        )
-    if not is_cell_object(obj) and "<lambda>" in qual:
-        raise ValidationError(
-            f"{where} is a lambda from module {obj.__module__}: give it a name there (def ...) so the worker can "
-            "import it"
-        )

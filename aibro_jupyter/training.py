@@ -17,6 +17,7 @@ import numpy as np
 
 from aibro_core import vocabulary as v
 from aibro_core.bounds import MAX_EPOCHS
+from aibro_core.kerasfile import keras_notes_quiet
 from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
@@ -27,6 +28,7 @@ from .config import resolve, say_once_unconfined, start_embedded
 from .dataset_blob import is_dataset
 from .errors import ApiError, JobFailed, ValidationError
 from .filereturn import FilesBack
+from .kerasnames import attached_objects, keras_configs, plan_names
 from .prices import hourly
 from .progress import JobView, TextProgress
 from .rebuildplan import plan_callbacks, plan_compile
@@ -214,7 +216,7 @@ class Training:
             argnames=argnames,
         )
         epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
-        objects = b.check_model(model, safe_mode)
+        b.check_model(model, safe_mode)
         if is_dataset(train_X) and fit_kwargs.get("validation_split"):
             raise ValidationError(
                 "validation_split cannot split a tf.data.Dataset: pass validation_data=another dataset instead, "
@@ -231,7 +233,9 @@ class Training:
         compile_args = plan_compile(model, travelling)
         for note in travelling.notes:
             warnings.warn(note, stacklevel=3)
-        code = plan_code(objects + travelling.objects + ([build] if build is not None else []))
+        b.build_from_data(model, train_X)
+        names = plan_names(model, extra=keras_configs(travelling.specs, compile_args))
+        code = plan_code(names.travel + travelling.objects + ([build] if build is not None else []))
         warn_missing_requirements(code, reqs)
         machines = _machine_list(machine_ids, self.client.machines())
         limit = self.client.policy()["max_job_bytes"]
@@ -256,9 +260,8 @@ class Training:
                     f"this job's data is {data_bytes} bytes, over the {limit}-byte limit per job: "
                     "train on a sample, or use lower precision (float32/uint8)"
                 )
-            b.build_from_data(model, train_X)
             if build is None:
-                b.save_model(model, bundle, safe_mode)
+                b.save_model(model, bundle, names, safe_mode)
             code_spec = None
             if code.files:
                 code_spec = {"blob": bundle.add(BytesSource(code.blob(), "code")), "modules": code.modules}
@@ -292,6 +295,7 @@ class Training:
             "meta": meta or {},
             "seed": kernel_seed(),
             "compile": compile_args,
+            "objects": names.refs,
         }
         if build is not None:
             spec.pop("model")
@@ -343,9 +347,11 @@ class Training:
             if model is None:
                 import keras
 
-                model = keras.saving.load_model(path, safe_mode=safe_mode)
+                objects = attached_objects(path)
+                with keras_notes_quiet():
+                    model = keras.saving.load_model(path, custom_objects=objects, safe_mode=safe_mode)
             else:
-                b.load_into(model, path, safe_mode)
+                b.load_into(model, path, plan_names(model).local, safe_mode)
         if directory_to_save_ckpt:
             for art in self.client.artifacts(view.job_id):
                 if art["name"].startswith("checkpoints/"):

@@ -125,6 +125,26 @@ def split_percent(text: str) -> list[str]:
     return cells
 
 
+def load_notebook(path: Path, extra_flags: str = "") -> Notebook:
+    """One of our own notebooks (tests/notebooks/*.py): `# key: value` header lines (mirrors, call, kind, flags)
+    before the first `# %%`, then the cells."""
+    text = path.read_text()
+    header: dict[str, str] = {}
+    for line in text.split("# %%", 1)[0].splitlines():
+        m = re.match(r"#\s*(\w+):\s*(.*)$", line)
+        if m:
+            header[m.group(1)] = m.group(2).strip()
+    if "call" not in header:
+        raise CorpusError(f"{path.name}: no '# call: NAME.fit(' header line")
+    return Notebook(
+        name=path.stem,
+        cells=split_percent(text.split("# %%", 1)[1] if "# %%" in text else text),
+        call=header["call"],
+        kind=header.get("kind", "fit"),
+        flags=f"{header.get('flags', '')} {extra_flags}".strip(),
+    )
+
+
 def substitute(text: str, subs: Iterable[tuple[str, str]], where: str = "") -> str:
     """Apply exact-string substitutions in order; one whose old text is not there fails loudly (the original moved)."""
     for old, new in subs:

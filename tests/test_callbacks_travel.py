@@ -213,7 +213,10 @@ def test_a_callback_argument_that_cannot_travel_is_named(client: BackendClient) 
         Training(client).prepare(
             make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [Holds(1)]}
         )
-    from aibro_jupyter.rebuildplan import CallbackPlan, _encode
+    from aibro_jupyter.argcodec import encode
 
-    with pytest.raises(ValidationError, match=r"argument 'data' is a numpy.ndarray, which cannot travel"):
-        _encode(np.zeros(3), "callback Holds's argument 'data'", CallbackPlan(), None, 0)
+    with pytest.raises(ValidationError, match=r"argument 'data' is a builtins.object, which cannot travel"):
+        encode(object(), "callback Holds's argument 'data'", [], None)
+    with pytest.raises(ValidationError, match=r"argument 'data' is an array of 100000 float64 values: only .* at most"):
+        encode(np.zeros(100_000), "callback Holds's argument 'data'", [], None)
+    assert encode(np.zeros(3, "float32"), "small", [], None)["__array__"]["shape"] == [3]

@@ -23,6 +23,7 @@ from test_validation import TRIPWIRE, fresh_data, nothing_uploaded  # noqa: F401
 from aibro_core.errors import ValidationError
 from aibro_jupyter import Training, checks
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.kerasnames import plan_names
 
 from conftest import make_model
 
@@ -397,37 +398,34 @@ def _unregistered_relu(x: Any) -> Any:
     return keras.ops.relu(x)
 
 
-@pytest.mark.usefixtures("nothing_uploaded")
-def test_an_unregistered_function_in_a_layer_argument_is_refused(client: BackendClient) -> None:
-    x, y = fresh_data()
+def test_an_unregistered_function_in_a_layer_argument_is_found_by_its_name() -> None:
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, activation=_unregistered_relu)])
     model.compile("adam", "sparse_categorical_crossentropy")
-    with pytest.raises(
-        ValidationError,
-        match=r"Dense 'dense\w*' argument 'activation' is the function _unregistered_relu, which is not registered.*"
-        r"register_keras_serializable",
-    ):
-        _submit(client, model, x, y)
+    names = plan_names(model)
+    assert names.refs == {"_unregistered_relu": {"ref": f"{__name__}:_unregistered_relu"}}
+    assert names.local["_unregistered_relu"] is _unregistered_relu
 
 
 @keras.saving.register_keras_serializable(package="kernel_checks")
 class NoKwargs(keras.layers.Layer):
-    """As several published examples print it: get_config() extends the base config, __init__ takes no **kwargs."""
+    """As several published examples print it: get_config() extends the base config, __init__ takes no **kwargs; and
+    here the argument is kept nowhere either (only inside the Dense), so neither Keras nor aibro can rebuild it."""
 
-    def __init__(self, units: int) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self.units = units
-        self.dense = keras.layers.Dense(units)
+        self.dense = keras.layers.Dense(size)
 
     def call(self, x: Any) -> Any:
         return self.dense(x)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "units": self.units}
+        return {**super().get_config(), "size": self.dense.units}
 
 
 @pytest.mark.usefixtures("nothing_uploaded")
 def test_a_layer_keras_cannot_load_back_is_refused_with_keras_reason_first(client: BackendClient) -> None:
+    """A layer whose own config does not rebuild it is rebuilt from its constructor arguments when the object keeps
+    them (tests/test_named_objects.py); one that keeps them nowhere is refused with Keras' reason first."""
     x, y = fresh_data()
     model = keras.Sequential([keras.Input((64,)), NoKwargs(10)])
     model.compile("adam", "sparse_categorical_crossentropy")
@@ -446,8 +444,6 @@ def test_a_sequential_given_a_dict_is_refused(client: BackendClient) -> None:
 
 
 def test_functions_in_layer_arguments_are_found_wherever_they_sit() -> None:
-    from aibro_jupyter.bundle import check_model
-
     @keras.saving.register_keras_serializable(package="kernel_checks")
     def shout(text: Any) -> Any:
         return text
@@ -456,4 +452,6 @@ def test_functions_in_layer_arguments_are_found_wherever_they_sit() -> None:
     inp = keras.Input((1,), dtype="string")
     model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Embedding(10, 2)(vec(inp))))
     model.compile("adam", "mse")
-    assert shout in check_model(model)
+    names = plan_names(model)
+    assert names.local["kernel_checks>shout"] is shout, names.refs
+    assert names.refs["kernel_checks>shout"]["closure"]["name"] == "shout"  # made inside this test: travels as such

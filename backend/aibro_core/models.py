@@ -563,6 +563,66 @@ class TrialBuild(Request):
     )
 
 
+REF_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+IDENTIFIER = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+MAX_OBJECTS_CHARS = 1 << 20
+
+
+def _bounded_values(value: Any) -> Any:
+    """A closure's values (small arrays included) and defaults: 1 MiB of JSON and 12 levels at most."""
+    if len(json.dumps(value)) > MAX_OBJECTS_CHARS:
+        raise ValueError(f"is over {MAX_OBJECTS_CHARS} characters as JSON")
+
+    def depth(v: Any) -> int:
+        if isinstance(v, dict):
+            return 1 + max((depth(x) for x in v.values()), default=0)
+        if isinstance(v, list):
+            return 1 + max((depth(x) for x in v), default=0)
+        return 0
+
+    if depth(value) > 12:
+        raise ValueError("nests more than 12 levels deep")
+    return value
+
+
+ClosureValues = Annotated[dict[IDENTIFIER, JsonValue], Field(max_length=256), AfterValidator(_bounded_values)]
+
+
+class Closure(Request):
+    """A function made inside another (`def loss(margin): def contrastive_loss(...)`): the enclosing function in the
+    travelling code, the inner one's name and line within it, and the values it closed over in the kernel."""
+
+    ref: Annotated[str, Field(max_length=400, pattern=REF_PATTERN)]
+    name: Annotated[str, Field(max_length=200, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|<lambda>)$")]
+    line: Annotated[int, Field(ge=0, le=1_000_000), INTEGRAL]
+    cells: ClosureValues = Field(default_factory=dict)
+    defaults: Annotated[list[JsonValue], Field(max_length=256), AfterValidator(_bounded_values)] | None = None
+    kwdefaults: ClosureValues | None = None
+
+
+class ObjectRef(Request):
+    """A class or function the model names (by the name Keras records), as the worker finds it: `ref` in the
+    travelling code or an installed package, or a `closure`; `init` makes a class Keras cannot describe (a model
+    made of models) rebuildable from these constructor arguments, read from these attributes."""
+
+    ref: Annotated[str, Field(max_length=400, pattern=REF_PATTERN)] | None = None
+    closure: Closure | None = None
+    init: Annotated[dict[IDENTIFIER, IDENTIFIER], Field(max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ObjectRef:
+        if (self.ref is None) == (self.closure is None):
+            raise _fail("an object reference needs either 'ref' (module:name) or 'closure', not both")
+        return self
+
+
+ObjectRefs = Annotated[
+    dict[Annotated[str, Field(max_length=200, pattern=r"^\S+$")], ObjectRef],
+    Field(max_length=256),
+    BeforeValidator(_bounded_values),
+]
+
+
 class JobSpec(Request):
     """A job: the model and data (uploaded blobs), how to fit, where to train, and what to keep."""
 
@@ -617,6 +677,10 @@ class JobSpec(Request):
         ]
         | None
     ) = Field(None, description="arguments for a compile() the model's class overrides, called again on the worker")
+    objects: ObjectRefs = Field(
+        default_factory=dict,
+        description="each class or function Keras records by name in the model, found on the worker (kerasnames.py)",
+    )
     seed: described(
         Annotated[int, Field(ge=0, le=2**32 - 1), INTEGRAL] | None,
         "'seed' must be the kernel's keras.utils.set_random_seed value, an integer from 0 to 2**32-1, or null",
@@ -814,7 +878,9 @@ class LogData(Request):
     stage: Literal[v.GEARING_UP_ENV] | None = None  # type: ignore[valid-type]
     warning: Message | None = None
     versions: Annotated[dict[ShortText, ShortText], Field(max_length=16)] | None = None
-    stream: Literal["stdout"] | None = Field(None, description="a line the job's own code printed")
+    stream: Literal["stdout", "stderr"] | None = Field(
+        None, description="a line the job's own code printed, and where it printed it"
+    )
     replicas: Annotated[int, Field(ge=2, le=1024), INTEGRAL] | None = Field(
         None, description="the devices a multi-device fit trains on (MirroredStrategy)"
     )

@@ -8,6 +8,7 @@ import importlib
 import itertools
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from aibro_core import backoff
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError, AuthError, BackendUnreachable
 from aibro_core.files import write_private
+from aibro_core.kerasfile import KERAS_NOTES
 from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
@@ -177,8 +180,25 @@ class Worker:
         self._status(outbox, v.GEARING_UP_ENV)
         keras = self._gear_up(outbox, job_id, attempt, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
+        from aibro_core.objectrefs import resolve
+
+        objects = resolve(spec.get("objects") or {})
+        with keras.saving.custom_object_scope(objects):
+            return self._fit_with(outbox, job_id, attempt, spec, resume, memory, keras, objects)
+
+    def _fit_with(
+        self,
+        outbox: Outbox,
+        job_id: str,
+        attempt: int,
+        spec: dict,
+        resume: dict | None,
+        memory: MemoryWatch,
+        keras: Any,
+        objects: dict[str, Any],
+    ) -> tuple[str, str | None]:
+        """The fit itself, where every Keras load and every rebuilt argument finds the objects the model names."""
         from .datatree import fit_data
-        from .usercallbacks import compile_again
 
         x, y, sw, validation_data = fit_data(spec["data"], self.fetch_blob)
         fit = dict(spec["fit"])
@@ -205,10 +225,8 @@ class Worker:
             # As the kernel did before it built the model: the layers drawing default seeds as they are rebuilt
             # (Dropout's) and fit's shuffling then draw what they drew there.
             keras.utils.set_random_seed(int(spec["seed"]))
-        model = self._load_model(keras, model_path, spec["safe_mode"])
+        model = self._load_model(keras, model_path, spec["safe_mode"], spec.get("compile"), objects)
         memory.check()
-        if spec.get("compile") is not None:
-            compile_again(model, spec["compile"])
         self._status(outbox, v.SUB_TRAINING)
         replicas = _replicas(model) if getattr(model, "distribute_strategy", None) is not None else 1
         if replicas > 1:
@@ -225,7 +243,9 @@ class Worker:
         from .usercallbacks import FileReturn, LineWriter, build_callbacks, snapshot
 
         multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
-        loader = None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"], spec.get("compile"))
+        loader = (
+            None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"], spec.get("compile"), objects)
+        )
         scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
         pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint, scratch)
         files = FileReturn(scratch / "files")
@@ -260,12 +280,17 @@ class Worker:
         callbacks = build_callbacks(spec.get("callbacks", []), files)
         keep = KeepFitFrame()
         callbacks += [LimitCheck(memory.check), tensorboard, events, keep]
-        printed = LineWriter(
-            lambda line: pipeline.event(v.EV_LOG, {"message": files.to_kernel(line)[:MAX_LINE], "stream": "stdout"})
+        printed, errors = (
+            LineWriter(
+                lambda line, stream=stream: pipeline.event(
+                    v.EV_LOG, {"message": files.to_kernel(line)[:MAX_LINE], "stream": stream}
+                )
+            )
+            for stream in ("stdout", "stderr")
         )
         try:
             try:
-                with contextlib.redirect_stdout(printed):
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
                     model.fit(
                         x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit
                     )
@@ -273,6 +298,7 @@ class Worker:
             except Interrupted:
                 pass
             printed.flush()
+            errors.flush()
             send_files()  # what was written as training ended (on_train_end)
             pipeline.drain()
         finally:
@@ -284,7 +310,7 @@ class Worker:
         if events.resume_at is not None:
             return self._interrupted(outbox, events.resume_at)
         self._status(outbox, v.RETURNING)
-        self._upload_model(model, job_id, attempt, "model.keras")
+        self._upload_model(model, job_id, attempt, "model.keras", spec.get("objects") or {})
         for path in sorted(tb_dir.rglob("*")):
             if path.is_file():
                 name = "tensorboard/" + path.relative_to(tb_dir).as_posix()
@@ -361,16 +387,20 @@ class Worker:
             envs.deactivate()
             self._active_env = False
 
-    def _load_model(self, keras: Any, path: Path, safe_mode: bool) -> Any:
+    def _load_model(
+        self, keras: Any, path: Path, safe_mode: bool, compile_args: dict | None, objects: dict[str, Any]
+    ) -> Any:
         """The model, under MirroredStrategy when this machine has several devices: its GPUs, or the logical CPU
         devices AIBRO_CPU_DEVICES made (see `split_cpu`)."""
+        from .pipeline import load_job_model
+
         devices = training_devices()
         if len(devices) > 1:
             import tensorflow as tf
 
             with tf.distribute.MirroredStrategy(devices=devices).scope():
-                return keras.saving.load_model(path, safe_mode=safe_mode)
-        return keras.saving.load_model(path, safe_mode=safe_mode)
+                return load_job_model(keras, path, safe_mode, compile_args, objects)
+        return load_job_model(keras, path, safe_mode, compile_args, objects)
 
     # -- transfers --------------------------------------------------------------------------------
     def fetch_blob(self, sha: str) -> Path:
@@ -419,10 +449,17 @@ class Worker:
                 time.sleep(backoff.WORKER.delay(attempt))
         raise AssertionError("unreachable")
 
-    def _upload_model(self, model: Any, job_id: str, attempt: int, name: str) -> None:
+    def _upload_model(self, model: Any, job_id: str, attempt: int, name: str, objects: dict[str, Any]) -> None:
+        """The trained model as a .keras file that says which weights each optimizer steps and what the model
+        names, so the kernel (or a later job) loads it whole."""
+        from aibro_core.kerasfile import keras_notes_quiet, note, note_optimizers
+
         with tempfile.TemporaryDirectory(dir=self.workdir) as d:
             path = Path(d) / "model.keras"
-            model.save(path)
+            with keras_notes_quiet():
+                model.save(path)
+            note_optimizers(model, path)
+            note(path, "objects", objects)
             self._put_artifact(job_id, attempt, name, path)
 
     def _put_artifact(self, job_id: str, attempt: int, name: str, source: Path) -> None:
@@ -567,6 +604,8 @@ def main() -> None:
     os.umask(0o077)  # what the job writes here (logs, checkpoints, caches) is private, however this was started
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log.info("agent %s", version.agent_version())  # of the code this process loaded
+    for note in KERAS_NOTES:  # what the agent deals with itself is not the job's stderr (the user's cell)
+        warnings.filterwarnings("ignore", message=re.escape(note))
     url = os.environ["AIBRO_WORKER_URL"]
     instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")
     workdir = Path(os.environ.get("AIBRO_WORKER_DIR") or tempfile.mkdtemp(prefix="aibro-worker-"))

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aibro_core.kerasfile import keras_notes_quiet, note_optimizers
+
 from .checkpointfile import CheckpointFile, cache_keras_save_walk
 from .outbox import Outbox
 
@@ -78,7 +80,9 @@ class EpochPipeline:
         if not self._checked:
             path = self.scratch / "live.keras"
             try:
-                self.model.save(path)
+                with keras_notes_quiet():
+                    self.model.save(path)
+                note_optimizers(self.model, path)  # a GAN's own optimizers resume with their state
                 self.upload_checkpoint(path, epoch)
             finally:
                 path.unlink(missing_ok=True)
@@ -196,9 +200,12 @@ class EpochPipeline:
             path.unlink(missing_ok=True)
 
     def _compatible(self, shadow: Any) -> bool:
-        """The copy must hold exactly the live model's variables, optimizer state included."""
+        """The copy must hold exactly the live model's variables, optimizer state included; a model with optimizers
+        of its own besides `optimizer` (a GAN's) is saved whole each epoch instead."""
+        from aibro_core.kerasfile import optimizers_of
+
         opt = shadow.optimizer
-        if opt is None or self.model.optimizer is None:
+        if opt is None or self.model.optimizer is None or set(optimizers_of(self.model)) != {"optimizer"}:
             return False
         if not opt.built:
             opt.build(shadow.trainable_variables)
@@ -218,16 +225,34 @@ class EpochPipeline:
 
 
 def shadow_loader(
-    keras: Any, path: Path, safe_mode: bool, compile_args: dict[str, Any] | None = None
+    keras: Any,
+    path: Path,
+    safe_mode: bool,
+    compile_args: dict[str, Any] | None = None,
+    objects: dict[str, Any] | None = None,
 ) -> Callable[[], Any]:
     """A loader for the checkpoint copy: the same file the live model came from, compiled as the live one was."""
 
     def load() -> Any:
-        model = keras.saving.load_model(path, safe_mode=safe_mode)
-        if compile_args is not None:
-            from .usercallbacks import compile_again
-
-            compile_again(model, compile_args)
-        return model
+        return load_job_model(keras, path, safe_mode, compile_args, objects or {})
 
     return load
+
+
+def load_job_model(
+    keras: Any, path: Path, safe_mode: bool, compile_args: dict[str, Any] | None, objects: dict[str, Any]
+) -> Any:
+    """A job's model from its file: loaded with the objects it names, compiled again with its own compile()'s
+    arguments when its class overrides compile(), and every optimizer's state restored (kerasfile)."""
+    from aibro_core.kerasfile import restore_optimizers
+
+    from .usercallbacks import compile_again
+
+    with keras_notes_quiet():
+        model = keras.saving.load_model(path, custom_objects=objects, safe_mode=safe_mode)
+    if compile_args is not None:
+        with keras.saving.custom_object_scope(objects):
+            compile_again(model, compile_args)
+    for problem in restore_optimizers(model, path):
+        log.warning("optimizer state not restored from %s: %s", path.name, problem)
+    return model

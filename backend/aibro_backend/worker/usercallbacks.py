@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aibro_core.objectrefs import decode
+
 SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -64,46 +66,15 @@ def build_callbacks(specs: list[dict[str, Any]], files: FileReturn) -> list[Any]
         module = spec.get("module")
         source = importlib.import_module(module) if module else keras.callbacks
         cls = getattr(source, spec["class"])
-        kwargs = {k: _decode(v, files, f"{i}/{k}") for k, v in (spec.get("config") or {}).items()}
+        kwargs = {k: decode(v, files, f"{i}/{k}") for k, v in (spec.get("config") or {}).items()}
         built.append(cls(**kwargs))
     return built
 
 
 def compile_again(model: Any, args: dict[str, Any]) -> Any:
     """A model whose class overrides compile() gets its own arguments again (Keras' load skipped that compile)."""
-    model.compile(**{k: _decode(val, None, f"compile/{k}") for k, val in args.items()})
+    model.compile(**{k: decode(val, None, f"compile/{k}") for k, val in args.items()})
     return model
-
-
-def _decode(value: Any, files: FileReturn | None, slot: str) -> Any:
-    if isinstance(value, list):
-        return [_decode(v, files, slot) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if "__path__" in value:
-        if files is None:
-            raise ValueError(f"{slot}: only a callback's argument may name a file")
-        folder = files.root / slot
-        folder.mkdir(parents=True, exist_ok=True)
-        kernel = str(value["kernel"])
-        if value["__path__"] == "dir":
-            files.bases[str(folder)] = kernel
-            return str(folder)
-        files.bases[str(folder)] = str(Path(kernel).parent)
-        return str(folder / Path(kernel).name)
-    if "__function__" in value:
-        module, _, name = str(value["__function__"]).partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        return obj
-    if "__float__" in value:
-        return float(value["__float__"])
-    if "__keras__" in value:
-        import keras
-
-        return keras.saving.deserialize_keras_object(value["__keras__"])
-    return {k: _decode(v, files, slot) for k, v in value.items()}
 
 
 class LineWriter(io.TextIOBase):

@@ -1,0 +1,349 @@
+"""What Keras records by name in a model, found in the notebook so the worker finds each again, and the models it
+cannot describe at all, made describable.
+
+Keras saves a custom layer, loss, metric or activation as the name of its class or function; its own loader finds
+only what was registered (`register_keras_serializable`). A notebook's fit needs no registration, so neither does a
+remote one: every name the saved model holds is matched here to the one object of that name the model uses (or the
+notebook defines), and travels as a reference the worker resolves (worker/objects.py) and hands to each Keras load as
+`custom_objects`; a closure travels as its enclosing function and the values it closes over (argcodec.py).
+
+A model or layer whose `__init__` takes other models or layers and has no `get_config` (a VAE of an encoder and a
+decoder, a distiller, a GAN) cannot be saved by Keras at all. Its constructor arguments are read back from the object
+(an attribute of the same name, or the one `__init__` assigns it to), and it is saved as
+`aibro_core.kerasfile.rebuildable` of its class: sub-models as their own Keras configs, weights and optimizers as
+Keras saves them."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from aibro_core.kerasfile import init_of, rebuildable, saved_as
+
+from .argcodec import check_importable, function_ref, is_keras_object, module_of, name_in_module
+from .cellcode import MAIN_MODULE
+from .errors import ValidationError
+from .randomstate import random_state_kept
+from .rebuildplan import assigned_attributes
+
+KERAS_MODULES = ("keras", "tensorflow", "tf_keras")
+
+
+@dataclass
+class NamePlan:
+    """`refs` go into the job spec (name → reference); `travel` are the classes and functions whose code travels;
+    `local` are the kernel's own custom objects for its loads; `swaps` the composite objects and the class each is
+    saved as."""
+
+    refs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    travel: list[Any] = field(default_factory=list)
+    local: dict[str, Any] = field(default_factory=dict)
+    swaps: list[tuple[Any, type]] = field(default_factory=list)
+
+    def saved_as(self) -> Any:
+        """The block in which the model's composites save as their rebuildable classes."""
+        return saved_as(self.swaps)
+
+
+def plan_names(
+    model: Any, namespace: dict[str, Any] | None = None, extra: list[tuple[str, Any]] | None = None
+) -> NamePlan:
+    """Every class and function the saved model (and `extra` Keras configs: a callback's or compile()'s arguments)
+    names, matched to the notebook's objects; refused, named, where Keras names something no one can find again."""
+    import keras
+
+    plan = NamePlan()
+    for obj, cls, init in composites(model):
+        plan.swaps.append((obj, rebuildable(cls, init)))
+    with plan.saved_as():
+        try:
+            config = keras.saving.serialize_keras_object(model)
+        except Exception as exc:  # noqa: BLE001 - Keras' own reason, with the piece that needs a fix
+            raise ValidationError(
+                f"Keras cannot describe model '{model.name}' to save it ({type(exc).__name__}: {exc}): give the class "
+                "Keras names a get_config() that returns its constructor arguments"
+            ) from None
+    composite_init = {type(obj): cls for obj, cls in plan.swaps}
+    live = _live_objects(model)
+    ns = namespace if namespace is not None else vars(sys.modules["__main__"])
+    for where, node in _config_nodes([("model", config), *(extra or [])]):
+        recorded = _recorded(node)
+        if recorded is None:
+            continue
+        kind, name = recorded
+        obj = _find(kind, name, live, ns, where)
+        if obj is None:
+            continue
+        _add(plan, name, obj, composite_init, where, ns)
+    return plan
+
+
+def _recorded(node: dict[str, Any]) -> tuple[str, str] | None:
+    """('class' | 'function', the name Keras looks it up by) for a node that is not Keras' own, else None."""
+    module = str(node.get("module") or "")
+    class_name = node.get("class_name")
+    if module.split(".")[0] in KERAS_MODULES or not isinstance(class_name, str) or class_name.startswith("__"):
+        return None  # Keras' own, or one of its marked values (a lambda's bytecode, a tuple, an array...)
+    if class_name == "function":
+        name = node.get("config")
+        return ("function", name) if isinstance(name, str) else None
+    name = node.get("registered_name") or class_name
+    return ("class", name) if isinstance(name, str) else None
+
+
+def _find(kind: str, name: str, live: dict[str, list[Any]], ns: dict[str, Any], where: str) -> Any:
+    import keras
+
+    registered = keras.saving.get_registered_object(name)
+    if registered is not None:
+        return registered
+    candidates = list({id(o): o for o in live.get(name, [])}.values())
+    if not candidates:
+        held = ns.get(name)
+        if isinstance(held, (type, types.FunctionType)) and getattr(held, "__name__", None) == name:
+            candidates = [held]
+    if kind == "function" and not candidates and _keras_function(name):
+        return None  # a Keras activation or loss given by the same name from elsewhere (tf.nn.relu): Keras finds it
+    if not candidates:
+        raise ValidationError(
+            f"{where} is the {kind} {name}, which Keras saves by name only, and no {kind} of that name is in the "
+            f"model or the notebook: define {name} at the top level of a cell or of a module next to the notebook"
+        )
+    if len(candidates) > 1:
+        places = ", ".join(f"{o.__module__}.{o.__qualname__}" for o in candidates)
+        raise ValidationError(
+            f"the model uses two different {kind}s named {name} ({places}), and Keras saves only the name: rename "
+            "one of them"
+        )
+    return candidates[0]
+
+
+def _keras_function(name: str) -> bool:
+    """Whether Keras finds a function of this name itself (an activation, a loss), as its loader would."""
+    import keras
+
+    for finder in (keras.activations.get, keras.losses.get, keras.metrics.get):
+        try:
+            if finder(name) is not None:
+                return True
+        except (ValueError, TypeError):
+            continue
+    return False
+
+
+def _add(plan: NamePlan, name: str, obj: Any, composite_init: dict[type, type], where: str, ns: dict[str, Any]) -> None:
+    if name in plan.refs:
+        return
+    if isinstance(obj, type):
+        module = str(obj.__module__)
+        if module.split(".")[0] in KERAS_MODULES:
+            return
+        check_importable(obj, where)
+        plan.travel.append(obj)
+        ref: dict[str, Any] = {"ref": f"{module_of(obj)}:{name_in_module(obj, ns)}"}
+        rebuilt = composite_init.get(obj)
+        if rebuilt is not None:
+            ref["init"] = init_of(rebuilt)
+            plan.local[name] = rebuilt
+        else:
+            plan.local[name] = obj
+        plan.refs[name] = ref
+        return
+    travelled = function_ref(obj, where, plan.travel, ns)
+    plan.refs[name] = (
+        {"closure": travelled["__closure__"]} if "__closure__" in travelled else {"ref": travelled["__function__"]}
+    )
+    plan.local[name] = obj
+
+
+# -- models made of models ---------------------------------------------------------------------------------
+
+
+def composites(model: Any) -> list[tuple[Any, type, dict[str, str]]]:
+    """The model and its layers that Keras cannot describe (their get_config raises NotImplementedError: an __init__
+    given other models or layers) or cannot rebuild from their description (from_config(get_config()) fails: a
+    get_config that adds name and dtype for an __init__ without **kwargs), each with its class and constructor
+    arguments → the attributes that hold them. One Keras cannot rebuild and whose arguments are kept nowhere is left
+    to Keras' own load, whose reason the cell then shows."""
+    found = []
+    live: dict[str, Any] | None = None
+    for obj in [model, *_layers(model)]:
+        cls = type(obj)
+        if str(cls.__module__).split(".")[0] in KERAS_MODULES:
+            continue
+        try:
+            config = obj.get_config()
+        except NotImplementedError:
+            found.append((obj, cls, _kept_arguments(obj, cls)))
+            continue
+        if live is None:
+            live = {name: objs[0] for name, objs in _live_objects(model).items()}
+        if not _rebuilds(cls, config, live):
+            try:
+                found.append((obj, cls, _kept_arguments(obj, cls)))
+            except ValidationError:
+                continue
+    return found
+
+
+def _rebuilds(cls: type, config: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether Keras' own from_config makes the class again from this config (the kernel's random state kept)."""
+    import keras
+
+    with random_state_kept(), keras.saving.custom_object_scope(live):
+        try:
+            cls.from_config(config)
+        except Exception:  # noqa: BLE001 - any failure means the worker could not rebuild it this way either
+            return False
+    return True
+
+
+def _kept_arguments(obj: Any, cls: type) -> dict[str, str]:
+    """Each named argument of `cls.__init__` → the attribute of `obj` that holds it: the one `__init__` assigns the
+    argument to (`self.encoder = encoder`), else one of the same name. An argument kept nowhere is refused, unless it
+    has a default (the default is used)."""
+    init = cls.__init__
+    params = list(inspect.signature(init).parameters.values())[1:]
+    assigned = assigned_attributes(init)
+    kept: dict[str, str] = {}
+    for param in params:
+        if param.kind is param.VAR_KEYWORD:
+            kept["name"] = "name"
+            continue
+        if param.kind is param.VAR_POSITIONAL:
+            raise ValidationError(
+                f"{cls.__name__}.__init__ takes *{param.name}, which the worker cannot pass again: take a list instead "
+                f"({param.name}=[...]) and keep it as self.{param.name}"
+            )
+        attribute = assigned.get(param.name) or (param.name if _holds_value(obj, param.name) else None)
+        if attribute is None:
+            if param.default is not param.empty:
+                continue
+            raise ValidationError(
+                f"{cls.__name__} takes the argument '{param.name}' in __init__ but keeps it nowhere the worker can "
+                f"read it back, so the model cannot be rebuilt remotely: keep it (self.{param.name} = "
+                f"{param.name}), or give {cls.__name__} a get_config() that returns its arguments"
+            )
+        kept[param.name] = attribute
+    return kept
+
+
+def _holds_value(obj: Any, name: str) -> bool:
+    try:
+        value = getattr(obj, name)
+    except Exception:  # noqa: BLE001 - a property that fails is no kept argument
+        return False
+    return not (inspect.ismethod(value) and value.__self__ is obj)
+
+
+# -- where the names come from -----------------------------------------------------------------------------
+def _layers(model: Any) -> list[Any]:
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def _live_objects(model: Any) -> dict[str, list[Any]]:
+    """Classes and functions the model holds, by name: its layers' classes and whatever their attributes hold
+    (activations, a Lambda's function, initializers...), and compile()'s losses, metrics and optimizer."""
+    found: dict[str, list[Any]] = defaultdict(list)
+    seen: set[int] = set()
+
+    def scan(value: Any, depth: int) -> None:
+        if depth > 4 or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, (type, types.FunctionType)):
+            found[value.__name__].append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value[:1000]:
+                scan(item, depth + 1)
+        elif isinstance(value, dict):
+            for item in list(value.values())[:1000]:
+                scan(item, depth + 1)
+        elif is_keras_object(value):
+            found[type(value).__name__].append(type(value))
+            if not _is_layer(value):
+                for item in vars(value).values():
+                    scan(item, depth + 1)
+
+    for layer in [model, *_layers(model)]:
+        found[type(layer).__name__].append(type(layer))
+        for item in vars(layer).values():
+            if not _is_layer(item):
+                scan(item, 1)
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    scan(dict(compiled), 0)
+    return found
+
+
+def _is_layer(value: Any) -> bool:
+    import keras
+
+    return isinstance(value, keras.layers.Layer)
+
+
+def _config_nodes(configs: list[tuple[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Every serialized object in Keras configs, with words for where it sits (the layer and argument)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(config: Any, where: str) -> None:
+        if isinstance(config, list):
+            for item in config:
+                walk(item, where)
+        elif isinstance(config, dict):
+            inner = config.get("config")
+            owner = where
+            if "class_name" in config and isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                owner = f"{config['class_name']} '{inner['name']}'"
+            if "class_name" in config:
+                out.append((where, config))
+            for key, value in config.items():
+                if isinstance(value, (dict, list)):
+                    child = owner if key in ("config", "layers", "compile_config") else f"{owner} argument '{key}'"
+                    walk(value, child)
+
+    for where, config in configs:
+        walk(config, where)
+    return out
+
+
+def keras_configs(callbacks: list[dict[str, Any]], compile_args: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The Keras configs inside a job's encoded callback and compile() arguments (`{"__keras__": config}`): the
+    worker deserializes them too, so what they name is matched like the model's own."""
+    found: list[tuple[str, Any]] = []
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, dict):
+            if "__keras__" in value:
+                found.append((where, value["__keras__"]))
+                return
+            for key, item in value.items():
+                walk(item, f"{where} argument '{key}'")
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, where)
+
+    for spec in callbacks:
+        walk(spec.get("config") or {}, f"callback {spec.get('class')}")
+    walk(compile_args or {}, "compile()")
+    return found
+
+
+def attached_objects(path: Any) -> dict[str, Any]:
+    """The custom objects to load a trained model's file in a kernel that has no model object for it (attaching to
+    a job later): what the file says the model names, found in this notebook's own definitions."""
+    from aibro_core.kerasfile import saved_notes
+    from aibro_core.objectrefs import resolve
+
+    refs = saved_notes(path).get("objects") or {}
+    try:
+        return resolve(refs, {MAIN_MODULE: "__main__"})
+    except (ImportError, AttributeError, RuntimeError) as exc:
+        raise ValidationError(
+            f"the trained model names {', '.join(sorted(refs))}, defined with the notebook that submitted it, and "
+            f"this kernel does not have them ({exc}): run the cells that define them (and the model) first, then "
+            "load the result into that model object"
+        ) from None

@@ -1,0 +1,281 @@
+"""What a model names by class or function travels without registration (issue 35 items 1 and 2), checked in one
+process: the kernel's plan (kerasnames.plan_names), the references as the worker resolves them
+(aibro_core.objectrefs) and the saved file as Keras loads it with them. The remote fits of the same shapes are in
+tests/test_models_of_models.py; here each rule and each refusal, fast."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+from keras import ops
+
+from aibro_core.errors import ValidationError
+from aibro_core.kerasfile import keras_notes_quiet, restore_optimizers, saved_notes
+from aibro_core.objectrefs import decode, resolve
+from aibro_jupyter.argcodec import encode
+from aibro_jupyter.bundle import Bundle, load_into, save_model
+from aibro_jupyter.kerasnames import plan_names
+
+pytestmark = pytest.mark.fast
+
+
+def contrastive(margin: float = 1.0) -> Any:
+    def contrastive_loss(y_true: Any, y_pred: Any) -> Any:
+        square_pred = ops.square(y_pred)
+        margin_square = ops.square(ops.maximum(margin - y_pred, 0))
+        return ops.mean((1 - y_true) * square_pred + y_true * margin_square)
+
+    return contrastive_loss
+
+
+def halved_relu(x: Any) -> Any:
+    return ops.relu(x) * 0.5
+
+
+def mean_gap(y_true: Any, y_pred: Any) -> Any:
+    return ops.mean(ops.abs(y_true - y_pred))
+
+
+def doubled(t: Any) -> Any:
+    return t * 2.0
+
+
+class Scale(keras.layers.Layer):
+    """Unregistered, and its config is Keras' own automatic one."""
+
+    def __init__(self, factor: float = 2.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x: Any) -> Any:
+        return x * self.factor
+
+
+class NoKwargs(keras.layers.Layer):
+    """As several published examples print it: a get_config that adds name and dtype, an __init__ without
+    **kwargs, so Keras' own load cannot rebuild it (the kernel's fit never needs to)."""
+
+    def __init__(self, units: int) -> None:
+        super().__init__()
+        self.units = units
+        self.dense = keras.layers.Dense(units)
+
+    def call(self, x: Any) -> Any:
+        return self.dense(x)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "units": self.units}
+
+
+class Pair(keras.Model):
+    """A model made of models, as a VAE or a distiller is: its __init__ takes two models, it has no get_config, and
+    one of them is kept under another name."""
+
+    def __init__(self, first: keras.Model, second: keras.Model, scale: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.head = first
+        self.second = second
+        self.scale = scale
+
+    def call(self, x: Any) -> Any:
+        return self.second(self.head(x)) * self.scale
+
+
+class TwoOptimizers(keras.Model):
+    """A GAN's shape: no call(), its own compile() and optimizers, trained only by train_step."""
+
+    def __init__(self, net: keras.Model) -> None:
+        super().__init__()
+        self.net = net
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.tracker]
+
+    def compile(self, net_optimizer: Any) -> None:
+        super().compile()
+        self.net_optimizer = net_optimizer
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = ops.mean(ops.square(self.net(x) - y))
+        grads = tape.gradient(loss, self.net.trainable_weights)
+        self.net_optimizer.apply_gradients(zip(grads, self.net.trainable_weights))
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+
+def _dense(units: int = 3, name: str | None = None) -> keras.Model:
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(units)], name=name)
+
+
+def _save_and_load(model: keras.Model, tmp_path: Path) -> keras.Model:
+    """As the job does: the kernel's save, then a load with the objects resolved from the references alone."""
+    names = plan_names(model)
+    bundle = Bundle(tmp_path)
+    save_model(model, bundle, names)
+    with keras_notes_quiet():
+        return keras.saving.load_model(tmp_path / "model.keras", custom_objects=resolve(names.refs))
+
+
+def test_unregistered_functions_and_a_closure_load_by_the_names_keras_records(tmp_path: Path) -> None:
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(3, activation=halved_relu),
+            keras.layers.Lambda(doubled),
+            Scale(3.0),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(optimizer="adam", loss=contrastive(margin=2.5), metrics=[mean_gap])
+    names = plan_names(model)
+    assert set(names.refs) == {"halved_relu", "doubled", "Scale", "contrastive_loss", "mean_gap"}
+    closure = names.refs["contrastive_loss"]["closure"]
+    assert closure["ref"] == f"{__name__}:contrastive" and closure["cells"] == {"margin": 2.5}
+    assert contrastive in names.travel and halved_relu in names.travel and Scale in names.travel
+
+    loaded = _save_and_load(model, tmp_path)
+    assert loaded.layers[0].activation is halved_relu and loaded.layers[2].factor == 3.0
+    y, p = np.array([[1.0], [0.0]], "float32"), np.array([[0.4], [0.9]], "float32")
+    made_again = loaded.loss
+    assert made_again is not contrastive(2.5) and made_again.__name__ == "contrastive_loss"
+    assert np.allclose(made_again(y, p), contrastive(2.5)(y, p))
+    assert not np.allclose(made_again(y, p), contrastive()(y, p))
+
+
+def test_a_model_made_of_models_saves_and_loads_whole(tmp_path: Path) -> None:
+    model = Pair(_dense(3, "first"), keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), scale=0.5)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"), epochs=1, verbose=0)
+    names = plan_names(model)
+    assert names.refs["Pair"]["init"] == {"first": "head", "second": "second", "scale": "scale", "name": "name"}
+    loaded = _save_and_load(model, tmp_path)
+    assert type(loaded).__name__ == "Pair" and isinstance(loaded, Pair) and loaded.scale == 0.5
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+    assert int(loaded.optimizer.iterations.numpy()) == 1 == int(model.optimizer.iterations.numpy())
+    assert type(model) is Pair, "the kernel's object is left as the user's class"
+
+
+def test_a_layer_keras_cannot_rebuild_from_its_own_config_is_rebuilt_from_its_arguments(tmp_path: Path) -> None:
+    model = keras.Sequential([keras.Input((4,)), NoKwargs(3)])
+    model.compile("adam", "mse")
+    assert plan_names(model).refs["NoKwargs"]["init"] == {"units": "units"}
+    loaded = _save_and_load(model, tmp_path)
+    assert loaded.layers[0].units == 3
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+
+
+def test_every_optimizer_comes_back_built_over_the_weights_it_steps(tmp_path: Path) -> None:
+    """The file says which weights each optimizer steps; the kernel's object, whose optimizers were never used,
+    gets their state (a GAN's d_optimizer after a remote fit)."""
+    trained = TwoOptimizers(_dense(2, "net"))
+    trained.compile(net_optimizer=keras.optimizers.Adam(0.01))
+    trained.fit(np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"), epochs=2, batch_size=4, verbose=0)
+    names = plan_names(trained)
+    save_model(trained, Bundle(tmp_path), names)
+    path = tmp_path / "model.keras"
+    assert set(saved_notes(path)["optimizers"]) == {"net_optimizer"}
+
+    fresh = TwoOptimizers(_dense(2, "net"))
+    fresh.compile(net_optimizer=keras.optimizers.Adam(0.01))
+    load_into(fresh, path, names.local)
+    assert all(np.array_equal(a, b) for a, b in zip(trained.get_weights(), fresh.get_weights()))
+    assert int(fresh.net_optimizer.iterations.numpy()) == 4
+    assert all(
+        np.array_equal(a.numpy(), b.numpy())
+        for a, b in zip(trained.net_optimizer.variables, fresh.net_optimizer.variables)
+    )
+    assert restore_optimizers(fresh, path) == []
+
+
+def test_values_decode_as_they_were(tmp_path: Path) -> None:
+    objects: list[Any] = []
+    value = {
+        "t": (1, "a", None),
+        "arr": np.arange(6, dtype="int16").reshape(2, 3),
+        "inf": float("inf"),
+        "fn": halved_relu,
+        "loss": keras.losses.Huber(delta=2.0),
+    }
+    back = decode(json.loads(json.dumps(encode(value, "v", objects, None))), None, "v")
+    assert back["t"] == (1, "a", None) and back["inf"] == float("inf") and back["fn"] is halved_relu
+    assert back["arr"].dtype == np.int16 and np.array_equal(back["arr"], value["arr"])
+    assert isinstance(back["loss"], keras.losses.Huber) and back["loss"].get_config() == value["loss"].get_config()
+
+
+# -- refused before anything is uploaded, naming the fix -------------------------------------------------
+def test_a_closure_over_something_that_cannot_travel_names_the_variable() -> None:
+    frame = pd.DataFrame({"a": [1.0]})
+
+    def weighted(table: Any) -> Any:
+        def weighted_mse(y_true: Any, y_pred: Any) -> Any:
+            return ops.mean(ops.square(y_true - y_pred)) * float(table["a"][0])
+
+        return weighted_mse
+
+    model = _dense(1)
+    model.compile("adam", loss=weighted(frame))
+    with pytest.raises(ValidationError, match=r"closes over `table`: a pandas.*DataFrame.*cannot travel"):
+        plan_names(model, {"weighted": weighted})
+
+
+def test_two_functions_with_the_name_keras_records_are_refused() -> None:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    model.compile("adam", loss=contrastive(1.0), metrics=[contrastive(2.0)])
+    with pytest.raises(ValidationError, match=r"two different functions named contrastive_loss.*rename one"):
+        plan_names(model)
+
+
+def test_a_class_defined_inside_a_function_is_refused() -> None:
+    class Inner(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            return x
+
+    model = keras.Sequential([keras.Input((4,)), Inner(), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    with pytest.raises(ValidationError, match=r"Inner.* is defined inside another function.*top level of a cell"):
+        plan_names(model)
+
+
+def test_a_model_made_of_models_that_keeps_an_argument_nowhere_is_refused() -> None:
+    class Forgets(keras.Model):
+        def __init__(self, inner: keras.Model) -> None:
+            super().__init__()
+            self.layers_ = [inner]
+
+        def call(self, x: Any) -> Any:
+            return self.layers_[0](x)
+
+    model = Forgets(_dense(1))
+    model.compile("adam", "mse")
+    with pytest.raises(ValidationError, match=r"Forgets takes the argument 'inner'.*self.inner = inner"):
+        plan_names(model)
+
+
+def test_a_lambda_layer_over_a_named_function_needs_no_unsafe_mode(tmp_path: Path) -> None:
+    """Keras saves a named function by name and loads it in safe mode; only a lambda's bytecode needs --unsafe."""
+    from aibro_jupyter.bundle import check_model
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(doubled), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    check_model(model, safe_mode=True)
+    lam = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda t: t * 2.0), keras.layers.Dense(1)])
+    lam.compile("adam", "mse")
+    with pytest.raises(ValidationError, match=r"Lambda layer over a lambda.*--unsafe"):
+        check_model(lam, safe_mode=True)
+    saved = _save_and_load(model, tmp_path)
+    with zipfile.ZipFile(tmp_path / "model.keras") as z:
+        assert "doubled" in z.read("config.json").decode()
+    assert saved.layers[0].function is doubled
