@@ -619,4 +619,19 @@ RECIPES: list[Recipe] = [
         why="WAV folders written with scipy (1 s at 16 kHz, already at the rate the example wants, so its ffmpeg "
         "resampling step finds nothing to do); batches of 8 so the demonstration's random picks stay in the batch",
     ),
+    Recipe(
+        name="pixelcnn",
+        path="examples/generative/pixelcnn.py",
+        commit="dad05faaae0b553f81d35175201035971725356d",
+        category="generative",
+        call="pixel_cnn.fit(",
+        subs=(
+            ("from tqdm import tqdm", "tqdm = iter  # tqdm is not installed here: no progress bar"),
+            ("keras.datasets.mnist.load_data()", "standins.mnist(192, 64)"),
+            ("epochs=50,", "epochs=1,"),
+            ("for row in tqdm(range(rows)):", "for row in tqdm(range(2)):"),
+        ),
+        why="tqdm is not installed (a plain iterator instead of its progress bar); two generated rows instead of "
+        "28 (each pixel is a predict call); custom layers that keep a NumPy mask and assign to a kernel in call()",
+    ),
 ]
