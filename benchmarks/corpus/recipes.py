@@ -634,4 +634,37 @@ RECIPES: list[Recipe] = [
         why="tqdm is not installed (a plain iterator instead of its progress bar); two generated rows instead of "
         "28 (each pixel is a predict call); custom layers that keep a NumPy mask and assign to a kernel in call()",
     ),
+    Recipe(
+        name="pretrained_word_embeddings",
+        path="examples/nlp/pretrained_word_embeddings.py",
+        commit="ef4cd453400aae442632ffdba260673ecc09500a",
+        category="nlp",
+        call="model.fit(",
+        subs=(
+            ("data_path = keras.utils.get_file(", 'data_path = standins.news20("datasets/news20.tar.gz",'),
+            (
+                'os.path.join(\n    os.path.expanduser("~"), ".keras/datasets/glove.6B.100d.txt"\n)',
+                'standins.glove("glove.6B.100d.txt")',
+            ),
+            ("epochs=20,", "epochs=2,"),
+        ),
+        why="a frozen Embedding initialized from GloVe-shaped vectors (keras.initializers.Constant of a NumPy "
+        "matrix) under a Conv1D classifier; the trained model is then wrapped with the TextVectorization",
+    ),
+    Recipe(
+        name="multi_label_classification",
+        path="examples/nlp/multi_label_classification.py",
+        commit="be6d3665bad56d9e9ce5ad7ef083da75dd514afc",
+        category="nlp",
+        call="history = shallow_mlp_model.fit(",
+        subs=(
+            (
+                '"https://github.com/soumik12345/multi-label-text-classification/releases/download/v0.2/arxiv_data.csv"',
+                'standins.arxiv_csv("arxiv_data.csv")',
+            ),
+            ("epochs = 20", "epochs = 2"),
+            ("test_df.sample(100)", "test_df.sample(10)"),
+        ),
+        why="the stand-in test split holds 20 rows, so the inference demo samples 10 instead of 100",
+    ),
 ]

@@ -362,3 +362,56 @@ def speech_folders(root: str, speakers: int = 5, per_speaker: int = 16, rate: in
     for i in range(2):
         wavfile.write(noise / f"noise_{i}.wav", rate, (rng.normal(0, 0.3, 3 * rate) * 20000).astype("int16"))
     return root
+
+
+TOPICS = {
+    "alt.atheism": "god belief religion argument faith".split(),
+    "comp.graphics": "graphics image render polygon pixel".split(),
+    "rec.autos": "car engine wheel drive road".split(),
+    "sci.space": "orbit rocket nasa launch moon".split(),
+}
+
+
+def news20(path: str, *get_file_args: object, per_class: int = 20, **get_file_kwargs: object) -> str:
+    """keras.utils.get_file("news20.tar.gz", ..., untar=True): DIR/20_newsgroup/<group>/<id> posts with ten header
+    lines (comp.graphics holds the 38987 the example prints); the path get_file gives, whose parent holds them.
+    get_file's own arguments are taken and ignored, so the call stays as printed."""
+    rng = _rng(19)
+    root = Path(path).parent / "20_newsgroup"
+    for group, words in TOPICS.items():
+        d = root / group
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            header = [f"Newsgroup: {group}", f"Document_id: {38987 + i}", "From: someone", "Subject: a post"]
+            header += ["Organization: none"] * 6
+            body = " ".join(rng.choice([*words, "the", "cat", "sat", "on", "mat", "and"], size=60))
+            (d / str(38987 + i)).write_text("\n".join(header) + "\n" + body + "\n", encoding="latin-1")
+    return path
+
+
+def glove(path: str, dim: int = 100) -> str:
+    """glove.6B.100d.txt: 'word v1 ... v100' lines for the stand-in posts' words."""
+    rng = _rng(20)
+    words = {w for ws in TOPICS.values() for w in ws} | {"the", "cat", "sat", "on", "mat", "and"}
+    with open(path, "w") as f:
+        for w in sorted(words):
+            f.write(w + " " + " ".join(f"{v:.5f}" for v in rng.normal(0, 0.5, dim)) + "\n")
+    return path
+
+
+def arxiv_csv(path: str, n: int = 400) -> str:
+    """arxiv_data.csv: titles, summaries, terms (a Python list literal of arXiv categories)."""
+    rng = _rng(21)
+    combos = [["cs.LG"], ["cs.CV", "cs.LG"], ["stat.ML", "cs.LG"], ["cs.CL"]]
+    words = {
+        "cs.LG": "learning gradient model training loss".split(),
+        "cs.CV": "image vision pixel convolution segmentation".split(),
+        "stat.ML": "bayesian posterior inference statistical prior".split(),
+        "cs.CL": "language text token translation parsing".split(),
+    }
+    rows = []
+    for i in range(n):
+        terms = combos[i % len(combos)]
+        pool = [w for t in terms for w in words[t]] + "we propose a new method for the".split()
+        rows.append([f"Paper number {i}", " ".join(rng.choice(pool, size=40)), str(terms)])
+    return write_csv(path, ["titles", "summaries", "terms"], rows)
