@@ -617,7 +617,7 @@ class ObjectRef(Request):
 
 
 ObjectRefs = Annotated[
-    dict[Annotated[str, Field(max_length=200, pattern=r"^\S+$")], ObjectRef],
+    dict[Annotated[str, Field(min_length=1, max_length=200)], ObjectRef],
     Field(max_length=256),
     BeforeValidator(_bounded_values),
 ]

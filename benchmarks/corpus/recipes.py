@@ -667,4 +667,24 @@ RECIPES: list[Recipe] = [
         ),
         why="the stand-in test split holds 20 rows, so the inference demo samples 10 instead of 100",
     ),
+    Recipe(
+        name="functional_api_multi_io",
+        path="guides/functional_api.py",
+        commit="6f78709a673691753bdba7f1422390a73a93a1a5",
+        category="guide: functional API",
+        call='model.fit(\n    {"title": title_data',
+        subs=(
+            ("keras.utils.plot_model(", "standins.plot_model("),
+            MNIST,
+            ("x_train.reshape(60000, 784)", "x_train.reshape(512, 784)"),
+            ("x_test.reshape(10000, 784)", "x_test.reshape(128, 784)"),
+            ('"path_to_my_model"', '"path_to_my_model.keras"'),
+            ("keras.datasets.cifar10.load_data()", "standins.cifar10()"),
+            ("size=(1280, ", "size=(256, "),
+            ("tf.keras.applications.VGG19()", "tf.keras.applications.VGG19(weights=None)"),
+        ),
+        why="the remote fit is the three-input, two-output ticket model trained on dicts of arrays with per-output "
+        "losses and loss weights; plot_model needs pydot and graphviz (a no-op instead); Keras 3 saves only to "
+        ".keras; VGG19 with weights=None (no download); 256 dummy tickets instead of 1280",
+    ),
 ]
