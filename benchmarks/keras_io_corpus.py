@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated example names")
     parser.add_argument("--json", type=Path, default=None, help="write every outcome, in full, here")
     parser.add_argument("--keep", action="store_true", help="keep each example's folders (kernels' files, homes)")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the table and reasons as Markdown here")
     args = parser.parse_args(argv)
     for var in ("AIBRO_BACKEND_URL", "AIBRO_TOKEN"):
         os.environ.pop(var, None)
@@ -92,7 +93,46 @@ def main(argv: list[str] | None = None) -> int:
     print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"; {total / 60:.1f} min in all")
     if args.json:
         _write(args.json, outcomes, recipes, total)
+    if args.markdown:
+        args.markdown.write_text(markdown(outcomes, recipes, total))
     return 0
+
+
+def markdown(outcomes: list[nc.Outcome], recipes: list[Recipe], seconds: float) -> str:
+    """The run as Markdown: the table, then each row's reason and notes, then what each recipe changes."""
+    by_name = {r.name: r for r in recipes}
+    lines = [
+        f"{len(outcomes)} runs over {len({by_name[o.name].path for o in outcomes})} keras-io files, "
+        f"{seconds / 60:.1f} min on {os.cpu_count()} CPUs.",
+        "",
+        "| example | category | outcome | epochs l/r | loss local | loss remote | rel diff | s l/r |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4g}"
+
+    for o in outcomes:
+        ep = "/".join("-" if e is None else str(e) for e in (o.epochs_local, o.epochs_remote))
+        rel = "-" if o.loss_rel_diff is None else f"{o.loss_rel_diff:.2%}"
+        lines.append(
+            f"| {o.name} | {o.category} | {o.outcome} | {ep} | {num(o.loss_local)} | {num(o.loss_remote)} | {rel} | "
+            f"{o.seconds_local:.0f}/{o.seconds_remote:.0f} |"
+        )
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.outcome] = counts.get(o.outcome, 0) + 1
+    lines += ["", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), "", "### Reasons and notes", ""]
+    for o in outcomes:
+        if o.reason:
+            lines.append(f"- **{o.name}** ({o.outcome}): {o.reason.replace('|', '/')}")
+        for n in o.notes:
+            lines.append(f"- {o.name}: note: {n}")
+    lines += ["", "### Recipes: file, commit read, what changes besides data and sizes", ""]
+    for r in recipes:
+        if any(o.name == r.name for o in outcomes):
+            lines.append(f"- **{r.name}**: `{r.path}` @ `{r.commit[:12]}`" + (f": {r.why}" if r.why else ""))
+    return "\n".join(lines) + "\n"
 
 
 def _write(path: Path, outcomes: list[nc.Outcome], recipes: list[Recipe], seconds: float) -> None:
