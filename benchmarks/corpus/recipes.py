@@ -355,7 +355,12 @@ RECIPES: list[Recipe] = [
         commit="8bda227c08adf855a8b9ec579840e2a7171fff60",
         category="nlp",
         call="history = model.fit(",
-        subs=(("keras.datasets.imdb.load_data(", "standins.imdb("),),
+        subs=(
+            ("keras.datasets.imdb.load_data(", "standins.imdb("),
+            ("def call(self, inputs, training):", "def call(self, inputs, training=None):"),
+        ),
+        why="Keras 3 calls a layer in a functional graph without `training`, which the printed call() requires "
+        "(TypeError: missing a required argument: 'training'): training=None",
     ),
     Recipe(
         name="collaborative_filtering_movielens",
@@ -382,10 +387,15 @@ RECIPES: list[Recipe] = [
             ("import imageio\n", ""),
             MNIST,
             ("epochs=20)", "epochs=2)"),
+            (
+                "all_labels = keras.utils.to_categorical(all_labels, 10)",
+                'all_labels = keras.utils.to_categorical(all_labels, 10).astype("float32")',
+            ),
         ),
         drop=('imageio.mimsave("animation.gif"',),
         why="tensorflow_docs and imageio are not installed: their imports and the cell that writes the GIF are "
-        "left out (the interpolation with the trained generator still runs)",
+        "left out (the interpolation with the trained generator still runs); Keras 3's to_categorical gives "
+        "float64, which train_step's tf.concat with float32 images refuses, so the labels are cast to float32",
     ),
     Recipe(
         name="timeseries_weather_forecasting",
@@ -399,8 +409,10 @@ RECIPES: list[Recipe] = [
                 'standins.jena_zip("jena_climate_2009_2016.csv.zip")',
             ),
             ("epochs = 10", "epochs = 2"),
+            ("plt.matshow(data.corr())", "plt.matshow(data.corr(numeric_only=True))"),
         ),
-        why="6000 rows of Jena-shaped weather (enough for 720-step windows in both splits)",
+        why="pandas 2 no longer skips the 'Date Time' strings in DataFrame.corr() (numeric_only=True); "
+        "6000 rows of Jena-shaped weather (enough for 720-step windows in both splits)",
     ),
     Recipe(
         name="timeseries_classification_transformer",
