@@ -41,6 +41,8 @@ SEMANTIC_400 = re.compile(
     # space as KerasTuner takes them
     r"|a job needs either 'model'|a 'trial' job needs 'code'|a study's 'job' must have a 'trial'|oracle takes no"
     r"|'oracle\.hyperparameters'"
+    # a job's object references: one way to find each, by Python names (JSON Schema states no rule on keys)
+    r"|an object reference needs either|is not a Python name"
 )
 
 

@@ -564,7 +564,7 @@ class TrialBuild(Request):
 
 
 REF_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-IDENTIFIER = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+NAME_KEY = Annotated[str, Field(min_length=1, max_length=200)]  # a Python name: checked by _python_names
 MAX_OBJECTS_CHARS = 1 << 20
 
 
@@ -585,7 +585,18 @@ def _bounded_values(value: Any) -> Any:
     return value
 
 
-ClosureValues = Annotated[dict[IDENTIFIER, JsonValue], Field(max_length=256), AfterValidator(_bounded_values)]
+def _python_names(value: dict[str, Any]) -> dict[str, Any]:
+    """The keys (a closure's variables, a constructor's arguments) are Python names; JSON Schema cannot say so of an
+    object's keys, so it is said here."""
+    bad = next((k for k in value if not k.isidentifier()), None)
+    if bad is not None:
+        raise ValueError(f"{bad!r} is not a Python name")
+    return value
+
+
+ClosureValues = Annotated[
+    dict[NAME_KEY, JsonValue], Field(max_length=256), AfterValidator(_python_names), AfterValidator(_bounded_values)
+]
 
 
 class Closure(Request):
@@ -607,7 +618,14 @@ class ObjectRef(Request):
 
     ref: Annotated[str, Field(max_length=400, pattern=REF_PATTERN)] | None = None
     closure: Closure | None = None
-    init: Annotated[dict[IDENTIFIER, IDENTIFIER], Field(max_length=64)] | None = None
+    init: (
+        Annotated[
+            dict[NAME_KEY, Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]],
+            Field(max_length=64),
+            AfterValidator(_python_names),
+        ]
+        | None
+    ) = None
 
     @model_validator(mode="after")
     def _one_way(self) -> ObjectRef:
