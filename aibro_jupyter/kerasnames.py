@@ -22,6 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from aibro_core.kerasfile import init_of, rebuildable, saved_as
 
 from .argcodec import check_importable, function_ref, is_keras_object, module_of, name_in_module
@@ -164,41 +166,101 @@ def _add(plan: NamePlan, name: str, obj: Any, composite_init: dict[type, type], 
 
 
 def composites(model: Any) -> list[tuple[Any, type, dict[str, str]]]:
-    """The model and its layers that Keras cannot describe (their get_config raises NotImplementedError: an __init__
-    given other models or layers) or cannot rebuild from their description (from_config(get_config()) fails: a
-    get_config that adds name and dtype for an __init__ without **kwargs), each with its class and constructor
-    arguments → the attributes that hold them. One Keras cannot rebuild and whose arguments are kept nowhere is left
-    to Keras' own load, whose reason the cell then shows."""
-    found = []
-    live: dict[str, Any] | None = None
-    for obj in [model, *_layers(model)]:
+    """The user's objects in the model (itself, its layers, its losses, metrics and optimizer) that Keras cannot
+    describe (their get_config raises NotImplementedError: an __init__ given other models or layers) or describes
+    wrongly (from_config(get_config()) fails, as a get_config that adds name and dtype for an __init__ without
+    **kwargs does, or makes an object whose constructor arguments differ: a custom loss whose get_config forgot one),
+    each with its class and constructor arguments → the attributes that hold them. Every object of such a class is
+    saved that way, since Keras finds the class by name. One Keras cannot rebuild and whose arguments are kept nowhere
+    is left to Keras' own load, whose reason the cell then shows."""
+    objects = _user_objects(model)
+    live = {name: objs[0] for name, objs in _live_objects(model).items()}
+    classes: dict[type, dict[str, str]] = {}
+    for obj in objects:
         cls = type(obj)
-        if str(cls.__module__).split(".")[0] in KERAS_MODULES:
+        if cls in classes:
             continue
         try:
             config = obj.get_config()
         except NotImplementedError:
-            found.append((obj, cls, _kept_arguments(obj, cls)))
+            classes[cls] = _kept_arguments(obj, cls)
             continue
-        if live is None:
-            live = {name: objs[0] for name, objs in _live_objects(model).items()}
-        if not _rebuilds(cls, config, live):
+        if not _rebuilds_the_same(obj, config, live):
             try:
-                found.append((obj, cls, _kept_arguments(obj, cls)))
+                classes[cls] = _kept_arguments(obj, cls)
             except ValidationError:
                 continue
-    return found
+    return [(obj, type(obj), classes[type(obj)]) for obj in objects if type(obj) in classes]
 
 
-def _rebuilds(cls: type, config: dict[str, Any], live: dict[str, Any]) -> bool:
-    """Whether Keras' own from_config makes the class again from this config (the kernel's random state kept)."""
+def _user_objects(model: Any) -> list[Any]:
+    """The model, its layers, and the Keras objects compile() was given, where their class is the user's own."""
+    found = [model, *_layers(model)]
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    stack = list(dict(compiled).values())
+    while stack:
+        value = stack.pop()
+        if isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif is_keras_object(value) and not _is_layer(value):
+            found.append(value)
+    unique = list({id(o): o for o in found}.values())
+    return [o for o in unique if str(type(o).__module__).split(".")[0] not in KERAS_MODULES]
+
+
+def _rebuilds_the_same(obj: Any, config: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether Keras' own from_config makes the object again from this config, with the constructor arguments it
+    holds (the kernel's random state kept)."""
     import keras
 
+    cls = type(obj)
     with random_state_kept(), keras.saving.custom_object_scope(live):
         try:
-            cls.from_config(config)
+            again = cls.from_config(config)
         except Exception:  # noqa: BLE001 - any failure means the worker could not rebuild it this way either
             return False
+    assigned = assigned_attributes(cls.__init__)
+    for param in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        attribute = assigned.get(param.name, param.name)
+        mine, theirs = _value(obj, attribute), _value(again, attribute)
+        if mine is not _MISSING and theirs is not _MISSING and not _equal(mine, theirs):
+            return False
+    return True
+
+
+_MISSING = object()
+
+
+def _value(obj: Any, attribute: str) -> Any:
+    try:
+        value = getattr(obj, attribute)
+    except Exception:  # noqa: BLE001 - a property that fails holds nothing to compare
+        return _MISSING
+    return _MISSING if inspect.ismethod(value) else value
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal as constructor arguments: plain values by value, arrays by content, Keras objects by config; anything
+    else is not compared (taken as equal)."""
+    plain = (type(None), bool, int, float, str)
+    if isinstance(a, plain) and isinstance(b, plain):
+        return bool(a == b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if hasattr(a, "shape") and hasattr(b, "shape") and not is_keras_object(a):
+        try:
+            return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+        except Exception:  # noqa: BLE001 - not comparable as arrays
+            return True
+    if is_keras_object(a) and type(a) is type(b) and not _is_layer(a):
+        try:
+            return bool(a.get_config() == b.get_config())
+        except Exception:  # noqa: BLE001 - no config to compare
+            return True
     return True
 
 

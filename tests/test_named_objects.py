@@ -74,6 +74,18 @@ class NoKwargs(keras.layers.Layer):
         return {**super().get_config(), "units": self.units}
 
 
+class WeightedError(keras.losses.Loss):
+    """Keras' Loss.get_config keeps name, reduction and dtype only: Keras' own save would rebuild this loss with
+    weight=1.0, silently, where the kernel's fit used the weight given."""
+
+    def __init__(self, weight: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.weight = weight
+
+    def call(self, y_true: Any, y_pred: Any) -> Any:
+        return ops.mean(ops.square(y_true - y_pred), axis=-1) * self.weight
+
+
 class Pair(keras.Model):
     """A model made of models, as a VAE or a distiller is: its __init__ takes two models, it has no get_config, and
     one of them is kept under another name."""
@@ -175,6 +187,14 @@ def test_a_layer_keras_cannot_rebuild_from_its_own_config_is_rebuilt_from_its_ar
     loaded = _save_and_load(model, tmp_path)
     assert loaded.layers[0].units == 3
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+
+
+def test_a_loss_whose_config_forgets_an_argument_is_rebuilt_with_it(tmp_path: Path) -> None:
+    model = _dense(1)
+    model.compile("adam", loss=WeightedError(weight=5.0))
+    assert plan_names(model).refs["WeightedError"]["init"] == {"weight": "weight", "name": "name"}
+    assert _save_and_load(model, tmp_path).loss.weight == 5.0
+    assert type(model.loss) is WeightedError
 
 
 def test_every_optimizer_comes_back_built_over_the_weights_it_steps(tmp_path: Path) -> None:
