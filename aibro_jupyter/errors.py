@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
-from aibro_core.errors import AibroError, ApiError, AuthError, BackendUnreachable, JobFailed, ValidationError
+from aibro_core.errors import (
+    AibroError,
+    ApiError,
+    AuthError,
+    BackendUnreachable,
+    JobFailed,
+    StudyFailed,
+    ValidationError,
+)
 
-__all__ = ["AibroError", "ApiError", "AuthError", "BackendUnreachable", "JobFailed", "ValidationError"]
+__all__ = ["AibroError", "ApiError", "AuthError", "BackendUnreachable", "JobFailed", "StudyFailed", "ValidationError"]

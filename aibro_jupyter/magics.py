@@ -185,6 +185,7 @@ class CloudMagics(Magics):
             raise ValidationError("write the search as `tuner.search(x, y, epochs=...)`")
         tuner, tuner_src = _eval(split.call.func.value, ns), ast.unparse(split.call.func.value)
         fit_args = _bind_fit(split.call, ns)
+        search_args = set(fit_args)  # what a HyperModel's own fit is given, as from tuner.search
         machines = args.machine or (",".join(self.default_machines) if self.default_machines else None)
         cool_down = args.cool_down if args.cool_down is not None else (self.default_cool_down or 0)
         if machines is None:
@@ -205,6 +206,7 @@ class CloudMagics(Magics):
             wait_request_s=args.wait_request,
             fit_kwargs=fit_args,
             requirements=args.requirements,
+            search_args=search_args,
         )
         again = f"%cloud_attach {study_id} --tuner {tuner_src} --into {args.into}"
         if args.detach:
@@ -297,8 +299,9 @@ class CloudMagics(Magics):
         )
 
     def _bind_study(self, tuner: Any, study: dict[str, Any], into: str, tuner_src: str | None) -> None:
-        """The study's trials into the tuner and the best trial's model into `into`; the panel says which."""
-        from .search import finish
+        """The study's trials into the tuner and the best trial's model into `into`; the panel says which, and
+        which trials failed; a study that failed then fails the cell, as KerasTuner's search raises."""
+        from .search import check_ended, failures, finish
         from .widgets.study_panel import StudyPanel
 
         panel = self.last_panel
@@ -311,11 +314,15 @@ class CloudMagics(Magics):
         if isinstance(panel, StudyPanel):
             told = f"; {tuner_src} holds every trial" if tuner_src else ""
             best = study.get("best_trial_id")
-            panel.cell_done(
+            bound = (
                 f"{into} holds trial {best}'s trained model{told}"
                 if model is not None
                 else f"no trial completed: {into} is None{told}"
             )
+            failed = failures(study)
+            ended = f"study failed: {study.get('message') or ''}" if study["status"] == "FAILED" else ""
+            panel.cell_done(bound + (f". {failed}" if failed else ""), ended + (f". {bound}" if ended else ""))
+        check_ended(study)
 
     # -- line magics --------------------------------------------------------------------------------
     @magic_arguments()

@@ -1,10 +1,15 @@
 """A KerasTuner search run by the backend (issue 27): what the kernel's tuner says (its oracle, its space, its build
-function) becomes a study; each trial the backend's copy of that oracle hands out runs as a job on the machines
-the user picked, at most `parallel` at once; the study goes on without the kernel, and the best trial's model comes
-back into it."""
+function or HyperModel, its executions_per_trial) becomes a study; each trial the backend's copy of that oracle hands
+out runs as a job on the machines the user picked (one per execution), at most `parallel` at once; the study goes
+on without the kernel, and the best trial's model comes back into it.
+
+Issue 35 holds it to KerasTuner's whole contract: each point behaves as the same search run locally would, the
+same trials scored the same way, the same hyperparameters reaching fit, and the tuner afterwards answering
+get_best_hyperparameters / get_best_models / results_summary as after a local search."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -18,7 +23,8 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
 
-from .errors import ValidationError
+from .errors import StudyFailed, ValidationError
+from .rebuildplan import kept_arguments
 
 ORACLE_KINDS = {
     "RandomSearchOracle": "RandomSearch",
@@ -43,20 +49,62 @@ POLL_S = 1.0
 EVENT_PAGES_PER_POLL = 20
 
 
-def build_function(tuner: Any) -> Callable[[Any], Any]:
-    """The user's `build_model(hp)` the tuner was given (KerasTuner wraps a function in a DefaultHyperModel)."""
+def travelling_hypermodel(tuner: Any) -> tuple[Any, dict[str, Any] | None, bool]:
+    """What travels as code to build each trial on the worker, as (object, constructor arguments, own fit): the
+    build function KerasTuner wrapped (no arguments), or the tuner's keras_tuner.HyperModel subclass with the
+    arguments its object keeps (made again there, as callbacks are); own fit says its class overrides
+    fit(hp, model, *args, **kwargs), which then trains each trial as KerasTuner lets it."""
+    import keras_tuner as kt
+
     hypermodel = getattr(tuner, "hypermodel", None)
     build = getattr(hypermodel, "build", None)
-    if type(hypermodel).__name__ != "DefaultHyperModel" or not callable(build):
-        raise ValidationError(
-            f"the tuner's hypermodel is a {type(hypermodel).__name__}: a remote search takes a build function, "
-            "as in keras_tuner.RandomSearch(build_model, ...) with def build_model(hp): ... return a compiled model"
-        )
-    return build
+    if type(hypermodel).__name__ == "DefaultHyperModel" and callable(build):
+        return build, None, False
+    if isinstance(hypermodel, kt.HyperModel):
+        cls = type(hypermodel)
+        return cls, hypermodel_arguments(hypermodel), cls.fit is not kt.HyperModel.fit
+    raise ValidationError(
+        f"the tuner's hypermodel is a {type(hypermodel).__name__}: a remote search takes a build function, as in "
+        "keras_tuner.RandomSearch(build_model, ...) with def build_model(hp): ... return a compiled model, or a "
+        "keras_tuner.HyperModel subclass"
+    )
 
 
-def oracle_spec(tuner: Any) -> dict[str, Any]:
-    """The tuner's oracle as the backend runs it: its kind, objective, arguments and search space."""
+def hypermodel_arguments(hypermodel: Any) -> dict[str, Any]:
+    """The constructor arguments a HyperModel keeps (an attribute of each one's name, as KerasTuner's own keep
+    `name` and `tunable`), as JSON: the worker makes the object again with them."""
+    cls = type(hypermodel)
+    out: dict[str, Any] = {}
+    for param, value in kept_arguments(hypermodel, cls.__init__, f"the HyperModel {cls.__name__}", "__init__"):
+        if value is param.default:
+            continue
+        try:
+            out[param.name] = _plain_json(value)
+        except TypeError as exc:
+            raise ValidationError(
+                f"the HyperModel {cls.__name__}'s argument {param.name!r} is {exc}: the worker makes it again from "
+                "its arguments, which must be numbers, strings, booleans, None, or lists and dicts of them"
+            ) from None
+    return out
+
+
+def _plain_json(value: Any, depth: int = 0) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth < 8 and isinstance(value, (list, tuple)):
+        return [_plain_json(item, depth + 1) for item in value]
+    if depth < 8 and isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain_json(item, depth + 1) for k, item in value.items()}
+    raise TypeError(f"a {type(value).__module__}.{type(value).__name__}")
+
+
+def oracle_spec(tuner: Any, own_fit: bool = False) -> dict[str, Any]:
+    """The tuner's oracle as the backend runs it: its kind, objective, arguments and search space. A tuner with no
+    objective is taken only when its HyperModel's own fit may return the value to minimize, as KerasTuner's."""
     oracle = tuner.oracle
     kind = ORACLE_KINDS.get(type(oracle).__name__)
     if kind is None:
@@ -65,7 +113,7 @@ def oracle_spec(tuner: Any) -> dict[str, Any]:
             "Hyperband or GridSearch"
         )
     objectives = getattr(oracle.objective, "objectives", None) or [oracle.objective]
-    if any(type(o).__name__ == "DefaultObjective" for o in objectives):
+    if not own_fit and any(type(o).__name__ == "DefaultObjective" for o in objectives):
         raise ValidationError(
             "the tuner has no objective: give it one the trials report, e.g. objective='val_loss' (or "
             "keras_tuner.Objective('val_auc', direction='max'))"
@@ -90,7 +138,11 @@ def run_search(
     """Start the study, follow it to its end (printing each trial as it starts and ends), fill `tuner` with its
     results and return (study id, the best trial's trained model, or None when no trial completed)."""
     study_id = start_study(training, tuner, x, y, verbose=verbose, **options)
-    return study_id, finish(training, tuner, follow(training.client, study_id, verbose))
+    study = follow(training.client, study_id, verbose)
+    assert study is not None  # follow returns None only when stopped
+    model = finish(training, tuner, study)
+    check_ended(study)
+    return study_id, model
 
 
 def start_study(
@@ -102,50 +154,97 @@ def start_study(
     parallel: int = 1,
     description: str = "",
     verbose: bool = True,
+    search_args: set[str] | None = None,
     **fit: Any,
 ) -> str:
-    """Check everything, upload the data and the build function's code once, and start the study; its id."""
-    build = build_function(tuner)
-    oracle = oracle_spec(tuner)
-    sample = build(tuner.oracle.hyperparameters.copy())  # the space's defaults: checked against the data
-    bundle, spec = training.prepare(sample, x, y, description=description, build=build, **fit)
+    """Check everything, upload the data and the build function's (or HyperModel's) code once, and start the
+    study; its id. `search_args` names the arguments the search call was given (default: those `fit` holds): a
+    HyperModel's own fit gets exactly those, as from KerasTuner."""
+    travelling, arguments, own_fit = travelling_hypermodel(tuner)
+    oracle = oracle_spec(tuner, own_fit)
+    sample = tuner.hypermodel.build(tuner.oracle.hyperparameters.copy())  # the space's defaults, checked on the data
+    if search_args is None:
+        search_args = {k for k in ("batch_size", "validation_data") if fit.get(k) is not None} | {"epochs"}
+        search_args |= set(fit.get("fit_kwargs") or {})
+    bundle, spec = training.prepare(sample, x, y, description=description, build=travelling, **fit)
     try:
         spec["trial"]["hyperparameters"] = oracle["hyperparameters"]
+        if arguments is not None:
+            spec["trial"]["arguments"] = arguments
+        if own_fit:
+            spec["trial"]["fit_args"] = sorted(set(search_args) - {"x", "y", "verbose"})
         bundle.upload(training.client)
         spec.update(data=bundle.data)
     finally:
         shutil.rmtree(bundle.workdir, ignore_errors=True)
-    study = training.client.t.json(
-        "POST", "/studies", json={"oracle": oracle, "job": spec, "parallel": parallel, "description": description}
-    )
+    executions = int(getattr(tuner, "executions_per_trial", 1) or 1)
+    body = {"oracle": oracle, "job": spec, "parallel": parallel, "description": description}
+    if executions > 1:
+        body["executions_per_trial"] = executions
+    study = training.client.t.json("POST", "/studies", json=body)
     if verbose:
-        print(f"[{study['study_id']}] {oracle['kind']}: up to {parallel} trials at once", flush=True)
+        each = f", {executions} executions each" if executions > 1 else ""
+        print(f"[{study['study_id']}] {oracle['kind']}: up to {parallel} trials at once{each}", flush=True)
     return str(study["study_id"])
 
 
 def finish(training: Any, tuner: Any, study: dict[str, Any]) -> Any:
     """After the study: its trials into the kernel's tuner (load_results) and the best trial's trained model
-    (weights and optimizer state), or None when no trial completed."""
+    (weights and optimizer state; with several executions, the one holding the trial's checkpoint), or None when no
+    trial completed."""
     if tuner is not None:
         load_results(training, tuner, study)
     best = study.get("best_trial_id")
     if best is None:
         return None
-    job_id = next(t["job_id"] for t in study["trials"] if t["trial_id"] == best)
+    trial = next(t for t in study["trials"] if t["trial_id"] == best)
+    job_id = (trial.get("checkpoint") or {}).get("job_id") or trial["job_id"]
     model, _history = training.collect(training.watch(job_id, []))
     return model
 
 
+def failures(study: dict[str, Any]) -> str | None:
+    """What the user must hear of the trials that failed (each named with its error), or None when none did."""
+    failed = [t for t in study["trials"] if t["status"] == "FAILED"]
+    if not failed:
+        return None
+    named = "; ".join(f"trial {t['trial_id']}: {_first_line(t.get('message'))}" for t in failed)
+    return f"{len(failed)} of {len(study['trials'])} trials failed ({named})"
+
+
+def check_ended(study: dict[str, Any]) -> None:
+    """Raise StudyFailed for a study that ended FAILED, as KerasTuner's search raises once too many trials failed
+    in a row (call it after the results are in the tuner: they are kept, as a local search keeps them)."""
+    if study["status"] == "FAILED":
+        why = study.get("message") or "it failed"
+        told = failures(study)
+        raise StudyFailed(f"study {study['study_id']} failed: {_first_line(why)}" + (f"; {told}" if told else ""))
+
+
+def _first_line(text: str | None) -> str:
+    """The line of an error that says what it was (a traceback's last)."""
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    return (lines[-1] if lines[0].startswith("Traceback") else lines[0])[:300]
+
+
 def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
     """The study's trials into the kernel's tuner, as a local search leaves them: its oracle holds every trial
-    with its values, metrics and score, and each completed trial's weights are where KerasTuner reloads them, so
+    with its hyperparameters (a hyperparameter a HyperModel.fit registered joins the space, as KerasTuner's
+    end_trial adds it), metrics and score, and each completed trial's checkpoint is where KerasTuner reloads it, so
     get_best_hyperparameters(), get_best_models() and results_summary() answer as after `tuner.search`."""
+    import keras_tuner as kt
     from keras_tuner.src.engine import trial as trial_module
 
     oracle = tuner.oracle
     for t in study["trials"]:
-        hp = oracle.hyperparameters.copy()
-        hp.values = dict(t["values"])
+        if t.get("hyperparameters"):
+            hp = kt.HyperParameters.from_config(t["hyperparameters"])
+            oracle.update_space(hp)
+        else:
+            hp = oracle.hyperparameters.copy()
+            hp.values = dict(t["values"])
         trial = trial_module.Trial(hyperparameters=hp, trial_id=t["trial_id"], status=t["status"])
         for name, value in (t.get("metrics") or {}).items():
             trial.metrics.register(name, direction=_direction(study, name))
@@ -159,6 +258,26 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
             _weights_into(training, tuner, t)
         oracle._save_trial(trial)
     oracle.save()
+    if "load_model" not in vars(tuner) and type(tuner).load_model is kt.Tuner.load_model:
+        tuner.load_model = functools.partial(load_trial_model, tuner)
+
+
+def load_trial_model(tuner: Any, trial: Any) -> Any:
+    """KerasTuner's Tuner.load_model (build the trial's model, build it from its build config when it has no
+    Input, load its checkpoint), with the optimizer built first: Keras then loads the optimizer's state with the
+    weights instead of skipping it with "Skipping variable loading for optimizer", so get_best_models() gives
+    the models as they were at their best epoch, ready to train on."""
+    from keras_tuner.src.engine.tuner import maybe_distribute
+
+    model = tuner._try_build(trial.hyperparameters)
+    with maybe_distribute(tuner.distribution_strategy):
+        if not model.built:
+            model.build_from_config(json.loads(Path(tuner._get_build_config_fname(trial.trial_id)).read_text()))
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        model.load_weights(tuner._get_checkpoint_fname(trial.trial_id))
+    return model
 
 
 def _direction(study: dict[str, Any], name: str) -> str | None:
@@ -171,15 +290,19 @@ def _direction(study: dict[str, Any], name: str) -> str | None:
 
 
 def _weights_into(training: Any, tuner: Any, trial: dict[str, Any]) -> None:
-    """The trial's trained weights where KerasTuner's load_model reads them (trial_<id>/checkpoint.weights.h5)."""
+    """The trial's checkpoint where KerasTuner's load_model reads it (trial_<id>/checkpoint.weights.h5, optimizer
+    state included, and its build config): the weights of its best epoch of all its executions, as KerasTuner's
+    SaveBestEpoch keeps them (the job's final model for a trial whose HyperModel.fit returned its score)."""
     import keras
 
     dest = Path(tuner._get_checkpoint_fname(trial["trial_id"]))
     if dest.exists():
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = trial.get("checkpoint") or {"job_id": trial["job_id"], "epoch": None}
+    name = "model.keras" if checkpoint["epoch"] is None else v.checkpoint_name(int(checkpoint["epoch"]))
     with tempfile.TemporaryDirectory(prefix="aibro-trial-") as d:
-        path = training.client.download_artifact(trial["job_id"], "model.keras", Path(d) / "model.keras")
+        path = training.client.download_artifact(checkpoint["job_id"], name, Path(d) / "model.keras")
         part = Path(d) / "checkpoint.weights.h5"
         model = keras.saving.load_model(path)
         model.save_weights(part)
@@ -196,13 +319,14 @@ def follow(
 ) -> dict[str, Any] | None:
     """Poll the study until it ends, saying what each trial does as it changes; with `on_poll` (a panel), hand it
     the study and the epoch history of each trial that trained since the last poll. None when `stop` is set."""
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str]] = {}
     trained = TrialHistories(client)  # no request until the first poll that has a panel to hand it to
     while True:
         study = client.t.json("GET", f"/studies/{study_id}")
         for trial in study["trials"]:
-            if verbose and seen.get(trial["trial_id"]) != trial["status"]:
-                seen[trial["trial_id"]] = trial["status"]
+            now = (trial["status"], trial["job_id"])  # a trial's next execution is a line of its own
+            if verbose and seen.get(trial["trial_id"]) != now:
+                seen[trial["trial_id"]] = now
                 print(trial_line(study, trial), flush=True)
         if on_poll is not None:
             on_poll(study, trained.since_last(study))
@@ -211,6 +335,9 @@ def follow(
                 best = study.get("best_trial_id")
                 why = f": {study['message']}" if study.get("message") else ""
                 print(f"[{study_id}] {study['status']}{why}; best trial {best}", file=sys.stdout, flush=True)
+            told = failures(study)
+            if told:  # said even when quiet: a failed trial is never silent
+                print(f"[{study_id}] {told}", file=sys.stderr, flush=True)
             return study
         if stop is None:
             time.sleep(POLL_S)
@@ -262,9 +389,13 @@ class TrialHistories:
 
 def trial_line(study: dict[str, Any], trial: dict[str, Any]) -> str:
     values = ", ".join(f"{k}={v}" for k, v in trial["values"].items() if not k.startswith("tuner/"))
-    objective = study["objective"][0]["name"]
+    objective = study["objective"][0]["name"] if len(study["objective"]) == 1 else "multi_objective"
+    runs = trial.get("executions") or []
     if trial["status"] == "COMPLETED":
-        return f"  trial {trial['trial_id']} COMPLETED {objective}={trial['score']:.4g} ({values})"
+        mean = f" (mean of {len(runs)} executions)" if len(runs) > 1 else ""
+        return f"  trial {trial['trial_id']} COMPLETED {objective}={trial['score']:.4g}{mean} ({values})"
     if trial["status"] == "FAILED":
-        return f"  trial {trial['trial_id']} FAILED: {trial['message']} ({values})"
-    return f"  trial {trial['trial_id']} {trial['status']} as {trial['job_id']} ({values})"
+        return f"  trial {trial['trial_id']} FAILED: {_first_line(trial['message'])} ({values})"
+    wanted = int(study.get("executions_per_trial") or 1)
+    execution = f" (execution {len(runs)} of {wanted})" if wanted > 1 and runs else ""
+    return f"  trial {trial['trial_id']} {trial['status']} as {trial['job_id']}{execution} ({values})"

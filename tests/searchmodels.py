@@ -1,6 +1,7 @@
 """A build function as a user writes one for KerasTuner: the search's tests import it, and it travels as code."""
 
 import keras
+import keras_tuner as kt
 
 
 def build_model(hp):
@@ -24,3 +25,82 @@ def build_model_failing_wide(hp):
     if hp.Int("units", 8, 64, step=8) > 24:
         raise ValueError("this machine cannot hold so many units")
     return build_model(hp)
+
+
+def build_model_no_input(hp):
+    """As build_model, with no Input: Keras builds it on its first call (a Hyperband round must build it first)."""
+    model = keras.Sequential(
+        [
+            keras.layers.Dense(hp.Int("units", 8, 64, step=8), activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(hp.Choice("learning_rate", [1e-2, 1e-3])),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def halve(epoch, lr):
+    """A LearningRateScheduler's schedule: each epoch at half the last one's rate."""
+    return lr if epoch == 0 else lr * 0.5
+
+
+class TunedFit(kt.HyperModel):
+    """A HyperModel as KerasTuner's guide writes one: build() tunes the model, an overridden fit() tunes how it
+    trains (the batch size and shuffling, registered there, and a preprocessing step of x)."""
+
+    def __init__(self, widen=1, **kwargs):
+        super().__init__(**kwargs)
+        self.widen = widen
+
+    def build(self, hp):
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(hp.Int("units", 8, 32, step=8) * self.widen, activation="relu"),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+    def fit(self, hp, model, x, y, validation_data=None, **kwargs):
+        if hp.Boolean("center"):
+            x = x - x.mean(axis=0)
+        return model.fit(
+            x,
+            y,
+            batch_size=hp.Choice("batch_size", [16, 128]),
+            shuffle=hp.Boolean("shuffle"),
+            validation_data=validation_data,
+            **kwargs,
+        )
+
+
+class ScoredFit(kt.HyperModel):
+    """A HyperModel whose fit scores the model itself and returns the metrics to track, or with `as_value` the one
+    value to minimize (KerasTuner's guide's custom evaluation): no History to read the objective from."""
+
+    def __init__(self, as_value=False, **kwargs):
+        super().__init__(**kwargs)
+        self.as_value = as_value
+
+    def build(self, hp):
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(hp.Int("units", 8, 32, step=8), activation="relu"),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        return model
+
+    def fit(self, hp, model, x, y, validation_data, **kwargs):
+        model.fit(x, y, **kwargs)
+        x_val, y_val = validation_data
+        loss = float(model.evaluate(x_val, y_val, verbose=0))
+        return loss if self.as_value else {"metric_a": -loss, "metric_b": 2 * loss}

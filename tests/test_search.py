@@ -2,18 +2,24 @@
 as jobs on the embedded backend, two at once, each model built on the worker by the user's build function with the
 oracle's values; every trial ends once; the best trial's trained model comes back and scores what its trial did,
 and the kernel's tuner answers get_best_hyperparameters(), get_best_models() and results_summary() as after a local
-search."""
+search. Issue 35 item 4, KerasTuner's whole contract: executions_per_trial, HyperModel subclasses with their own
+fit, Hyperband rounds over a model with no Input, best models with their optimizer state, kt.Objective, callbacks
+and validation_split, and failed trials that say so."""
 
 from __future__ import annotations
 
+import math
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
+import keras
 import keras_tuner as kt  # noqa: F401  (the test extra has it: missing fails, never skips)
 import pytest
 from backend_proc import own_backend
-from searchmodels import build_model, build_model_failing_wide
+from keras_tuner.src.engine import tuner_utils
+from searchmodels import ScoredFit, TunedFit, build_model, build_model_failing_wide, build_model_no_input, halve
 
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
@@ -73,10 +79,11 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
     _, accuracy = best.evaluate(xv, yv, verbose=0)
     assert accuracy == pytest.approx(jobs[study["best_trial_id"]]["history"][-1]["val_accuracy"], abs=1e-4)
 
-    # The kernel's tuner answers as after a local search.
+    # The kernel's tuner answers as after a local search: get_best_models() gives the best trial's model at its best
+    # epoch (KerasTuner's SaveBestEpoch checkpoint), which scores the trial's score.
     assert tuner.get_best_hyperparameters()[0].values == best_values
     reloaded = tuner.get_best_models()[0]
-    assert reloaded.evaluate(xv, yv, verbose=0)[1] == pytest.approx(accuracy, abs=1e-6)
+    assert reloaded.evaluate(xv, yv, verbose=0)[1] == pytest.approx(scores[study["best_trial_id"]], abs=1e-4)
     tuner.results_summary()
     summary = capsys.readouterr().out
     assert summary.count("Trial ") >= 4 and f"Trial {study['best_trial_id']} summary" in summary, summary
@@ -86,13 +93,14 @@ def test_a_hyperband_study_resumes_each_round_from_the_earlier_trials_weights(
     backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hyperband's later rounds continue an earlier trial (its `tuner/trial_id`): that trial's job starts from the
-    earlier job's trained weights, at its `tuner/initial_epoch`, as KerasTuner's Hyperband does locally."""
+    earlier trial's checkpoint, at its `tuner/initial_epoch`, as KerasTuner's Hyperband does locally; a model with no
+    Input (built on its first call) is built first, so no round fails (issue 35), and the best models load whole."""
     monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
     monkeypatch.setenv("AIBRO_TOKEN", backend.token)
     x, y = slow_data(1200, seed=4)
     xv, yv = slow_data(300, seed=5)
     tuner = kt.Hyperband(
-        build_model,
+        build_model_no_input,
         objective="val_accuracy",
         max_epochs=3,
         factor=3,
@@ -106,9 +114,11 @@ def test_a_hyperband_study_resumes_each_round_from_the_earlier_trials_weights(
     client = backend.client()
     study = client.t.json("GET", f"/studies/{study_id}")
     assert study["status"] == "COMPLETED" and best is not None, study
+    assert [t["status"] for t in study["trials"]] == ["COMPLETED"] * len(study["trials"]), study["trials"]
     by_id = {t["trial_id"]: t for t in study["trials"]}
     resumed = [t for t in study["trials"] if t["values"].get("tuner/trial_id")]
     assert resumed, "a Hyperband study continues some trials in later rounds"
+    _assert_best_models_load_whole(tuner)
     for trial in resumed:
         earlier = by_id[trial["values"]["tuner/trial_id"]]
         job, before = client.job(trial["job_id"]), client.job(earlier["job_id"])
@@ -145,7 +155,7 @@ def _training_span(job: dict[str, Any]) -> tuple[float, float]:
 
 
 def test_a_failing_trial_is_recorded_and_the_study_goes_on(
-    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
     monkeypatch.setenv("AIBRO_TOKEN", backend.token)
@@ -170,6 +180,10 @@ def test_a_failing_trial_is_recorded_and_the_study_goes_on(
     assert all(t["values"]["units"] > 24 for t in failed) and all(t["values"]["units"] <= 24 for t in done)
     assert all("cannot hold so many units" in t["message"] for t in failed), failed
     assert best is not None and study["best_trial_id"] in {t["trial_id"] for t in done}
+    said = capsys.readouterr().err  # even a quiet search says which trials failed, and why
+    assert f"{len(failed)} of 5 trials failed" in said, said
+    for t in failed:
+        assert f"trial {t['trial_id']}: ValueError: this machine cannot hold so many units" in said, said
 
 
 def test_cancelling_a_study_cancels_its_running_trials_and_starts_no_more(
@@ -223,6 +237,153 @@ def test_a_study_its_trials_could_not_run_is_refused_before_it_starts(backend: A
         client.t.json("POST", "/studies", json={"oracle": oracle | {"hyperparameters": hp.get_config()}, "job": spec})
     assert refused.value.status == 400 and "cool_down_s=7200 is over this backend's cap" in str(refused.value)
     assert len(client.t.json("GET", "/studies")["studies"]) == before
+
+
+def test_executions_per_trial_score_each_trial_as_keras_tuner_averages_its_fits(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """executions_per_trial=2 (issue 35): each trial is two fits of freshly built models, each its own job of two
+    epochs, and its score is what KerasTuner computes from those two Histories (each one's best val_loss, then
+    their mean); kt.Objective, validation_split and a callback in the search act as in a local search; the best
+    model comes back at its best epoch with its optimizer state, and no Keras warning."""
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(400, seed=4)
+    tuner = kt.RandomSearch(
+        build_model,
+        objective=kt.Objective("val_loss", direction="min"),
+        max_trials=2,
+        executions_per_trial=2,
+        seed=5,
+        directory=str(tmp_path),
+        project_name="executions",
+    )
+    fit_kwargs = {"validation_split": 0.25, "callbacks": [keras.callbacks.LearningRateScheduler(halve)]}
+    study_id, best = Training.online_search(
+        tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=2, batch_size=32, fit_kwargs=fit_kwargs
+    )
+    client = backend.client()
+    study = client.t.json("GET", f"/studies/{study_id}")
+    assert study["status"] == "COMPLETED" and study["executions_per_trial"] == 2, study
+    assert [t["status"] for t in study["trials"]] == ["COMPLETED"] * 2, study["trials"]
+    for trial in study["trials"]:
+        runs = trial["executions"]
+        assert [r["status"] for r in runs] == ["COMPLETED"] * 2 and len({r["job_id"] for r in runs}) == 2, runs
+        histories = []
+        for run in runs:
+            job = client.job(run["job_id"])
+            assert job["study_id"] == study_id and job["trial_id"] == trial["trial_id"], "the sidebar groups both"
+            rows = job["history"]
+            assert [r["epoch"] for r in rows] == [1, 2], rows  # one fit of two epochs per job
+            assert rows[1]["learning_rate"] == pytest.approx(rows[0]["learning_rate"] * 0.5), rows  # the callback
+            steps = {e["data"]["steps"] for e in client.events(run["job_id"])["events"] if e["type"] == "batch"}
+            assert steps == {10}, steps  # validation_split=0.25 keeps 300 of 400 samples, in batches of 32
+            history = keras.callbacks.History()
+            history.history = {k: [r[k] for r in rows] for k in rows[0] if k != "epoch"}
+            histories.append(history)
+        expected = tuner_utils.convert_to_metrics_dict(histories, tuner.oracle.objective)
+        assert trial["score"] == pytest.approx(float(expected["val_loss"]), rel=1e-6), (trial, expected)
+        assert trial["metrics"] == pytest.approx({k: float(val) for k, val in expected.items()}, rel=1e-6)
+        assert trial["best_step"] == tuner_utils.get_best_step(histories, tuner.oracle.objective)
+        assert tuner.oracle.trials[trial["trial_id"]].score == pytest.approx(trial["score"])
+
+    # The best trial's checkpoint is its best epoch of both executions; the kernel's tuner loads it whole.
+    top = next(t for t in study["trials"] if t["trial_id"] == study["best_trial_id"])
+    checkpoint = top["checkpoint"]
+    at_best = client.job(checkpoint["job_id"])["history"][checkpoint["epoch"]]
+    assert at_best["val_loss"] == min(r["metrics"]["val_loss"] for r in top["executions"])
+    reloaded = _assert_best_models_load_whole(tuner)
+    assert int(reloaded.optimizer.iterations) == 10 * (checkpoint["epoch"] + 1)
+    assert reloaded.evaluate(x[300:], y[300:], verbose=0)[0] == pytest.approx(at_best["val_loss"], rel=1e-4)
+    assert best is not None and math.isfinite(best.evaluate(x[300:], y[300:], verbose=0)[0])
+
+
+def test_a_hypermodel_trains_each_trial_with_what_its_own_fit_tunes(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keras_tuner.HyperModel subclass (issue 35) travels with its constructor's arguments; its fit(hp, model, ...)
+    trains each trial, so the batch size it picks from hp is the one the trial's job ran; the hyperparameters it
+    registers in fit join the study's space, as they join a local search's."""
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(512, seed=4)
+    xv, yv = slow_data(128, seed=5)
+    tuner = kt.RandomSearch(
+        TunedFit(widen=2), objective="val_accuracy", max_trials=3, seed=3, directory=str(tmp_path), project_name="hm"
+    )
+    study_id, best = Training.online_search(
+        tuner, x, y, machine_ids="local-cpu", parallel=1, epochs=1, validation_data=(xv, yv)
+    )
+    client = backend.client()
+    study = client.t.json("GET", f"/studies/{study_id}")
+    assert study["status"] == "COMPLETED" and len(study["trials"]) == 3, study
+    assert [t["status"] for t in study["trials"]] == ["COMPLETED"] * 3, study["trials"]
+    first = study["trials"][0]["values"]
+    assert (first["batch_size"], first["shuffle"], first["center"]) == (16, False, False), "fit's defaults, then"
+    for trial in study["trials"]:
+        steps = {e["data"]["steps"] for e in client.events(trial["job_id"])["events"] if e["type"] == "batch"}
+        assert steps == {math.ceil(512 / trial["values"]["batch_size"])}, (trial["values"], steps)
+
+    # The same HyperModel searched locally registers the same space; the kernel's tuner holds it too.
+    local = kt.RandomSearch(
+        TunedFit(widen=2), objective="val_accuracy", max_trials=1, directory=str(tmp_path), project_name="local"
+    )
+    local.search(x[:64], y[:64], epochs=1, validation_data=(xv[:32], yv[:32]), verbose=0)
+    names = sorted(hp.name for hp in local.oracle.hyperparameters.space)
+    assert names == ["batch_size", "center", "shuffle", "units"]
+    assert sorted(hp.name for hp in tuner.oracle.hyperparameters.space) == names
+    top = next(t for t in study["trials"] if t["trial_id"] == study["best_trial_id"])
+    assert tuner.get_best_hyperparameters()[0].values == top["values"]
+    assert best.layers[0].units == 2 * top["values"]["units"], "widen=2 reached the worker"
+    _assert_best_models_load_whole(tuner)
+
+
+@pytest.mark.parametrize("as_value", [False, True], ids=["metrics", "value"])
+def test_a_hypermodel_whose_fit_returns_its_score_is_scored_by_it(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_value: bool
+) -> None:
+    """A HyperModel.fit that evaluates the model itself (issue 35) and returns a dict of metrics, scored by the one
+    kt.Objective names, or one value to minimize, with no objective given: each trial is scored by what it
+    returned, as KerasTuner scores it."""
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(256, seed=4)
+    objective = None if as_value else kt.Objective("metric_a", "max")
+    tuner = kt.RandomSearch(
+        ScoredFit(as_value=as_value),
+        objective=objective,
+        max_trials=2,
+        seed=1,
+        directory=str(tmp_path),
+        project_name="scored",
+    )
+    study_id, best = Training.online_search(
+        tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=1, validation_data=slow_data(64, seed=5)
+    )
+    client = backend.client()
+    study = client.t.json("GET", f"/studies/{study_id}")
+    assert [t["status"] for t in study["trials"]] == ["COMPLETED"] * 2, study["trials"]
+    for trial in study["trials"]:
+        logs = [e["data"] for e in client.events(trial["job_id"])["events"] if e["type"] == "log"]
+        report = next(d["trial"] for d in logs if d.get("trial"))
+        returned = {"default_objective": report["value"]} if as_value else report["metrics"]
+        assert trial["metrics"] == pytest.approx(returned), (trial, report)
+        assert trial["score"] == pytest.approx(returned["default_objective" if as_value else "metric_a"])
+        assert trial["best_step"] == 0 and trial["checkpoint"]["epoch"] is None
+    assert tuner.oracle.get_best_trials()[0].trial_id == study["best_trial_id"]
+    _assert_best_models_load_whole(tuner)
+
+
+def _assert_best_models_load_whole(tuner: Any) -> Any:
+    """get_best_models() as a user calls it: no "Skipping variable loading for optimizer", and the optimizer's
+    state (its step count) is back."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = tuner.get_best_models()[0]
+    skipped = [str(w.message) for w in caught if "Skipping variable loading" in str(w.message)]
+    assert not skipped, skipped
+    assert int(model.optimizer.iterations) > 0
+    return model
 
 
 def _trial_spec(training: Training, x: Any, y: Any) -> dict[str, Any]:

@@ -11,7 +11,9 @@ import signal
 from pathlib import Path
 from types import SimpleNamespace
 
+import keras
 import keras_tuner as kt  # noqa: F401  (the test extra has it: missing fails, never skips)
+import numpy as np
 import pytest
 
 from aibro_backend.storage.store import Store
@@ -149,3 +151,108 @@ def test_a_step_the_loop_had_queued_does_not_run_once_the_driver_closed(tmp_path
         await queued
 
     asyncio.run(shut_down_with_a_step_queued())
+
+
+def _history(seed: int, epochs: int) -> dict[str, list[float]]:
+    rng = np.random.default_rng(seed)
+    return {
+        name: [float(v) for v in rng.random(epochs)] for name in ("loss", "val_loss", "val_accuracy", "learning_rate")
+    }
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "objective",
+    [
+        [("val_loss", "min")],
+        [("val_accuracy", "max")],
+        [("val_loss", "min"), ("val_accuracy", "max")],  # KerasTuner's MultiObjective: their sum, minimized
+    ],
+)
+def test_a_trials_executions_are_scored_as_kerastuner_scores_them(objective: list[tuple[str, str]]) -> None:
+    """The study scores each execution's History and averages them with KerasTuner's own rules (issue 35): the
+    metrics at the first best epoch, each metric's mean over the executions, the mean best epoch; the checkpoint is
+    the best epoch of all the executions. KerasTuner's tuner_utils is the reference."""
+    from keras_tuner.src.engine import objective as objective_module
+    from keras_tuner.src.engine import tuner_utils
+
+    from aibro_backend.storage.records import ExecutionRecord
+    from aibro_backend.tuning.studies import average_metrics, best_epoch_metrics, mean_step, trial_checkpoint
+    from aibro_core.models import Objective
+
+    ours = [Objective(name=name, direction=way) for name, way in objective]
+    theirs = objective_module.create_objective([kt.Objective(n, d) for n, d in objective])
+    if len(objective) == 1:
+        theirs = kt.Objective(*objective[0])
+    histories = [_history(seed, 4) for seed in range(3)]
+    runs = []
+    for i, history in enumerate(histories):
+        metrics, step, why = best_epoch_metrics(history, ours)
+        assert why is None
+        kept = keras.callbacks.History()
+        kept.history = history
+        expected, expected_step = tuner_utils._get_best_value_and_best_epoch_from_history(kept, theirs)
+        assert (metrics, step) == (pytest.approx(expected), expected_step)
+        runs.append(ExecutionRecord(f"job-{i}", "s", "0", i, "COMPLETED", metrics, step, step, 0.0))
+    kept_all = []
+    for history in histories:
+        kept = keras.callbacks.History()
+        kept.history = history
+        kept_all.append(kept)
+    assert average_metrics([r.metrics for r in runs]) == pytest.approx(
+        {k: float(val) for k, val in tuner_utils.convert_to_metrics_dict(kept_all, theirs).items()}
+    )
+    assert mean_step(runs) == tuner_utils.get_best_step(kept_all, theirs)
+    values = [theirs.get_value(r.metrics) for r in runs]
+    pick = min if theirs.direction == "min" else max
+    best = pick(range(3), key=values.__getitem__)
+    assert trial_checkpoint(runs, ours) == (f"job-{best}", runs[best].best_epoch)
+
+
+@pytest.mark.fast
+def test_an_ended_trial_takes_what_its_fit_registered_and_an_error_is_retried_as_kerastuner_retries(
+    tmp_path: Path,
+) -> None:
+    """end_trial with the trial's hyperparameters as its fit left them puts a hyperparameter first registered there
+    into the space (KerasTuner's end_trial does); an INVALID trial comes back for max_retries_per_trial more runs,
+    then is FAILED (issue 35)."""
+    spec = OracleSpec(
+        kind="RandomSearch",
+        objective=[{"name": "val_loss", "direction": "min"}],
+        hyperparameters=_space(),
+        max_trials=3,
+        seed=1,
+        max_retries_per_trial=1,
+    )
+
+    async def study() -> None:
+        host = OracleHost.create(tmp_path / "study", spec)
+        try:
+            first = await _create(host, "slot-0")
+            hp = kt.HyperParameters.from_config(_space())
+            hp.values = dict(first["values"])
+            hp.Choice("batch_size", [16, 64])  # what a HyperModel.fit registers during the trial
+            got = await host.ask(
+                OracleRequest(
+                    op="end_trial",
+                    trial_id=first["trial_id"],
+                    status="COMPLETED",
+                    metrics={"val_loss": 0.5},
+                    hyperparameters=hp.get_config(),
+                )
+            )
+            assert got.ok and got.trial.values["batch_size"] == 16, got
+            second = await _create(host, "slot-0")
+            assert "batch_size" in second["values"], "the space holds it now: the oracle samples it"
+            for run in (1, 2):
+                ended = await host.ask(
+                    OracleRequest(op="end_trial", trial_id=second["trial_id"], status="INVALID", message="boom")
+                )
+                assert ended.trial.status == ("INVALID" if run == 1 else "FAILED"), ended
+                if run == 1:
+                    again = await _create(host, "slot-0")
+                    assert again["trial_id"] == second["trial_id"], "retried once, as max_retries_per_trial=1 says"
+        finally:
+            await host.close()
+
+    asyncio.run(study())

@@ -30,3 +30,8 @@ class ValidationError(AibroError):
 
 class JobFailed(AibroError):
     pass
+
+
+class StudyFailed(AibroError):
+    """A study that ended FAILED (too many failed trials in a row, as KerasTuner's search raises then): its trials
+    so far are in the tuner all the same."""

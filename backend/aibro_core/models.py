@@ -539,6 +539,7 @@ Description = described(
 
 BUILD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 TRIAL_ID_PATTERN = r"^[0-9]{1,6}$"
+FIT_ARG_PATTERN = r"^[a-z_]{1,40}$"
 BoundedJson = Annotated[
     dict[Annotated[str, Field(max_length=200)], JsonValue], Field(max_length=256), AfterValidator(_bounded_json)
 ]
@@ -560,6 +561,21 @@ class TrialBuild(Request):
     trial_id: Annotated[str, Field(pattern=TRIAL_ID_PATTERN)] | None = None
     resume_job: Annotated[str, Field(pattern=ID_PATTERN)] | None = Field(
         None, description="the job of the earlier trial whose trained weights this one starts from (Hyperband)"
+    )
+    resume_epoch: Annotated[int, Field(ge=0, le=MAX_EPOCHS), INTEGRAL] | None = Field(
+        None,
+        description="the epoch (0-based) of `resume_job` whose checkpoint it starts from: that trial's best, as "
+        "KerasTuner's Hyperband reloads the checkpoint its SaveBestEpoch kept; absent, the job's final model",
+    )
+    arguments: BoundedJson | None = Field(
+        None,
+        description="when `build` names a keras_tuner.HyperModel subclass rather than a function: the constructor "
+        "arguments its object was made with (the worker calls its build(hp), as KerasTuner does)",
+    )
+    fit_args: Annotated[list[Annotated[str, Field(pattern=FIT_ARG_PATTERN)]], Field(max_length=64)] | None = Field(
+        None,
+        description="when the HyperModel overrides fit(hp, model, *args, **kwargs): the names of the arguments the "
+        "search was given, which the worker passes on to it (with its own callbacks) as KerasTuner does",
     )
 
 
@@ -745,6 +761,25 @@ ORACLE_ARGS: dict[str, set[str]] = {
 HP_KINDS = ("Boolean", "Choice", "Fixed", "Float", "Int")
 
 
+def hyperparameters_config(value: dict[str, Any], where: str) -> dict[str, Any]:
+    """KerasTuner's HyperParameters config, and nothing else: its five kinds, whose conditions name parents (what
+    the oracle host deserializes, from the kernel's space or a trial's report alike)."""
+    space, values = value.get("space"), value.get("values", {})
+    if set(value) - {"space", "values"} or not isinstance(space, list) or not isinstance(values, dict):
+        raise _fail(f"'{where}' must be KerasTuner's HyperParameters.get_config(): {{space, values}}")
+    for entry in space:
+        config = entry.get("config") if isinstance(entry, dict) else None
+        if set(entry) - {"class_name", "config"} or entry.get("class_name") not in HP_KINDS:
+            raise _fail(f"'{where}.space' holds {str(entry)[:80]}: each must be one of {HP_KINDS}")
+        conditions = config.get("conditions", []) if isinstance(config, dict) else None
+        if not isinstance(conditions, list) or any(
+            not isinstance(c, dict) or set(c) != {"class_name", "config"} or c["class_name"] != "Parent"
+            for c in conditions
+        ):
+            raise _fail(f"'{where}.space' conditions must be KerasTuner's Parent conditions")
+    return value
+
+
 class Objective(Request):
     name: Annotated[str, Field(min_length=1, max_length=200)]
     direction: Literal["min", "max"]
@@ -771,21 +806,7 @@ class OracleSpec(Request):
     @field_validator("hyperparameters")
     @classmethod
     def _a_space(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """KerasTuner's HyperParameters config, and nothing else: its five kinds, whose conditions name parents."""
-        space, values = value.get("space"), value.get("values", {})
-        if set(value) - {"space", "values"} or not isinstance(space, list) or not isinstance(values, dict):
-            raise _fail("'oracle.hyperparameters' must be KerasTuner's HyperParameters.get_config(): {space, values}")
-        for entry in space:
-            config = entry.get("config") if isinstance(entry, dict) else None
-            if set(entry) - {"class_name", "config"} or entry.get("class_name") not in HP_KINDS:
-                raise _fail(f"'oracle.hyperparameters.space' holds {str(entry)[:80]}: each must be one of {HP_KINDS}")
-            conditions = config.get("conditions", []) if isinstance(config, dict) else None
-            if not isinstance(conditions, list) or any(
-                not isinstance(c, dict) or set(c) != {"class_name", "config"} or c["class_name"] != "Parent"
-                for c in conditions
-            ):
-                raise _fail("'oracle.hyperparameters.space' conditions must be KerasTuner's Parent conditions")
-        return value
+        return hyperparameters_config(value, "oracle.hyperparameters")
 
     @model_validator(mode="after")
     def _arguments_of_its_kind(self) -> OracleSpec:
@@ -797,14 +818,22 @@ class OracleSpec(Request):
         return self
 
 
+MAX_EXECUTIONS = 100
+
+
 class StudySpec(Request):
     """POST /studies: a hyperparameter search. Each trial is a job made from `job` (whose `trial` names the build
-    function and the space; its values are the oracle's), at most `parallel` at once."""
+    function and the space; its values are the oracle's), at most `parallel` at once; with `executions_per_trial`
+    N, N such jobs one after another, the trial scored as KerasTuner scores its N executions."""
 
     oracle: OracleSpec
     job: JobSpec
     parallel: described(
         Annotated[int, Field(ge=1, le=64), INTEGRAL], "'parallel' must be a whole number of trials from 1 to 64"
+    ) = 1
+    executions_per_trial: described(
+        Annotated[int, Field(ge=1, le=MAX_EXECUTIONS), INTEGRAL],
+        f"'executions_per_trial' must be a whole number from 1 to {MAX_EXECUTIONS} (the tuner's own)",
     ) = 1
     description: Description = ""
 
@@ -861,6 +890,7 @@ Logs = Annotated[
 ]
 Timestamp = Annotated[float, Field(ge=0, le=MAX_TIMESTAMP, allow_inf_nan=False)]
 Message = Annotated[str, Field(max_length=MAX_MESSAGE)]
+MetricFloat = Annotated[float, Field(allow_inf_nan=False)] | None  # None: the value was NaN or infinite
 
 
 class StatusData(Request):
@@ -911,6 +941,18 @@ class LogData(Request):
     path: Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_relative_path)] | None = Field(
         None, description="that file's path under the kernel-side folder of its callback argument"
     )
+    trial: TrialReport | None = Field(None, description="a study trial's report at the end of its fit")
+
+
+class TrialReport(Request):
+    """What a trial's worker says after the fit (issue 35): the trial's hyperparameters as the fit left them (a
+    HyperModel.fit may register more), and what a HyperModel.fit returned when that was not a History."""
+
+    hyperparameters: Annotated[
+        BoundedJson, AfterValidator(lambda value: hyperparameters_config(value, "trial.hyperparameters"))
+    ]
+    metrics: Annotated[dict[Annotated[str, Field(max_length=200)], MetricFloat], Field(max_length=200)] | None = None
+    value: MetricFloat = None
 
 
 class ErrorData(Request):
@@ -1251,15 +1293,45 @@ class Job(Response):
     trial_id: str | None = Field(None, description="which of the study's trials it is")
 
 
+class TrialExecution(Response):
+    """One fit of a trial (KerasTuner's execution): its own job, and what it reported at its best epoch."""
+
+    job_id: str
+    status: Literal[v.TRIAL_STATUSES]  # type: ignore[valid-type]
+    metrics: dict[str, float] = Field(default_factory=dict, description="its metrics at its best epoch")
+    best_step: int | None = Field(None, description="its best epoch (0-based), by the objective")
+
+
+class TrialCheckpoint(Response):
+    """Where a trial's checkpoint is, as KerasTuner's SaveBestEpoch keeps one per trial: the epoch with the best
+    objective of all its executions."""
+
+    job_id: str
+    epoch: int | None = Field(description="its checkpoints/epoch-NNNN.keras (0-based); None: the job's model.keras")
+
+
 class StudyTrial(Response):
     trial_id: str
-    job_id: str
+    job_id: str = Field(description="the job of its latest execution (the only one unless executions_per_trial > 1)")
     status: Literal[v.TRIAL_STATUSES]  # type: ignore[valid-type]
     values: dict[str, Any]
     score: float | None
     message: str | None
-    metrics: dict[str, float] = Field(default_factory=dict, description="what the trial reported at its best epoch")
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="what the trial reported: its executions' metrics at their best epochs, averaged as KerasTuner "
+        "averages them",
+    )
     best_step: int | None = Field(None, description="the trial's best epoch (0-based), by the objective")
+    executions: list[TrialExecution] = Field(default_factory=list, description="each fit, in order, as its own job")
+    checkpoint: TrialCheckpoint | None = Field(
+        None, description="the weights get_best_models and Hyperband's next round start from"
+    )
+    hyperparameters: dict[str, Any] | None = Field(
+        None,
+        description="its KerasTuner HyperParameters config as the oracle ended it (with any hyperparameter its "
+        "HyperModel.fit registered)",
+    )
 
 
 class Study(Response):
@@ -1273,6 +1345,7 @@ class Study(Response):
     objective: list[dict[str, str]]
     max_trials: int | None
     parallel: int
+    executions_per_trial: int = Field(1, description="fits per trial (KerasTuner's), each its own job")
     created: float
     updated: float
     trials: list[StudyTrial]

@@ -584,12 +584,15 @@ def _keep(handler: UserHandler, sha: str, size: int, s3_key: str | None = None) 
 
 
 def _readable_by_assignment(handler: WorkerHandler, job_id: str, name: str) -> None:
-    """A worker reads its assigned job's artifacts, and a study trial's worker also the trained model of the
-    earlier trial it resumes (Hyperband's `tuner/trial_id`), when that job is of the same user."""
+    """A worker reads its assigned job's artifacts, and a study trial's worker also the model it starts from of the
+    earlier trial it resumes (Hyperband's `tuner/trial_id`: that job's checkpoint at its best epoch, or its final
+    model), when that job is of the same user."""
     inst = handler.backend.store.instance(handler.instance.id)
     assigned = handler.backend.store.job(inst.job_id) if inst.job_id else None
-    resume = ((assigned.spec.get("trial") or {}).get("resume_job") if assigned else None) or None
-    if resume == job_id and name == "model.keras":
+    trial = (assigned.spec.get("trial") or {}) if assigned else {}
+    resume, epoch = trial.get("resume_job") or None, trial.get("resume_epoch")
+    start = "model.keras" if epoch is None else v.checkpoint_name(int(epoch))
+    if resume == job_id and name == start:
         earlier = handler.backend.store.job(job_id)
         if earlier is not None and assigned is not None and earlier.user_id == assigned.user_id:
             return

@@ -98,8 +98,32 @@ class TrialRecord:
     best_step: int | None
     created: float
     updated: float
+    hyperparameters: dict[str, Any] | None  # KerasTuner's HyperParameters config, once the oracle ended the trial
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> TrialRecord:
-        fields = {name: row[name] for name in cls.__slots__ if name not in ("values", "metrics")}
-        return cls(**fields, values=json.loads(row["trial_values"]), metrics=json.loads(row["metrics"]))
+        fields = {name: row[name] for name in cls.__slots__ if name not in ("values", "metrics", "hyperparameters")}
+        hp = json.loads(row["hyperparameters"]) if row["hyperparameters"] else None
+        return cls(
+            **fields, values=json.loads(row["trial_values"]), metrics=json.loads(row["metrics"]), hyperparameters=hp
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """One row of `trial_executions`: one fit of a trial (KerasTuner's execution), run as its own job."""
+
+    job_id: str
+    study_id: str
+    trial_id: str
+    execution: int  # -1: a run of the trial the oracle retried since
+    status: str
+    metrics: dict[str, float]
+    best_step: int | None  # the best epoch's index in its History (KerasTuner's step)
+    best_epoch: int | None  # that epoch's number in the job, 0-based: its checkpoint's
+    created: float
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> ExecutionRecord:
+        fields = {name: row[name] for name in cls.__slots__ if name != "metrics"}
+        return cls(**fields, metrics=json.loads(row["metrics"]))

@@ -24,12 +24,15 @@ from aibro_core.jobpicture import JobPicture
 
 from ..server.jsonout import dumps
 from .recent import RecentEvents, encode_event
-from .records import InstanceRecord, JobRecord, StudyRecord, TrialRecord
+from .records import ExecutionRecord, InstanceRecord, JobRecord, StudyRecord, TrialRecord
 
 log = logging.getLogger(__name__)
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
 TOKEN_TOUCH_S = 60.0  # last_used is written at most this often per token, so a polling client costs no writes
 
+TRIAL_EXECUTIONS = """CREATE TABLE IF NOT EXISTS trial_executions (job_id TEXT PRIMARY KEY, study_id TEXT NOT NULL,
+    trial_id TEXT NOT NULL, execution INTEGER NOT NULL, status TEXT NOT NULL, metrics TEXT NOT NULL DEFAULT '{}',
+    best_step INTEGER, best_epoch INTEGER, created REAL NOT NULL)"""
 STUDY_TABLES = (
     """CREATE TABLE IF NOT EXISTS studies (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
     spec TEXT NOT NULL, description TEXT NOT NULL DEFAULT '', message TEXT, created REAL NOT NULL,
@@ -37,7 +40,8 @@ STUDY_TABLES = (
     """CREATE TABLE IF NOT EXISTS study_trials (study_id TEXT NOT NULL, trial_id TEXT NOT NULL, slot TEXT NOT NULL,
     job_id TEXT NOT NULL, status TEXT NOT NULL, trial_values TEXT NOT NULL, score REAL, message TEXT,
     metrics TEXT NOT NULL DEFAULT '{}', best_step INTEGER, created REAL NOT NULL, updated REAL NOT NULL,
-    PRIMARY KEY (study_id, trial_id))""",
+    hyperparameters TEXT, PRIMARY KEY (study_id, trial_id))""",
+    TRIAL_EXECUTIONS,
 )
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created REAL NOT NULL);
@@ -115,9 +119,28 @@ def _v5_studies(db: sqlite3.Connection) -> None:
         db.execute(table)
 
 
+def _v6_trial_executions(db: sqlite3.Connection) -> None:
+    """A trial runs KerasTuner's executions_per_trial fits, each its own job (tuning/studies.py), and keeps the
+    HyperParameters the oracle ended it with; each earlier trial's one job becomes its execution 0."""
+    _add_columns(db, "study_trials", (("hyperparameters", "TEXT"),))
+    db.execute(TRIAL_EXECUTIONS)
+    db.execute(
+        "INSERT OR IGNORE INTO trial_executions (job_id, study_id, trial_id, execution, status, metrics, best_step, "
+        "best_epoch, created) SELECT job_id, study_id, trial_id, 0, status, metrics, best_step, best_step, created "
+        "FROM study_trials"
+    )
+
+
 # Schema version N is reached by MIGRATIONS[N - 1]; a new change appends a step (never edits one) and the SCHEMA
 # above says what a new database holds at the latest version.
-MIGRATIONS = (_v1_token_ids, _v2_instance_enrollment_and_price, _v3_blob_use, _v4_blob_claims, _v5_studies)
+MIGRATIONS = (
+    _v1_token_ids,
+    _v2_instance_enrollment_and_price,
+    _v3_blob_use,
+    _v4_blob_claims,
+    _v5_studies,
+    _v6_trial_executions,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -422,12 +445,56 @@ class Store:
         self.db.execute(f"UPDATE studies SET {cols} WHERE id=?", (*fields.values(), study_id))
 
     def add_trial(self, study_id: str, trial_id: str, slot: str, job_id: str, values: dict[str, Any]) -> None:
+        """A trial (again, when the oracle retries it) running as `job_id`, its execution 0."""
         now = time.time()
+        with self.transaction():
+            self.db.execute(
+                "INSERT OR REPLACE INTO study_trials (study_id, trial_id, slot, job_id, status, trial_values, "
+                "created, updated) VALUES (?,?,?,?,?,?,?,?)",
+                (study_id, trial_id, slot, job_id, v.TRIAL_RUNNING, json.dumps(values), now, now),
+            )
+            self.db.execute(  # an earlier run's executions stay the trial's jobs (trial_of_jobs), out of this run
+                "UPDATE trial_executions SET execution=-1 WHERE study_id=? AND trial_id=?", (study_id, trial_id)
+            )
+            self._add_execution(study_id, trial_id, 0, job_id, now)
+
+    def add_execution(self, study_id: str, trial_id: str, execution: int, job_id: str) -> None:
+        """The trial's next execution runs as `job_id`: the trial's job from now on."""
+        now = time.time()
+        with self.transaction():
+            self._add_execution(study_id, trial_id, execution, job_id, now)
+            self.db.execute(
+                "UPDATE study_trials SET job_id=?, updated=? WHERE study_id=? AND trial_id=?",
+                (job_id, now, study_id, trial_id),
+            )
+
+    def _add_execution(self, study_id: str, trial_id: str, execution: int, job_id: str, now: float) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO study_trials (study_id, trial_id, slot, job_id, status, trial_values, created, "
-            "updated) VALUES (?,?,?,?,?,?,?,?)",
-            (study_id, trial_id, slot, job_id, v.TRIAL_RUNNING, json.dumps(values), now, now),
+            "INSERT OR REPLACE INTO trial_executions (job_id, study_id, trial_id, execution, status, created) "
+            "VALUES (?,?,?,?,?,?)",
+            (job_id, study_id, trial_id, execution, v.TRIAL_RUNNING, now),
         )
+
+    def update_execution(
+        self, job_id: str, status: str, metrics: dict[str, float], best_step: int | None, best_epoch: int | None
+    ) -> None:
+        """How an execution ended: its metrics at its best epoch, that epoch's index in its History (KerasTuner's
+        step) and its number in the job (what its checkpoint is named after: they differ from initial_epoch on)."""
+        self.db.execute(
+            "UPDATE trial_executions SET status=?, metrics=?, best_step=?, best_epoch=? WHERE job_id=?",
+            (status, json.dumps(metrics), best_step, best_epoch, job_id),
+        )
+
+    def executions(self, study_id: str) -> dict[str, list[ExecutionRecord]]:
+        """Trial id → its current run's executions, in order (an earlier run's, which the oracle retried, left out)."""
+        rows = self.db.execute(
+            "SELECT * FROM trial_executions WHERE study_id=? AND execution >= 0 ORDER BY trial_id, execution",
+            (study_id,),
+        )
+        out: dict[str, list[ExecutionRecord]] = {}
+        for row in rows.fetchall():
+            out.setdefault(row["trial_id"], []).append(ExecutionRecord.of(row))
+        return out
 
     def trials(self, study_id: str) -> list[TrialRecord]:
         rows = self.db.execute("SELECT * FROM study_trials WHERE study_id=? ORDER BY trial_id", (study_id,))
@@ -437,12 +504,12 @@ class Store:
         """job id → (study id, trial id) for the user's trial jobs (or that one job): the study's own table says
         which jobs are its trials, not what a job spec claims."""
         sql = (
-            "SELECT t.job_id, t.study_id, t.trial_id FROM study_trials t JOIN studies s ON s.id=t.study_id "
+            "SELECT e.job_id, e.study_id, e.trial_id FROM trial_executions e JOIN studies s ON s.id=e.study_id "
             "WHERE s.user_id=?"
         )
         args: tuple[Any, ...] = (user_id,)
         if job_id is not None:
-            sql, args = sql + " AND t.job_id=?", (user_id, job_id)
+            sql, args = sql + " AND e.job_id=?", (user_id, job_id)
         return {r[0]: (r[1], r[2]) for r in self.db.execute(sql, args).fetchall()}
 
     def update_trial(self, study_id: str, trial_id: str, **fields: Any) -> None:

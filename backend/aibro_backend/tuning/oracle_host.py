@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from aibro_core.models import OracleSpec
+from aibro_core.models import BoundedJson, OracleSpec, hyperparameters_config
 
 MAX_LINE = 1 << 20
 SLOT_PATTERN = r"^slot-[0-9]{1,3}$"
@@ -37,6 +37,9 @@ class OracleRequest(BaseModel):
     message: Annotated[str, Field(max_length=4000)] | None = None
     running: Annotated[dict[TrialId, Slot], Field(max_length=64)] = {}
     step: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    hyperparameters: (
+        Annotated[BoundedJson, AfterValidator(lambda value: hyperparameters_config(value, "hyperparameters"))] | None
+    ) = None  # end_trial: the trial's HyperParameters as its run left them (a HyperModel.fit may register more)
 
 
 class TrialState(BaseModel):
@@ -46,6 +49,7 @@ class TrialState(BaseModel):
     score: float | None = None
     best_step: int | None = None
     message: str | None = None
+    hyperparameters: dict[str, Any] | None = None  # its HyperParameters config: its space and values
 
 
 class OracleAnswer(BaseModel):
@@ -89,6 +93,7 @@ def trial_state(trial: Any) -> TrialState:
         score=None if trial.score is None else float(trial.score),
         best_step=None if trial.best_step is None else int(trial.best_step),
         message=trial.message,
+        hyperparameters=trial.hyperparameters.get_config(),
     )
 
 
@@ -121,6 +126,13 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
             return OracleAnswer(
                 ok=False, error=f"trial {trial.trial_id} is {trial.status} already", trial=trial_state(trial)
             )
+        if req.hyperparameters is not None:  # as KerasTuner's end_trial takes the tuner's copy of the trial's
+            import keras_tuner as kt
+
+            reported = kt.HyperParameters.from_config(req.hyperparameters)
+            given = trial.hyperparameters.values
+            if all(k in reported.values and reported.values[k] == val for k, val in given.items()):
+                trial.hyperparameters = reported  # end_trial's update_space then adds what the fit registered
         if req.metrics:
             oracle.update_trial(trial.trial_id, req.metrics, step=req.step)
         trial.status, trial.message = req.status, req.message

@@ -3,8 +3,14 @@ at most `parallel` at once, and each job's end is reported back to the oracle, u
 
 The driver is the backend's, not the kernel's: a study goes on with the kernel and the browser gone, and after a
 backend restart (the oracle's state and the trial→job table are both on disk). One slot per trial allowed to run at
-once is KerasTuner's `tuner_id`; a trial that fails is recorded with its error and the study goes on (KerasTuner
-stops it after `max_consecutive_failed_trials` failures in a row); cancelling a study cancels its running jobs.
+once is KerasTuner's `tuner_id`; a trial that fails is recorded with its error and the study goes on as KerasTuner's
+own search does (an error is an INVALID trial, retried `max_retries_per_trial` times; a FailedTrialError fails it at
+once; `max_consecutive_failed_trials` failures in a row stop the study); cancelling a study cancels its running jobs.
+
+With `executions_per_trial` N (issue 35), a trial is N fits of freshly built models, as KerasTuner's run_trial
+makes them: one job each, one after another in the trial's slot (so `parallel` still bounds the jobs at once, and
+each job keeps one fit's event log and History); the trial's metrics are each execution's metrics at its best
+epoch, averaged, and its step the mean of their best epochs, as KerasTuner's tuner_utils computes them.
 """
 
 from __future__ import annotations
@@ -12,20 +18,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
+import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
-from aibro_core.models import OracleSpec, Study, StudyTrial
+from aibro_core.models import Objective, OracleSpec, Study, StudyTrial, TrialCheckpoint, TrialExecution
 
 from ..api.base import ApiError
 from ..api.user import admit_job
 from ..scheduling.costs import job_costs
 from ..server.state import Backend
-from ..storage.records import JobRecord, StudyRecord, TrialRecord
+from ..storage.records import ExecutionRecord, JobRecord, StudyRecord, TrialRecord
 from .oracle_client import OracleHost, OracleUnavailable
 from .oracle_host import OracleRequest
 
@@ -41,7 +50,12 @@ def create_study(backend: Backend, uid: int, raw: dict[str, Any], spec: Any) -> 
     """Store a validated StudySpec (`spec`, from `raw`) and write its oracle's spec; the driver starts it."""
     study_id = "study-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
     OracleHost.create(study_dir(backend, study_id), spec.oracle)
-    stored = {"oracle": spec.oracle.model_dump(), "job": raw["job"], "parallel": spec.parallel}
+    stored = {
+        "oracle": spec.oracle.model_dump(),
+        "job": raw["job"],
+        "parallel": spec.parallel,
+        "executions_per_trial": spec.executions_per_trial,
+    }
     backend.store.create_study(study_id, uid, stored, spec.description)
     return study_id
 
@@ -63,10 +77,19 @@ def cancel_study(backend: Backend, study: StudyRecord) -> None:
     backend.scheduler.tick()
 
 
+def _checkpoint_view(found: tuple[str, int | None] | None) -> TrialCheckpoint | None:
+    return None if found is None else TrialCheckpoint(job_id=found[0], epoch=found[1])
+
+
+def executions_per_trial(study: StudyRecord) -> int:
+    return int(study.spec.get("executions_per_trial") or 1)
+
+
 def study_view(backend: Backend, study: StudyRecord) -> Study:
     trials = backend.store.trials(study.id)
+    executions = backend.store.executions(study.id)
     oracle = OracleSpec.model_validate(study.spec["oracle"])
-    sign = 1.0 if oracle.objective[0].direction == "min" else -1.0
+    sign = 1.0 if score_direction(oracle.objective) == "min" else -1.0
     scored = [t for t in trials if t.status == v.TRIAL_COMPLETED and t.score is not None]
     best = min(scored, key=lambda t: sign * float(t.score or 0.0)).trial_id if scored else None
     costs = job_costs(backend.store.instances(study.user_id), time.time())
@@ -79,6 +102,7 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
         objective=[o.model_dump() for o in oracle.objective],
         max_trials=oracle.max_trials,
         parallel=int(study.spec["parallel"]),
+        executions_per_trial=executions_per_trial(study),
         created=study.created,
         updated=study.updated,
         trials=[
@@ -91,11 +115,22 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
                 message=t.message,
                 metrics=t.metrics,
                 best_step=t.best_step,
+                executions=[
+                    TrialExecution(
+                        job_id=e.job_id,
+                        status=e.status,  # type: ignore[arg-type]
+                        metrics=e.metrics,
+                        best_step=e.best_step,
+                    )
+                    for e in executions.get(t.trial_id, [])
+                ],
+                checkpoint=_checkpoint_view(trial_checkpoint(executions.get(t.trial_id, []), oracle.objective)),
+                hyperparameters=t.hyperparameters,
             )
             for t in trials
         ],
         best_trial_id=best,
-        cost=sum(costs.get(t.job_id, 0.0) for t in trials),
+        cost=sum(costs.get(e.job_id, 0.0) for t in trials for e in executions.get(t.trial_id, [])),
     )
 
 
@@ -174,65 +209,110 @@ class StudyDriver:
             self._end_study(study, v.STUDY_COMPLETED, None)
 
     def _start_trial(self, study: StudyRecord, slot: str, trial_id: str, values: dict[str, Any], host: Any) -> None:
-        """The trial as a job of the study's user; a job the backend refuses for a limit waits for the next step
-        (the oracle hands the same trial to the slot again), one it refuses outright fails the trial."""
+        """The trial as a job of the study's user (its first execution); a job the backend refuses for a limit waits
+        for the next step (the oracle hands the same trial to the slot again), one it refuses outright ends the
+        study."""
         if self._final(study.id):  # cancelled while the oracle answered: nothing starts after a cancel
             return
+        job_id = self._admit(study, trial_id, self._trial_job(study, trial_id, values, 0))
+        if job_id is None:
+            return
+        self.backend.store.add_trial(study.id, trial_id, slot, job_id, values)
+        log.info("study %s: trial %s runs as %s (%s)", study.id, trial_id, job_id, slot)
+
+    def _start_execution(self, study: StudyRecord, trial: TrialRecord, execution: int) -> None:
+        """The trial's next execution, a fresh model fitted again with the same values, as its own job; refused
+        for a limit, the next step (which finds the trial's last job ended again) tries again."""
+        if self._final(study.id):
+            return
+        job_id = self._admit(study, trial.trial_id, self._trial_job(study, trial.trial_id, trial.values, execution))
+        if job_id is None:
+            return
+        self.backend.store.add_execution(study.id, trial.trial_id, execution, job_id)
+        log.info("study %s: trial %s execution %d runs as %s", study.id, trial.trial_id, execution, job_id)
+
+    def _trial_job(self, study: StudyRecord, trial_id: str, values: dict[str, Any], execution: int) -> dict[str, Any]:
+        """The job spec of one execution of a trial: the study's, with the trial's values (and Hyperband's round)."""
         job = dict(study.spec["job"])
-        job["trial"] = {**job["trial"], "values": values, "study_id": study.id, "trial_id": trial_id}
+        trial = {**job["trial"], "values": values, "study_id": study.id, "trial_id": trial_id}
         if "tuner/epochs" in values:  # Hyperband's round: these epochs, from where the earlier trial stopped
             job["fit"] = {
                 **job.get("fit", {}),
                 "epochs": int(values["tuner/epochs"]),
                 "initial_epoch": int(values.get("tuner/initial_epoch", 0)),
             }
-        earlier = values.get("tuner/trial_id")  # Hyperband: start from that trial's trained weights
+            if trial.get("fit_args") is not None:  # KerasTuner's Hyperband puts both in what fit is given
+                trial["fit_args"] = sorted({*trial["fit_args"], "epochs", "initial_epoch"})
+        earlier = values.get("tuner/trial_id")  # Hyperband: start from that trial's best checkpoint
         if earlier is not None:
-            known = {t.trial_id: t.job_id for t in self.backend.store.trials(study.id)}
-            if str(earlier) in known:
-                job["trial"]["resume_job"] = known[str(earlier)]
-        job["description"] = f"{study.description or study.id} · trial {trial_id}"
+            checkpoint = self._checkpoint(study, str(earlier))
+            if checkpoint is not None:
+                trial["resume_job"], trial["resume_epoch"] = checkpoint
+        job["trial"] = trial
+        n = executions_per_trial(study)
+        of = f" · execution {execution + 1} of {n}" if n > 1 else ""
+        job["description"] = f"{study.description or study.id} · trial {trial_id}{of}"
+        return job
+
+    def _checkpoint(self, study: StudyRecord, trial_id: str) -> tuple[str, int | None] | None:
+        """The job and epoch whose weights are the trial's checkpoint, as KerasTuner's SaveBestEpoch keeps one per
+        trial: the epoch with the best objective of all its executions (the first such); None for a trial that
+        never ran."""
+        runs = self.backend.store.executions(study.id).get(trial_id, [])
+        objective = OracleSpec.model_validate(study.spec["oracle"]).objective
+        return trial_checkpoint(runs, objective)
+
+    def _admit(self, study: StudyRecord, trial_id: str, job: dict[str, Any]) -> str | None:
         user = self.backend.store.user_name(study.user_id) or ""
         try:
-            job_id = admit_job(self.backend, study.user_id, user, job)
+            return admit_job(self.backend, study.user_id, user, job)
         except ApiError as exc:
             if exc.status != 429:  # refused outright (the policy changed since the study began): every trial would be
                 self._end_study(study, v.STUDY_FAILED, f"trial {trial_id}'s job was refused: {exc}")
-            return
-        self.backend.store.add_trial(study.id, trial_id, slot, job_id, values)
-        log.info("study %s: trial %s runs as %s (%s)", study.id, trial_id, job_id, slot)
+            return None
 
     async def _report(self, study: StudyRecord, host: OracleHost, trial: TrialRecord, job: JobRecord) -> None:
-        """Tell the oracle how the trial's job ended: its metrics at the best epoch by the objective (as KerasTuner
-        reports a History), or its error."""
+        """Record how the trial's latest execution ended; start its next one, or tell the oracle how the trial
+        ended: its executions' metrics at their best epochs averaged (as KerasTuner reports its Histories), or the
+        error that ended it (an INVALID trial, which the oracle retries as it would locally; a FailedTrialError
+        FAILED at once)."""
         store = self.backend.store
-        if job.status == v.COMPLETED:
-            metrics, best_step, why = best_epoch_metrics(store.typed_events(job.id, (v.EV_EPOCH,)), study)
-            status, message = ("COMPLETED", None) if why is None else ("FAILED", why)
+        ran = execution_result(store, study, job)
+        store.update_execution(job.id, ran.row_status, ran.metrics, ran.best_step, ran.best_epoch)
+        runs = store.executions(study.id).get(trial.trial_id, [])
+        wanted = executions_per_trial(study)
+        if ran.status == "COMPLETED" and len(runs) < wanted:
+            self._start_execution(study, trial, len(runs))
+            return
+        if ran.status == "COMPLETED":
+            done = [e for e in runs if e.status == v.TRIAL_COMPLETED]
+            metrics, best_step, message = average_metrics([e.metrics for e in done]), mean_step(done), None
         else:
-            errors = store.typed_events(job.id, (v.EV_ERROR,))
-            metrics, best_step, status = {}, None, "FAILED"
-            message = errors[-1]["data"].get("message") if errors else "the job was cancelled"
+            metrics, best_step = {}, None
+            message = f"execution {len(runs)} of {wanted}: {ran.message}" if wanted > 1 else ran.message
         got = await host.ask(
             OracleRequest(
                 op="end_trial",
                 trial_id=trial.trial_id,
-                status=status,
+                status=ran.status,
                 metrics=metrics,
                 step=best_step or 0,
                 message=message,
+                hyperparameters=ran.hyperparameters,
             )
         )
         ended = got.trial
-        store.update_trial(
-            study.id,
-            trial.trial_id,
-            status=v.TRIAL_COMPLETED if status == "COMPLETED" and ended and ended.score is not None else v.TRIAL_FAILED,
-            score=ended.score if ended else None,
-            message=message if status != "COMPLETED" else None,
-            metrics=json.dumps(metrics),
-            best_step=best_step,
-        )
+        completed = ended is not None and ended.status == "COMPLETED" and ended.score is not None
+        fields: dict[str, Any] = {
+            "status": v.TRIAL_COMPLETED if completed else v.TRIAL_FAILED,
+            "score": ended.score if ended else None,
+            "message": None if completed else (message or (ended.message if ended else None)),
+            "metrics": json.dumps(metrics),
+            "best_step": best_step,
+        }
+        if ended is not None:
+            fields.update(trial_values=json.dumps(ended.values), hyperparameters=json.dumps(ended.hyperparameters))
+        store.update_trial(study.id, trial.trial_id, **fields)
         if not got.ok and "already" not in (got.error or ""):
             self._end_study(study, v.STUDY_FAILED, got.error)
 
@@ -252,21 +332,126 @@ class StudyDriver:
         self.hosts.clear()
 
 
+@dataclass
+class ExecutionResult:
+    """How one execution's job ended, as KerasTuner's run_trial would have seen its fit end."""
+
+    status: str  # the oracle's: COMPLETED, INVALID (an error; retried as configured) or FAILED
+    metrics: dict[str, float] = field(default_factory=dict)
+    best_step: int | None = None  # the best epoch's index in the History
+    best_epoch: int | None = None  # its number in the job (0-based), past a Hyperband round's initial_epoch
+    message: str | None = None
+    hyperparameters: dict[str, Any] | None = None
+
+    @property
+    def row_status(self) -> str:
+        return v.TRIAL_COMPLETED if self.status == "COMPLETED" else v.TRIAL_FAILED
+
+
+def execution_result(store: Any, study: StudyRecord, job: JobRecord) -> ExecutionResult:
+    """What the execution's job reported: its metrics at its best epoch (or what its HyperModel.fit returned),
+    the trial's hyperparameters as its fit left them, or its error."""
+    objective = OracleSpec.model_validate(study.spec["oracle"]).objective
+    report = next(
+        (e["data"]["trial"] for e in reversed(store.typed_events(job.id, (v.EV_LOG,))) if e["data"].get("trial")), {}
+    )
+    hp = report.get("hyperparameters")
+    if job.status != v.COMPLETED:
+        errors = store.typed_events(job.id, (v.EV_ERROR,))
+        if not errors:
+            return ExecutionResult("FAILED", message="the job was cancelled", hyperparameters=hp)
+        message = str(errors[-1]["data"].get("message") or "the job failed")
+        failed = message.startswith("FailedTrialError")  # KerasTuner's way to fail a trial without retries
+        return ExecutionResult("FAILED" if failed else "INVALID", message=message, hyperparameters=hp)
+    if report.get("metrics") is not None or "value" in report:  # HyperModel.fit returned a dict or a number
+        returned = report.get("metrics")
+        if returned is None:
+            returned = {objective_name(objective): report.get("value")}
+        metrics = {k: math.nan if val is None else float(val) for k, val in returned.items()}
+        if objective_value(metrics, objective) is None:
+            why = f"HyperModel.fit returned no {objective_name(objective)!r} (it returned {sorted(metrics)})"
+            return ExecutionResult("FAILED", message=why, hyperparameters=hp)
+        return ExecutionResult("COMPLETED", metrics, None, hyperparameters=hp)  # no epoch: its step counts as 0
+    picture = JobPicture().apply_all(store.typed_events(job.id, (v.EV_EPOCH,)))
+    metrics, best_step, why = best_epoch_metrics(picture.keras_lists(), objective)
+    if why is not None or best_step is None:
+        return ExecutionResult("FAILED", message=why, hyperparameters=hp)
+    epochs = sorted(picture.epoch_logs())
+    best_epoch = epochs[best_step] if best_step < len(epochs) else None
+    return ExecutionResult("COMPLETED", metrics, best_step, best_epoch, hyperparameters=hp)
+
+
+def objective_name(objective: list[Objective]) -> str:
+    """KerasTuner's name of the objective: a MultiObjective's is 'multi_objective'."""
+    return objective[0].name if len(objective) == 1 else "multi_objective"
+
+
+def score_direction(objective: list[Objective]) -> str:
+    """Which way the score is better: the objective's, or 'min' for a MultiObjective (its score is a sum)."""
+    return objective[0].direction if len(objective) == 1 else "min"
+
+
+def objective_value(metrics: dict[str, Any], objective: list[Objective]) -> float | None:
+    """The objective's value in `metrics` as KerasTuner's Objective.get_value computes it (a MultiObjective's is
+    the sum of its minimized metrics less its maximized ones); None when a metric it needs is missing."""
+    if len(objective) == 1:
+        value = metrics.get(objective[0].name)
+        return None if value is None else float(value)
+    if any(metrics.get(o.name) is None for o in objective):
+        return None
+    return sum(float(metrics[o.name]) * (1.0 if o.direction == "min" else -1.0) for o in objective)
+
+
 def best_epoch_metrics(
-    epochs: list[dict[str, Any]], study: StudyRecord
+    history: dict[str, list[float]], objective: list[Objective]
 ) -> tuple[dict[str, float], int | None, str | None]:
-    """The trial's metrics at its best epoch by the study's first objective, and that epoch; or why there are
-    none."""
-    history = JobPicture().apply_all(epochs).history_dict()
-    objective = OracleSpec.model_validate(study.spec["oracle"]).objective[0]
-    values = history.get(objective.name) or []
-    if not values:
-        return (
-            {},
-            None,
-            f"the trial reported no {objective.name!r} (its metrics: {sorted(history)}): check the objective",
-        )
-    pick = min if objective.direction == "min" else max
-    best = pick(range(len(values)), key=lambda i: values[i])
-    metrics = {k: float(vals[best]) for k, vals in history.items() if best < len(vals) and vals[best] is not None}
+    """The metrics at the best epoch of a History (Keras' `history.history`) by the objective, the first best, and
+    that epoch's index, as KerasTuner picks them (tuner_utils); or why there are none. A value that was not finite
+    is left out."""
+    rows: dict[int, dict[str, float]] = {}
+    for name, values in history.items():
+        for i, value in enumerate(values):
+            if value is not None and math.isfinite(value):
+                rows.setdefault(i, {})[name] = float(value)
+    scored = [(i, objective_value(rows[i], objective)) for i in sorted(rows)]
+    found = [(i, value) for i, value in scored if value is not None]
+    if not found:
+        names = [o.name for o in objective]
+        named = names[0] if len(names) == 1 else names
+        return {}, None, f"the trial reported no {named!r} (its metrics: {sorted(history)}): check the objective"
+    better = (lambda a, b: a < b) if score_direction(objective) == "min" else (lambda a, b: a > b)
+    best, best_value = found[0]
+    for i, value in found[1:]:
+        if better(value, best_value):
+            best, best_value = i, value
+    metrics = dict(rows[best])
+    if len(objective) > 1:
+        metrics["multi_objective"] = best_value  # as KerasTuner adds the objective's value to the epoch's metrics
     return metrics, best, None
+
+
+def average_metrics(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the executions that reported it (KerasTuner's average_metrics_dicts)."""
+    names = {name for run in runs for name in run}
+    return {name: float(statistics.fmean(run[name] for run in runs if name in run)) for name in sorted(names)}
+
+
+def mean_step(runs: list[ExecutionRecord]) -> int:
+    """The trial's step: the mean of its executions' best epochs, truncated (KerasTuner's get_best_step)."""
+    return int(statistics.mean(e.best_step or 0 for e in runs)) if runs else 0
+
+
+def trial_checkpoint(runs: list[ExecutionRecord], objective: list[Objective]) -> tuple[str, int | None] | None:
+    """(job, epoch) of a trial's checkpoint: its completed execution with the best objective at its best epoch,
+    the first on a tie, as KerasTuner's one SaveBestEpoch per trial keeps the best epoch of all its executions.
+    The epoch is None for an execution whose HyperModel.fit returned a value (its job's final model then)."""
+    better = (lambda a, b: a < b) if score_direction(objective) == "min" else (lambda a, b: a > b)
+    best: tuple[str, int | None] | None = None
+    best_value: float | None = None
+    for run in runs:
+        value = objective_value(run.metrics, objective)
+        if run.status != v.TRIAL_COMPLETED or value is None:
+            continue
+        if best_value is None or better(value, best_value):
+            best, best_value = (run.job_id, run.best_epoch), value
+    return best

@@ -204,16 +204,21 @@ class Worker:
         fit = dict(spec["fit"])
         if isinstance(fit.get("class_weight"), dict):  # JSON keys are text; Keras looks classes up by integer
             fit["class_weight"] = {int(k): float(w) for k, w in fit["class_weight"].items()}
+        trial = None  # a study trial's build, kept for its fit (worker/trialbuild.py)
         if resume:
             model_path = self.fetch_artifact(job_id, resume["checkpoint"])
             fit["initial_epoch"] = resume["epoch"]
             outbox.put(v.EV_LOG, {"message": f"resuming from {resume['checkpoint']} at epoch {resume['epoch']}"})
+            if spec.get("trial"):  # a study trial fits on as its first attempt did
+                from .trialbuild import trial_run
+
+                trial = trial_run(spec["trial"])
         elif spec.get("trial"):
             from .trialbuild import build_trial_model
 
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
-            build_trial_model(spec["trial"], model_path, self.fetch_earlier_model)
+            trial = build_trial_model(spec["trial"], model_path, self.fetch_earlier_model)
             if spec["trial"].get("resume_job"):
                 earlier = f"trial {spec['trial']['values'].get('tuner/trial_id')} ({spec['trial']['resume_job']})"
                 outbox.put(v.EV_LOG, {"message": f"starting from the trained weights of {earlier}"})
@@ -291,7 +296,7 @@ class Worker:
         try:
             try:
                 with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
-                    model.fit(
+                    (trial.fit_call(model) if trial is not None else model.fit)(
                         x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit
                     )
                 self._releasing = keep.release_in_background()
@@ -309,6 +314,8 @@ class Worker:
             return v.OUTCOME_CANCELED, None
         if events.resume_at is not None:
             return self._interrupted(outbox, events.resume_at)
+        if trial is not None:  # the study reads the trial's hyperparameters (and what a HyperModel.fit returned)
+            outbox.put(v.EV_LOG, trial.report_event())
         self._status(outbox, v.RETURNING)
         self._upload_model(model, job_id, attempt, "model.keras", spec.get("objects") or {})
         for path in sorted(tb_dir.rglob("*")):
@@ -419,10 +426,12 @@ class Worker:
         os.replace(tmp, dest)
         return dest
 
-    def fetch_earlier_model(self, job_id: str) -> Path:
-        """The trained model of the earlier study trial this one resumes (the backend allows that one job)."""
+    def fetch_earlier_model(self, job_id: str, epoch: int | None = None) -> Path:
+        """The earlier study trial this one resumes: its checkpoint at `epoch`, else its trained model (the backend
+        allows that one file of that one job)."""
         dest = self.workdir / "earlier.keras"
-        self._download(f"/worker/jobs/{job_id}/artifacts/model.keras", dest, "earlier trial's model")
+        name = "model.keras" if epoch is None else v.checkpoint_name(epoch)
+        self._download(f"/worker/jobs/{job_id}/artifacts/{name}", dest, "earlier trial's model")
         return dest
 
     def fetch_artifact(self, job_id: str, name: str) -> Path:
