@@ -15,10 +15,13 @@ Keras saves them."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import inspect
 import sys
 import types
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +29,8 @@ import numpy as np
 
 from aibro_core.kerasfile import init_of, rebuildable, saved_as
 
-from .argcodec import check_importable, function_ref, is_keras_object, module_of, name_in_module
-from .cellcode import MAIN_MODULE
+from .argcodec import check_importable, function_ref, is_closure, is_keras_object, module_of, name_in_module
+from .cellcode import MAIN_MODULE, is_cell_object, is_lambda, travel_name
 from .errors import ValidationError
 from .randomstate import random_state_kept
 from .rebuildplan import assigned_attributes
@@ -45,10 +48,21 @@ class NamePlan:
     travel: list[Any] = field(default_factory=list)
     local: dict[str, Any] = field(default_factory=dict)
     swaps: list[tuple[Any, type]] = field(default_factory=list)
+    lambdas: list[tuple[Any, Any]] = field(default_factory=list)  # (Lambda layer, its lambda under a name)
 
-    def saved_as(self) -> Any:
-        """The block in which the model's composites save as their rebuildable classes."""
-        return saved_as(self.swaps)
+    @contextlib.contextmanager
+    def saved_as(self) -> Iterator[None]:
+        """The block in which the model's composites save as their rebuildable classes, and a Lambda layer's lambda
+        as a function of a name (so Keras records that name, not the lambda's bytecode)."""
+        kept = [(layer, layer.function) for layer, _ in self.lambdas]
+        try:
+            for layer, named in self.lambdas:
+                layer.function = named
+            with saved_as(self.swaps):
+                yield
+        finally:
+            for layer, function in kept:
+                layer.function = function
 
 
 def plan_names(
@@ -61,6 +75,8 @@ def plan_names(
     plan = NamePlan()
     for obj, cls, init in composites(model):
         plan.swaps.append((obj, rebuildable(cls, init)))
+    ns = namespace if namespace is not None else vars(sys.modules["__main__"])
+    _name_lambdas(model, plan, ns)
     with plan.saved_as():
         try:
             config = keras.saving.serialize_keras_object(model)
@@ -71,7 +87,8 @@ def plan_names(
             ) from None
     composite_init = {type(obj): cls for obj, cls in plan.swaps}
     live = _live_objects(model)
-    ns = namespace if namespace is not None else vars(sys.modules["__main__"])
+    for _, named in plan.lambdas:
+        live[named.__name__].append(named)
     for where, node in _config_nodes([("model", config), *(extra or [])]):
         recorded = _recorded(node)
         if recorded is None:
@@ -82,6 +99,34 @@ def plan_names(
             continue
         _add(plan, name, obj, composite_init, where, ns)
     return plan
+
+
+def _name_lambdas(model: Any, plan: NamePlan, ns: dict[str, Any]) -> None:
+    """A Lambda layer over a lambda written in a cell travels as that lambda's source, under the name of the variable
+    holding it (or one made from its text), instead of Keras' bytecode, whose globals on the worker would not be the
+    notebook's (`tf`, `ops`...). It still needs --unsafe: Keras refuses a Lambda's lambda in safe mode."""
+    import keras
+
+    for layer in _layers(model):
+        function = getattr(layer, "function", None)
+        if not isinstance(layer, keras.layers.Lambda) or not is_lambda(function):
+            continue
+        if not is_cell_object(function) and not is_closure(function):
+            continue  # a lambda of an installed module keeps Keras' own bytecode
+        name = travel_name(function, ns) if not is_closure(function) else _closure_lambda_name(function)
+        named = types.FunctionType(
+            function.__code__, function.__globals__, name, function.__defaults__, function.__closure__
+        )
+        plan.lambdas.append((layer, named))
+        plan.local[name] = function
+        ref = function_ref(function, f"Lambda layer '{layer.name}'", plan.travel, ns)
+        plan.refs[name] = {"closure": ref["__closure__"]} if "__closure__" in ref else {"ref": ref["__function__"]}
+
+
+def _closure_lambda_name(function: Any) -> str:
+    """A name for a lambda made inside a function, the same in every run (so the saved model is the same bytes)."""
+    where = f"{function.__module__}:{function.__qualname__}:{function.__code__.co_firstlineno}"
+    return f"_lambda_{hashlib.sha256(where.encode()).hexdigest()[:10]}"
 
 
 def _recorded(node: dict[str, Any]) -> tuple[str, str] | None:

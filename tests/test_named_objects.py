@@ -299,3 +299,22 @@ def test_a_lambda_layer_over_a_named_function_needs_no_unsafe_mode(tmp_path: Pat
     with zipfile.ZipFile(tmp_path / "model.keras") as z:
         assert "doubled" in z.read("config.json").decode()
     assert saved.layers[0].function is doubled
+
+
+def test_a_lambda_in_a_lambda_layer_travels_as_source_with_its_globals(tmp_path: Path) -> None:
+    """With --unsafe Keras would save the lambda's bytecode and load it with its own module's globals (no `ops`
+    there); it travels as source instead, so it runs on the worker as in the kernel."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda t: ops.square(t) + 1.0)])
+    model.compile("adam", "mse")
+    names = plan_names(model)
+    (name,) = names.refs
+    assert name.startswith("_lambda_") and names.refs[name]["closure"]["name"] == "<lambda>"
+    assert not isinstance(model.layers[0].function, type(None)) and model.layers[0].function.__name__ == "<lambda>"
+    bundle = Bundle(tmp_path)
+    save_model(model, bundle, names, safe_mode=False)
+    with zipfile.ZipFile(tmp_path / "model.keras") as z:
+        assert "__lambda__" not in z.read("config.json").decode()
+    with keras_notes_quiet():
+        loaded = keras.saving.load_model(tmp_path / "model.keras", custom_objects=resolve(names.refs), safe_mode=True)
+    x = np.arange(8, dtype="float32").reshape(2, 4)
+    assert np.allclose(loaded.predict(x, verbose=0), x**2 + 1.0)
