@@ -413,11 +413,9 @@ class TerminateOnNaNCallback(Request):
     config: TerminateOnNaNConfig = Field(default_factory=TerminateOnNaNConfig)
 
 
-def _bounded_json(value: dict[str, Any]) -> dict[str, Any]:
-    """Arguments are plain JSON with three marked forms ({"__path__"}, {"__function__"}, {"__float__"}); the worker
-    rebuilds the callback from them. Bounded here: 64 KiB and 8 levels."""
-    if len(json.dumps(value)) > MAX_CALLBACK_CONFIG_CHARS:
-        raise ValueError(f"is over {MAX_CALLBACK_CONFIG_CHARS} characters as JSON")
+def _json_within(value: Any, chars: int, levels: int) -> Any:
+    if len(json.dumps(value)) > chars:
+        raise ValueError(f"is over {chars} characters as JSON")
 
     def depth(v: Any) -> int:
         if isinstance(v, dict):
@@ -426,9 +424,15 @@ def _bounded_json(value: dict[str, Any]) -> dict[str, Any]:
             return 1 + max((depth(x) for x in v), default=0)
         return 0
 
-    if depth(value) > 10:
-        raise ValueError("nests more than 10 levels deep")
+    if depth(value) > levels:
+        raise ValueError(f"nests more than {levels} levels deep")
     return value
+
+
+def _bounded_json(value: dict[str, Any]) -> dict[str, Any]:
+    """Arguments are plain JSON with marked forms (argcodec.py: {"__path__"}, {"__function__"}, {"__float__"}...);
+    the worker rebuilds the callback from them. Bounded here: 64 KiB and 10 levels."""
+    return _json_within(value, MAX_CALLBACK_CONFIG_CHARS, 10)
 
 
 CallbackConfig = Annotated[
@@ -586,19 +590,7 @@ MAX_OBJECTS_CHARS = 1 << 20
 
 def _bounded_values(value: Any) -> Any:
     """A closure's values (small arrays included) and defaults: 1 MiB of JSON and 12 levels at most."""
-    if len(json.dumps(value)) > MAX_OBJECTS_CHARS:
-        raise ValueError(f"is over {MAX_OBJECTS_CHARS} characters as JSON")
-
-    def depth(v: Any) -> int:
-        if isinstance(v, dict):
-            return 1 + max((depth(x) for x in v.values()), default=0)
-        if isinstance(v, list):
-            return 1 + max((depth(x) for x in v), default=0)
-        return 0
-
-    if depth(value) > 12:
-        raise ValueError("nests more than 12 levels deep")
-    return value
+    return _json_within(value, MAX_OBJECTS_CHARS, 12)
 
 
 def _python_names(value: dict[str, Any]) -> dict[str, Any]:
