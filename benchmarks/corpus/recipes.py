@@ -410,8 +410,10 @@ RECIPES: list[Recipe] = [
             ),
             ("epochs = 10", "epochs = 2"),
             ("plt.matshow(data.corr())", "plt.matshow(data.corr(numeric_only=True))"),
+            ('path_checkpoint = "model_checkpoint.h5"', 'path_checkpoint = "model_checkpoint.weights.h5"'),
         ),
-        why="pandas 2 no longer skips the 'Date Time' strings in DataFrame.corr() (numeric_only=True); "
+        why="Keras 3 ModelCheckpoint(save_weights_only=True) needs a name ending in .weights.h5; pandas 2 no "
+        "longer skips the 'Date Time' strings in DataFrame.corr() (numeric_only=True); "
         "6000 rows of Jena-shaped weather (enough for 720-step windows in both splits)",
     ),
     Recipe(
