@@ -86,8 +86,11 @@ def sentence(rng: np.random.Generator, label: int, length: int = 30) -> str:
     return " ".join(words)
 
 
-def text_folders(root: str, splits: tuple[str, ...] = ("train", "test"), per_class: int = 64) -> str:
-    """The aclImdb layout: ROOT/{train,test}/{neg,pos}/N.txt with short reviews."""
+def text_folders(
+    root: str, splits: tuple[str, ...] = ("train", "test"), per_class: int = 64, vocabulary: int = 0
+) -> str:
+    """The aclImdb layout: ROOT/{train,test}/{neg,pos}/N.txt with short reviews; with `vocabulary`, one more review
+    holding that many distinct words, so a vocabulary sized for IMDB fills up as it does on the real data."""
     rng = _rng(5)
     for split in splits:
         for label, name in ((0, "neg"), (1, "pos")):
@@ -95,6 +98,9 @@ def text_folders(root: str, splits: tuple[str, ...] = ("train", "test"), per_cla
             d.mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
                 (d / f"{i}_{label}.txt").write_text(sentence(rng, label) + "<br />")
+    if vocabulary:
+        words = " ".join(f"w{i}" for i in range(vocabulary))
+        (Path(root) / splits[0] / "pos" / "vocabulary_1.txt").write_text(words)
     return root
 
 
