@@ -4,6 +4,8 @@ runs before, the call, what runs after."""
 from __future__ import annotations
 
 import ast
+import hashlib
+import linecache
 from dataclasses import dataclass
 
 from .errors import ValidationError
@@ -15,6 +17,15 @@ class SplitCell:
     call: ast.Call
     target: ast.expr | None
     after: list[ast.stmt]
+    filename: str = "<cloud_fit>"  # what its statements are compiled as: its source is there for linecache
+
+
+def remembered(source: str) -> str:
+    """A file name for the cell's source that linecache (and so inspect) answers for, as IPython does for its own
+    cells: a class or function the cell defines before its fit travels as that source."""
+    filename = f"<cloud-cell-{hashlib.sha256(source.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return filename
 
 
 def _calls(node: ast.AST, method: str) -> list[ast.Call]:
@@ -56,4 +67,4 @@ def split_cell(source: str, method: str = "fit", magic: str = "%%cloud_fit") -> 
     inner = _calls(call.func, method) + [c for a in (*call.args, *call.keywords) for c in _calls(a, method)]
     if inner:
         raise ValidationError(f"a `.{method}(...)` call may not contain another `.{method}(...)` call")
-    return SplitCell(tree.body[:index], call, target, tree.body[index + 1 :])
+    return SplitCell(tree.body[:index], call, target, tree.body[index + 1 :], remembered(source))

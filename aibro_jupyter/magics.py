@@ -84,9 +84,9 @@ class CloudMagics(Magics):
     async def _cloud_fit_steps(self, args: Any, cell: str) -> Any:
         ns = self.shell.user_ns
         split = split_cell(self.shell.transform_cell(cell))
-        _exec(split.before, ns)
+        _exec(split.before, ns, split.filename)
         model, model_src = self._receiver(split, ns)
-        fit_args = _bind_fit(split.call, ns)
+        fit_args = _bind_fit(split.call, ns, split.filename)
         machines = args.machine
         cool_down = args.cool_down if args.cool_down is not None else (self.default_cool_down or 0)
         if machines is None and self.default_machines:
@@ -138,7 +138,7 @@ class CloudMagics(Magics):
                 ns["__aibro_history__"] = history
                 _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_history__", ast.Load()))], ns)
                 ns.pop("__aibro_history__", None)
-            return _exec_returning_last(split.after, ns)
+            return _exec_returning_last(split.after, ns, split.filename)
 
     @magic_arguments()
     @argument("--machine", "-m", default=None, help="ordered machine list each trial runs on, e.g. local-cpu")
@@ -180,11 +180,11 @@ class CloudMagics(Magics):
 
         ns = self.shell.user_ns
         split = split_cell(self.shell.transform_cell(cell), "search", "%%cloud_tune")
-        _exec(split.before, ns)
+        _exec(split.before, ns, split.filename)
         if not isinstance(split.call.func, ast.Attribute):
             raise ValidationError("write the search as `tuner.search(x, y, epochs=...)`")
-        tuner, tuner_src = _eval(split.call.func.value, ns), ast.unparse(split.call.func.value)
-        fit_args = _bind_fit(split.call, ns)
+        tuner, tuner_src = _eval(split.call.func.value, ns, split.filename), ast.unparse(split.call.func.value)
+        fit_args = _bind_fit(split.call, ns, split.filename)
         search_args = set(fit_args)  # what a HyperModel's own fit is given, as from tuner.search
         machines = args.machine or (",".join(self.default_machines) if self.default_machines else None)
         cool_down = args.cool_down if args.cool_down is not None else (self.default_cool_down or 0)
@@ -220,7 +220,7 @@ class CloudMagics(Magics):
             ns["__aibro_search__"] = None  # what tuner.search returns
             _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_search__", ast.Load()))], ns)
             ns.pop("__aibro_search__", None)
-        return _exec_returning_last(split.after, ns)
+        return _exec_returning_last(split.after, ns, split.filename)
 
     def _receiver(self, split: SplitCell, ns: dict[str, Any]) -> tuple[Any, str]:
         import keras
@@ -228,7 +228,7 @@ class CloudMagics(Magics):
         func = split.call.func
         assert isinstance(func, ast.Attribute)
         src = ast.unparse(func.value)
-        value = _eval(func.value, ns)
+        value = _eval(func.value, ns, split.filename)
         if not isinstance(value, keras.Model):
             raise ValidationError(
                 f"`{src}.fit(...)`: `{src}` is a {type(value).__module__}.{type(value).__name__}, not a Keras model; "
@@ -509,42 +509,42 @@ class _Stop(Exception):
     """Ends the watcher thread after a detach."""
 
 
-def _exec(stmts: list[ast.stmt], ns: dict[str, Any]) -> None:
+def _exec(stmts: list[ast.stmt], ns: dict[str, Any], filename: str = "<cloud_fit>") -> None:
     if stmts:
         module = ast.fix_missing_locations(ast.Module(body=stmts, type_ignores=[]))
-        exec(compile(module, "<cloud_fit>", "exec"), ns)  # noqa: S102 - the user's own cell, in their kernel
+        exec(compile(module, filename, "exec"), ns)  # noqa: S102 - the user's own cell, in their kernel
 
 
-def _eval(node: ast.expr, ns: dict[str, Any]) -> Any:
+def _eval(node: ast.expr, ns: dict[str, Any], filename: str = "<cloud_fit>") -> Any:
     expr = ast.fix_missing_locations(ast.Expression(body=node))
-    return eval(compile(expr, "<cloud_fit>", "eval"), ns)  # noqa: S307 - the user's own cell
+    return eval(compile(expr, filename, "eval"), ns)  # noqa: S307 - the user's own cell
 
 
-def _exec_returning_last(stmts: list[ast.stmt], ns: dict[str, Any]) -> Any:
+def _exec_returning_last(stmts: list[ast.stmt], ns: dict[str, Any], filename: str = "<cloud_fit>") -> Any:
     """Run the statements after the fit; like a cell, the value of a final expression is returned."""
     if stmts and isinstance(stmts[-1], ast.Expr):
-        _exec(stmts[:-1], ns)
-        return _eval(stmts[-1].value, ns)
-    _exec(stmts, ns)
+        _exec(stmts[:-1], ns, filename)
+        return _eval(stmts[-1].value, ns, filename)
+    _exec(stmts, ns, filename)
     return None
 
 
-def _bind_fit(call: ast.Call, ns: dict[str, Any]) -> dict[str, Any]:
+def _bind_fit(call: ast.Call, ns: dict[str, Any], filename: str = "<cloud_fit>") -> dict[str, Any]:
     """The fit call's arguments, evaluated here and bound to keras.Model.fit's signature."""
     import keras
 
     args = []
     for a in call.args:
         if isinstance(a, ast.Starred):
-            args.extend(_eval(a.value, ns))
+            args.extend(_eval(a.value, ns, filename))
         else:
-            args.append(_eval(a, ns))
+            args.append(_eval(a, ns, filename))
     kwargs: dict[str, Any] = {}
     for kw in call.keywords:
         if kw.arg is None:
-            kwargs.update(_eval(kw.value, ns))
+            kwargs.update(_eval(kw.value, ns, filename))
         else:
-            kwargs[kw.arg] = _eval(kw.value, ns)
+            kwargs[kw.arg] = _eval(kw.value, ns, filename)
     sig = inspect.signature(keras.Model.fit)
     try:
         bound = sig.bind(None, *args, **kwargs)

@@ -123,6 +123,7 @@ def history_from(view: JobView, params: dict[str, Any], model: Any = None) -> An
     hist.params = params
     if model is not None:
         hist.set_model(model)
+        model.history = hist  # as Keras' own fit leaves it (History.on_epoch_end), for `model.history.history[...]`
     return hist
 
 

@@ -304,3 +304,34 @@ def test_the_same_cell_without_the_magic_does_the_same_locally(kernel) -> None: 
     assert (
         shapes[0] == shapes[1] == ("SHAPE History [0, 1] ['accuracy', 'loss', 'val_accuracy', 'val_loss'] 2 10 True 20")
     ), shapes
+
+
+def test_what_the_cell_itself_defines_travels_and_model_history_is_set(kernel) -> None:  # noqa: ANN001
+    """A callback class, the function it calls and a lambda written in the %%cloud_fit cell itself, before its fit
+    (keras.io's callbacks guide does so) travel as that cell's source; `model.history` is the History afterwards, as
+    Keras' own fit leaves it."""
+    res = run_cell(
+        kernel,
+        """%%cloud_fit -m local-cpu --cool-down 900 --quiet
+class Says(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        print("SAYS", epoch, tenfold(2))
+
+def tenfold(v):
+    return v * 10
+
+m2 = build()
+m2.fit(x_train[:320], y_train[:320], epochs=2, batch_size=32, verbose=0,
+       callbacks=[Says(), keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: print("LAMBDA", e))])
+print("HIST", sorted(m2.history.history), m2.history.epoch, m2.history.model is m2)
+""",
+    )
+    assert not res.error, res.error
+    shown = [line for line in res.stdout.splitlines() if line.startswith(("SAYS", "LAMBDA", "HIST"))]
+    assert shown == [
+        "SAYS 0 20",
+        "LAMBDA 0",
+        "SAYS 1 20",
+        "LAMBDA 1",
+        "HIST ['accuracy', 'loss'] [0, 1] True",
+    ], res.stdout
