@@ -136,6 +136,9 @@ def closure_ref(fn: Any, where: str, objects: list[Any], namespace: dict[str, An
         "line": fn.__code__.co_firstlineno - outer_code.co_firstlineno,
         "cells": cells,
     }
+    nth = [c for c in inner_codes(outer_code) if _same_place(c, fn.__code__)].index(fn.__code__)
+    if nth:
+        ref["nth"] = nth  # the second lambda on one line
     if fn.__defaults__:
         ref["defaults"] = [_cell(v, f"{inner}, a default", objects, namespace) for v in fn.__defaults__]
     if fn.__kwdefaults__:
@@ -157,7 +160,21 @@ def _cell(value: Any, where: str, objects: list[Any], namespace: dict[str, Any] 
 
 
 def _holds(code: types.CodeType, inner: types.CodeType) -> bool:
-    return any(c is inner or (isinstance(c, types.CodeType) and _holds(c, inner)) for c in code.co_consts)
+    return any(c is inner for c in inner_codes(code))
+
+
+def inner_codes(code: types.CodeType) -> list[types.CodeType]:
+    """Every code object compiled inside `code`, depth first in the order they stand (the worker walks the same)."""
+    found = []
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found.append(const)
+            found += inner_codes(const)
+    return found
+
+
+def _same_place(a: types.CodeType, b: types.CodeType) -> bool:
+    return a.co_name == b.co_name and a.co_firstlineno == b.co_firstlineno
 
 
 def _top_level(module: str, qualname: str, namespace: dict[str, Any] | None) -> Any:

@@ -107,13 +107,31 @@ def check_model(model: Any, safe_mode: bool = True) -> None:
         raise ValidationError(
             f"model '{model.name}' is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) first"
         )
+    if not safe_mode:
+        return
     for layer in all_layers(model):
-        if isinstance(layer, keras.layers.Lambda) and safe_mode and is_lambda(layer.function):
+        if isinstance(layer, keras.layers.Lambda) and is_lambda(layer.function):
             raise ValidationError(
                 f"layer '{layer.name}' is a Lambda layer over a lambda, which Keras saves as Python bytecode and loads "
                 "only with safe_mode=False: opt out with safe_mode=False (`--unsafe` in %%cloud_fit) if you trust "
                 "this code, or give it a named function (def ...: Keras saves that by name)"
             )
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    for key in ("loss", "metrics", "weighted_metrics"):
+        if any(is_lambda(f) for f in _flatten(compiled.get(key))):
+            raise ValidationError(
+                f"compile()'s {key} holds a lambda, which Keras saves as Python bytecode and loads only with "
+                "safe_mode=False: opt out with safe_mode=False (`--unsafe` in %%cloud_fit) if you trust this code, "
+                "or give it a named function (def ...: Keras saves that by name)"
+            )
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flatten(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flatten(v)]
+    return [value]
 
 
 def all_layers(model: Any) -> list[Any]:

@@ -48,21 +48,33 @@ class NamePlan:
     travel: list[Any] = field(default_factory=list)
     local: dict[str, Any] = field(default_factory=dict)
     swaps: list[tuple[Any, type]] = field(default_factory=list)
-    lambdas: list[tuple[Any, Any]] = field(default_factory=list)  # (Lambda layer, its lambda under a name)
+    lambdas: list[tuple[Any, str, Any]] = field(default_factory=list)  # (holder, key, the value with named lambdas)
 
     @contextlib.contextmanager
     def saved_as(self) -> Iterator[None]:
-        """The block in which the model's composites save as their rebuildable classes, and a Lambda layer's lambda
-        as a function of a name (so Keras records that name, not the lambda's bytecode)."""
-        kept = [(layer, layer.function) for layer, _ in self.lambdas]
+        """The block in which the model's composites save as their rebuildable classes, and its lambdas (a Lambda
+        layer's, compile()'s losses and metrics) as functions of a name (so Keras records that name, not the lambda's
+        bytecode)."""
+        kept = [(holder, key, _get(holder, key)) for holder, key, _ in self.lambdas]
         try:
-            for layer, named in self.lambdas:
-                layer.function = named
+            for holder, key, named in self.lambdas:
+                _set(holder, key, named)
             with saved_as(self.swaps):
                 yield
         finally:
-            for layer, function in kept:
-                layer.function = function
+            for holder, key, value in kept:
+                _set(holder, key, value)
+
+
+def _get(holder: Any, key: str) -> Any:
+    return holder[key] if isinstance(holder, dict) else getattr(holder, key)
+
+
+def _set(holder: Any, key: str, value: Any) -> None:
+    if isinstance(holder, dict):
+        holder[key] = value
+    else:
+        setattr(holder, key, value)
 
 
 def plan_names(
@@ -87,8 +99,8 @@ def plan_names(
             ) from None
     composite_init = {type(obj): cls for obj, cls in plan.swaps}
     live = _live_objects(model)
-    for _, named in plan.lambdas:
-        live[named.__name__].append(named)
+    for name in [n for n, obj in plan.local.items() if is_lambda(obj)]:
+        live[name].append(plan.local[name])
     for where, node in _config_nodes([("model", config), *(extra or [])]):
         recorded = _recorded(node)
         if recorded is None:
@@ -102,30 +114,58 @@ def plan_names(
 
 
 def _name_lambdas(model: Any, plan: NamePlan, ns: dict[str, Any]) -> None:
-    """A Lambda layer over a lambda written in a cell travels as that lambda's source, under the name of the variable
-    holding it (or one made from its text), instead of Keras' bytecode, whose globals on the worker would not be the
-    notebook's (`tf`, `ops`...). It still needs --unsafe: Keras refuses a Lambda's lambda in safe mode."""
+    """A lambda written in a cell (or inside a function) that Keras would save as bytecode (a Lambda layer's, a loss
+    or metric given to compile()) travels as its source instead, under the name of the variable holding it (or one
+    made from its text): Keras' bytecode would run on the worker with Keras' globals, not the notebook's (`tf`,
+    `ops`...). It still needs --unsafe, as Keras' own load of a lambda does (bundle.check_model)."""
     import keras
 
     for layer in _layers(model):
-        function = getattr(layer, "function", None)
-        if not isinstance(layer, keras.layers.Lambda) or not is_lambda(function):
-            continue
-        if not is_cell_object(function) and not is_closure(function):
-            continue  # a lambda of an installed module keeps Keras' own bytecode
-        name = travel_name(function, ns) if not is_closure(function) else _closure_lambda_name(function)
-        named = types.FunctionType(
-            function.__code__, function.__globals__, name, function.__defaults__, function.__closure__
-        )
-        plan.lambdas.append((layer, named))
-        plan.local[name] = function
-        ref = function_ref(function, f"Lambda layer '{layer.name}'", plan.travel, ns)
-        plan.refs[name] = {"closure": ref["__closure__"]} if "__closure__" in ref else {"ref": ref["__function__"]}
+        if isinstance(layer, keras.layers.Lambda):
+            named = _named(getattr(layer, "function", None), f"Lambda layer '{layer.name}'", plan, ns)
+            if named is not None:
+                plan.lambdas.append((layer, "function", named))
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None)
+    if isinstance(compiled, dict):
+        for key in ("loss", "metrics", "weighted_metrics"):
+            value = compiled.get(key)
+            renamed = _renamed(value, f"compile()'s {key}", plan, ns)
+            if renamed is not value:
+                plan.lambdas.append((compiled, key, renamed))
 
 
-def _closure_lambda_name(function: Any) -> str:
+def _renamed(value: Any, where: str, plan: NamePlan, ns: dict[str, Any]) -> Any:
+    """`value` (a function, or lists and dicts of them) with its travelling lambdas named; itself if it has none."""
+    if isinstance(value, (list, tuple)):
+        items = [_renamed(v, where, plan, ns) for v in value]
+        return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value
+    if isinstance(value, dict):
+        items_d = {k: _renamed(v, where, plan, ns) for k, v in value.items()}
+        return items_d if any(items_d[k] is not value[k] for k in value) else value
+    named = _named(value, where, plan, ns)
+    return value if named is None else named
+
+
+def _named(function: Any, where: str, plan: NamePlan, ns: dict[str, Any]) -> Any:
+    """A copy of a travelling lambda under its travel name (its source travels, found by that name), else None."""
+    if not is_lambda(function) or not (is_cell_object(function) or is_closure(function)):
+        return None  # not a lambda, or one of an installed module: Keras' own bytecode
+    ref = function_ref(function, where, plan.travel, ns)
+    if "__closure__" in ref:
+        name = _closure_lambda_name(function, ref["__closure__"])
+        plan.refs[name] = {"closure": ref["__closure__"]}
+    else:
+        name = travel_name(function, ns)
+        plan.refs[name] = {"ref": ref["__function__"]}
+    plan.local[name] = function
+    return types.FunctionType(
+        function.__code__, function.__globals__, name, function.__defaults__, function.__closure__
+    )
+
+
+def _closure_lambda_name(function: Any, ref: dict[str, Any]) -> str:
     """A name for a lambda made inside a function, the same in every run (so the saved model is the same bytes)."""
-    where = f"{function.__module__}:{function.__qualname__}:{function.__code__.co_firstlineno}"
+    where = f"{function.__module__}:{function.__qualname__}:{function.__code__.co_firstlineno}:{ref.get('nth', 0)}"
     return f"_lambda_{hashlib.sha256(where.encode()).hexdigest()[:10]}"
 
 

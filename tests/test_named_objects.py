@@ -318,3 +318,22 @@ def test_a_lambda_in_a_lambda_layer_travels_as_source_with_its_globals(tmp_path:
         loaded = keras.saving.load_model(tmp_path / "model.keras", custom_objects=resolve(names.refs), safe_mode=True)
     x = np.arange(8, dtype="float32").reshape(2, 4)
     assert np.allclose(loaded.predict(x, verbose=0), x**2 + 1.0)
+
+
+def test_lambdas_given_to_compile_travel_as_source_with_unsafe_only(tmp_path: Path) -> None:
+    from aibro_jupyter.bundle import check_model
+
+    model = _dense(1)
+    model.compile("adam", loss=lambda y, p: ops.mean(ops.square(y - p)), metrics=[lambda y, p: ops.max(p)])
+    with pytest.raises(ValidationError, match=r"compile\(\)'s loss holds a lambda.*--unsafe"):
+        check_model(model, safe_mode=True)
+    names = plan_names(model)
+    assert len(names.refs) == 2 and all(ref["closure"]["name"] == "<lambda>" for ref in names.refs.values())
+    save_model(model, Bundle(tmp_path), names, safe_mode=False)
+    with zipfile.ZipFile(tmp_path / "model.keras") as z:
+        assert "__lambda__" not in z.read("config.json").decode()
+    with keras_notes_quiet():
+        loaded = keras.saving.load_model(tmp_path / "model.keras", custom_objects=resolve(names.refs))
+    y, p = np.zeros((2, 1), "float32"), np.full((2, 1), 3.0, "float32")
+    assert float(loaded.loss(y, p)) == 9.0
+    assert model.loss.__name__ == "<lambda>", "the kernel's own compile is left as it was"

@@ -614,6 +614,9 @@ class Closure(Request):
     ref: Annotated[str, Field(max_length=400, pattern=REF_PATTERN)]
     name: Annotated[str, Field(max_length=200, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|<lambda>)$")]
     line: Annotated[int, Field(ge=0, le=1_000_000), INTEGRAL]
+    nth: Annotated[int, Field(ge=0, le=1000), INTEGRAL] = Field(
+        0, description="which of the functions of that name on that line (two lambdas on one line)"
+    )
     cells: ClosureValues = Field(default_factory=dict)
     defaults: Annotated[list[JsonValue], Field(max_length=256), AfterValidator(_bounded_values)] | None = None
     kwdefaults: ClosureValues | None = None

@@ -80,7 +80,8 @@ def closure(spec: dict[str, Any], aliases: dict[str, str] | None = None) -> Any:
     within it), with the enclosing module's globals and the values it closed over in the kernel."""
     outer = find(str(spec["ref"]), aliases)
     outer_code = outer.__code__
-    code = _inner_code(outer_code, str(spec["name"]), int(spec["line"]) + outer_code.co_firstlineno)
+    line = int(spec["line"]) + outer_code.co_firstlineno
+    code = _inner_code(outer_code, str(spec["name"]), line, int(spec.get("nth", 0)))
     if code is None:
         raise RuntimeError(
             f"{spec['ref']} holds no function {spec['name']} in the job's code: the travelling code differs from the "
@@ -97,19 +98,19 @@ def closure(spec: dict[str, Any], aliases: dict[str, str] | None = None) -> Any:
     return fn
 
 
-def _inner_code(code: types.CodeType, name: str, line: int) -> types.CodeType | None:
-    candidates = []
+def _inner_code(code: types.CodeType, name: str, line: int, nth: int) -> types.CodeType | None:
+    """The `nth` code object named `name` starting on `line` inside `code` (depth first, as the kernel counted)."""
+    found: list[types.CodeType] = []
 
     def walk(c: types.CodeType) -> None:
         for const in c.co_consts:
             if isinstance(const, types.CodeType):
-                if const.co_name == name:
-                    candidates.append(const)
+                if const.co_name == name and const.co_firstlineno == line:
+                    found.append(const)
                 walk(const)
 
     walk(code)
-    at_line = [c for c in candidates if c.co_firstlineno == line]
-    return (at_line or candidates or [None])[0]
+    return found[nth] if nth < len(found) else None
 
 
 def resolve(refs: dict[str, Any], aliases: dict[str, str] | None = None) -> dict[str, Any]:
