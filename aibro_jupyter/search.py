@@ -10,6 +10,7 @@ get_best_hyperparameters / get_best_models / results_summary as after a local se
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import shutil
 import sys
@@ -73,9 +74,18 @@ def travelling_hypermodel(tuner: Any) -> tuple[Any, dict[str, Any] | None, bool]
 def hypermodel_arguments(hypermodel: Any) -> dict[str, Any]:
     """The constructor arguments a HyperModel keeps (an attribute of each one's name, as KerasTuner's own keep
     `name` and `tunable`), as JSON: the worker makes the object again with them."""
+    import keras_tuner as kt
+
     cls = type(hypermodel)
+    what = f"the HyperModel {cls.__name__}"
+    kept = list(kept_arguments(hypermodel, cls.__init__, what, "__init__"))
+    takes_more = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
+    if takes_more and cls.__init__ is not kt.HyperModel.__init__:  # name=, tunable= on to HyperModel's own
+        named = {param.name for param, _ in kept}
+        base = kept_arguments(hypermodel, kt.HyperModel.__init__, what, "__init__")
+        kept += [(param, value) for param, value in base if param.name not in named]
     out: dict[str, Any] = {}
-    for param, value in kept_arguments(hypermodel, cls.__init__, f"the HyperModel {cls.__name__}", "__init__"):
+    for param, value in kept:
         if value is param.default:
             continue
         try:

@@ -485,11 +485,12 @@ class Store:
             (status, json.dumps(metrics), best_step, best_epoch, job_id),
         )
 
-    def executions(self, study_id: str) -> dict[str, list[ExecutionRecord]]:
-        """Trial id → its current run's executions, in order (an earlier run's, which the oracle retried, left out)."""
+    def executions(self, study_id: str, every_run: bool = False) -> dict[str, list[ExecutionRecord]]:
+        """Trial id → its current run's executions, in order; with `every_run`, also an earlier run's (one the
+        oracle retried since: execution -1)."""
         rows = self.db.execute(
-            "SELECT * FROM trial_executions WHERE study_id=? AND execution >= 0 ORDER BY trial_id, execution",
-            (study_id,),
+            "SELECT * FROM trial_executions WHERE study_id=? AND execution >= ? ORDER BY trial_id, execution, created",
+            (study_id, -1 if every_run else 0),
         )
         out: dict[str, list[ExecutionRecord]] = {}
         for row in rows.fetchall():

@@ -130,7 +130,7 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
             for t in trials
         ],
         best_trial_id=best,
-        cost=sum(costs.get(e.job_id, 0.0) for t in trials for e in executions.get(t.trial_id, [])),
+        cost=sum(costs.get(e.job_id, 0.0) for runs in backend.store.executions(study.id, True).values() for e in runs),
     )
 
 
