@@ -1,5 +1,6 @@
-# mirrors: keras-io examples/vision/siamese_contrastive.py's Lambda layer, without --unsafe: Keras itself cannot load a
-# Lambda under safe_mode=True, so the one refusal expected is before upload, naming the fix (--unsafe)
+# mirrors: keras-io's Lambda layers written as Python lambdas (e.g. examples/vision/siamese_contrastive.py's merge
+# layer, written inline), without --unsafe: Keras itself refuses to load a lambda's bytecode under safe_mode=True, so
+# the one refusal expected is before upload, naming the fix (--unsafe)
 # call: model.fit(
 # kind: fit
 
@@ -12,13 +13,8 @@ rng = np.random.default_rng(4)
 x = rng.normal(size=(128, 6)).astype("float32")
 y = (x.sum(axis=1) > 0).astype("float32")
 
-
-def double(t):
-    return t * 2.0
-
-
 inputs = keras.Input((6,))
-outputs = layers.Dense(1, activation="sigmoid")(layers.Lambda(double)(inputs))
+outputs = layers.Dense(1, activation="sigmoid")(layers.Lambda(lambda t: t * 2.0)(inputs))
 model = keras.Model(inputs, outputs)
 model.compile(optimizer="adam", loss="binary_crossentropy")
 
