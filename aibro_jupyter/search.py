@@ -246,6 +246,7 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
     get_best_hyperparameters(), get_best_models() and results_summary() answer as after `tuner.search`."""
     import keras_tuner as kt
     from keras_tuner.src.engine import trial as trial_module
+    from keras_tuner.src.engine.oracle import _maybe_infer_direction_from_objective as infer_direction
 
     oracle = tuner.oracle
     for t in study["trials"]:
@@ -257,7 +258,7 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
             hp.values = dict(t["values"])
         trial = trial_module.Trial(hyperparameters=hp, trial_id=t["trial_id"], status=t["status"])
         for name, value in (t.get("metrics") or {}).items():
-            trial.metrics.register(name, direction=_direction(study, name))
+            trial.metrics.register(name, direction=infer_direction(oracle.objective, name))
             trial.metrics.update(name, value, step=t.get("best_step") or 0)
         trial.score, trial.best_step, trial.message = t["score"], t.get("best_step") or 0, t.get("message")
         oracle.trials[trial.trial_id] = trial
@@ -288,15 +289,6 @@ def load_trial_model(tuner: Any, trial: Any) -> Any:
             optimizer.build(model.trainable_variables)
         model.load_weights(tuner._get_checkpoint_fname(trial.trial_id))
     return model
-
-
-def _direction(study: dict[str, Any], name: str) -> str | None:
-    for objective in study["objective"]:
-        if objective["name"] == name:
-            return objective["direction"]
-    from keras_tuner.src.engine import metrics_tracking
-
-    return metrics_tracking.infer_metric_direction(name)
 
 
 def _weights_into(training: Any, tuner: Any, trial: dict[str, Any]) -> None:
