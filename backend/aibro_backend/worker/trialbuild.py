@@ -43,13 +43,15 @@ class TrialRun:
                 kwargs["initial_epoch"] = given["initial_epoch"]
             kwargs["callbacks"] = callbacks
             args = (x,) if y is None else (x, y)
+            import keras
+
             with _quiet_fit(model):
                 self.result = self.hypermodel.fit(self.hp, model, *args, **kwargs)
-            if getattr(callbacks[-1], "model", None) is None:
-                raise RuntimeError(
-                    f"{self.name}.fit(hp, model, ...) did not pass its **kwargs on to "
-                    "model.fit: they hold the callbacks that report each epoch (KerasTuner's checkpointing "
-                    "needs them too); call model.fit(..., **kwargs)"
+            if isinstance(self.result, keras.callbacks.History) and getattr(callbacks[-1], "model", None) is None:
+                raise RuntimeError(  # its History's epochs were never reported: nothing would score the trial
+                    f"{self.name}.fit(hp, model, ...) did not pass its **kwargs on to model.fit: they hold the "
+                    "callbacks that report each epoch (KerasTuner's checkpointing needs them too); call "
+                    "model.fit(..., **kwargs)"
                 )
             return self.result
 
