@@ -6,6 +6,9 @@ tests/composite_models.py, so the code that travels is that one file."""
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import composite_models as cm
@@ -14,8 +17,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+
+from helpers import epochs_seen, instance_pid, wait_for
 
 SEED = 11
 FIT = {"shuffle": False}
@@ -93,6 +99,33 @@ def test_a_gan_with_two_optimizers_and_no_call_trains_remotely_as_in_the_kernel(
         mine, theirs = getattr(gan, name), getattr(local, name)
         assert int(mine.iterations.numpy()) == 8, f"{name} came back with its state"
         assert _same([v.numpy() for v in mine.variables], [v.numpy() for v in theirs.variables])
+
+
+def _final(events: list[dict[str, Any]]) -> bool:
+    return any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in events)
+
+
+def test_a_gan_whose_worker_dies_resumes_with_both_optimizers_state(client: BackendClient, aibro_home: Path) -> None:
+    """Each epoch's checkpoint of a model made of models carries its own optimizers' state and which weights each
+    steps: the job resumes on a new worker and every optimizer counts every step exactly once."""
+    gan = cm.GAN(*cm.gan_parts(), latent_dim=4)
+    gan.compile(
+        d_optimizer=keras.optimizers.Adam(learning_rate=3e-4),
+        g_optimizer=keras.optimizers.Adam(learning_rate=3e-4),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    data = tf.data.Dataset.from_tensor_slices(_images(4800)).batch(16)
+    job_id = Training(client).submit(gan, data, machine_ids="local-cpu", epochs=4, cool_down_period_s=120)["job_id"]
+    wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
+    first = client.job(job_id)["instance_id"]
+    os.killpg(instance_pid(aibro_home, first), signal.SIGKILL)
+    events = wait_for(client, job_id, _final, timeout=600)
+    job = client.job(job_id)
+    assert job["status"] == v.COMPLETED and job["instance_id"] != first, events[-5:]
+    assert epochs_seen(events) == [0, 1, 2, 3], "every epoch exactly once, in order"
+    Training(client).collect(Training(client).watch(job_id), gan)
+    for name in ("d_optimizer", "g_optimizer"):
+        assert int(getattr(gan, name).iterations.numpy()) == 300 * 4, f"{name} resumed with its state"
 
 
 def test_a_distiller_trains_remotely_with_the_teacher_the_kernel_trained(client: BackendClient) -> None:
