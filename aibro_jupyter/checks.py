@@ -329,12 +329,13 @@ def check_fit_data(
                 )
     for value, name in ((x, n["train_X"]), (y, n["train_Y"]), (vx, f"{vname}[0]"), (vy, f"{vname}[1]")):
         _refuse_python_list(value, name)
-    if not is_dataset(x):
-        _check_inputs(model, x, n["train_X"])
-    if vx is not None and not is_dataset(vx):
-        _check_inputs(model, vx, f"{vname}[0]")
-    for value, name in ((y, n["train_Y"]), (vy, f"{vname}[1]")):
-        _check_targets(model, value, name)
+    if model is not None:  # None: what reaches the model is made later (a HyperModel's own fit)
+        if not is_dataset(x):
+            _check_inputs(model, x, n["train_X"])
+        if vx is not None and not is_dataset(vx):
+            _check_inputs(model, vx, f"{vname}[0]")
+        for value, name in ((y, n["train_Y"]), (vy, f"{vname}[1]")):
+            _check_targets(model, value, name)
     for value, name in (
         (x, n["train_X"]),
         (vx, f"{vname}[0]"),

@@ -59,14 +59,20 @@ def check_dataset(ds: Any, name: str, model: Any = None, steps: int | None = Non
 
 
 def _own_train_step(model: Any) -> bool:
-    """Whether the model's class brings its own train_step, which decides itself what a batch holds (an autoencoder
-    or a GAN trains on inputs alone)."""
+    """Whether a batch of inputs alone is something this model's fit trains on, as Keras' own fit then does: its
+    class brings its own train_step or compute_loss (an autoencoder, a GAN), or compile() was given no loss (the
+    model adds its own with add_loss). Unknown (no model: a HyperModel's fit makes the batches) counts as yes."""
     import keras
 
+    if model is None:
+        return True
     if not isinstance(model, keras.Model):
         return False
-    step = getattr(type(model), "train_step", None)
-    return step is not None and not str(getattr(step, "__module__", "")).startswith("keras")
+    for method in ("train_step", "compute_loss"):
+        own = getattr(type(model), method, None)
+        if own is not None and not str(getattr(own, "__module__", "")).startswith("keras"):
+            return True
+    return getattr(model, "loss", None) is None
 
 
 def travelling_pass(ds: Any, steps: int | None, epochs: int) -> tuple[Any, bool]:

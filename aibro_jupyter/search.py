@@ -176,7 +176,9 @@ def start_study(
     if search_args is None:
         search_args = {k for k in ("batch_size", "validation_data") if fit.get(k) is not None} | {"epochs"}
         search_args |= set(fit.get("fit_kwargs") or {})
-    bundle, spec = training.prepare(sample, x, y, description=description, build=travelling, **fit)
+    bundle, spec = training.prepare(
+        sample, x, y, description=description, build=travelling, data_reaches_model=not own_fit, **fit
+    )
     try:
         spec["trial"]["hyperparameters"] = oracle["hyperparameters"]
         if arguments is not None:

@@ -16,10 +16,19 @@ from typing import Any
 
 import keras
 import keras_tuner as kt  # noqa: F401  (the test extra has it: missing fails, never skips)
+import numpy as np
 import pytest
 from backend_proc import own_backend
 from keras_tuner.src.engine import tuner_utils
-from searchmodels import ScoredFit, TunedFit, build_model, build_model_failing_wide, build_model_no_input, halve
+from searchmodels import (
+    CroppedFit,
+    ScoredFit,
+    TunedFit,
+    build_model,
+    build_model_failing_wide,
+    build_model_no_input,
+    halve,
+)
 
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
@@ -372,6 +381,24 @@ def test_a_hypermodel_whose_fit_returns_its_score_is_scored_by_it(
         assert trial["best_step"] == 0 and trial["checkpoint"]["epoch"] is None
     assert tuner.oracle.get_best_trials()[0].trial_id == study["best_trial_id"]
     _assert_best_models_load_whole(tuner)
+
+
+def test_a_hypermodel_whose_fit_reshapes_x_is_not_checked_against_the_built_model(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data is what the HyperModel's own fit is given, not what its model takes: a fit that crops x trains, as
+    locally, where checking x against the model at the space's defaults would refuse it."""
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(256, seed=4)
+    wide = np.concatenate([x, x[:, :16]], axis=1)  # 80 features; the model takes 64
+    tuner = kt.RandomSearch(
+        CroppedFit(), objective="loss", max_trials=1, seed=1, directory=str(tmp_path), project_name="crop"
+    )
+    study_id, best = Training.online_search(tuner, wide, y, machine_ids="local-cpu", epochs=1)
+    study = backend.client().t.json("GET", f"/studies/{study_id}")
+    assert [t["status"] for t in study["trials"]] == ["COMPLETED"], study["trials"]
+    assert best.input_shape == (None, 64)
 
 
 def _assert_best_models_load_whole(tuner: Any) -> Any:
