@@ -173,8 +173,10 @@ def start_study(
     travelling, arguments, own_fit = travelling_hypermodel(tuner)
     oracle = oracle_spec(tuner, own_fit)
     sample = tuner.hypermodel.build(tuner.oracle.hyperparameters.copy())  # the space's defaults, checked on the data
+    if fit.get("epochs") is None:
+        fit.pop("epochs", None)  # not given: fit's default (1), and a HyperModel's own fit is not given one
     if search_args is None:
-        search_args = {k for k in ("batch_size", "validation_data") if fit.get(k) is not None} | {"epochs"}
+        search_args = {k for k in ("batch_size", "validation_data", "epochs") if fit.get(k) is not None}
         search_args |= set(fit.get("fit_kwargs") or {})
     bundle, spec = training.prepare(
         sample, x, y, description=description, build=travelling, data_reaches_model=not own_fit, **fit

@@ -437,7 +437,7 @@ class Training:
         machine_ids: str | list[str] | None = None,
         parallel: int = 1,
         batch_size: int | None = None,
-        epochs: int = 1,
+        epochs: int | None = None,
         validation_data: Any = None,
         description: str = "",
         fit_kwargs: dict[str, Any] | None = None,
@@ -471,10 +471,13 @@ class Training:
     def attach_study(cls, study_id: str, tuner: Any = None, verbose: bool = True) -> Any:
         """Follow a study (started from another kernel, or before this one restarted) to its end: every trial so
         far, then the rest as they end; its results go into `tuner` when given; returns the best trial's model."""
-        from .search import finish, follow
+        from .search import check_ended, finish, follow
 
         self = cls()
-        return finish(self, tuner, follow(self.client, study_id, verbose))
+        study = follow(self.client, study_id, verbose)
+        model = finish(self, tuner, study)
+        check_ended(study)  # a study that ended FAILED raises here too, as from online_search and the cell
+        return model
 
     @classmethod
     def attach(cls, job_id: str, model: Any = None, verbose: bool = True, safe_mode: bool = True) -> tuple[Any, Any]:

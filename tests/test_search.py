@@ -395,10 +395,13 @@ def test_a_hypermodel_whose_fit_reshapes_x_is_not_checked_against_the_built_mode
     tuner = kt.RandomSearch(
         CroppedFit(), objective="loss", max_trials=1, seed=1, directory=str(tmp_path), project_name="crop"
     )
-    study_id, best = Training.online_search(tuner, wide, y, machine_ids="local-cpu", epochs=1)
-    study = backend.client().t.json("GET", f"/studies/{study_id}")
+    study_id, best = Training.online_search(tuner, wide, y, machine_ids="local-cpu")
+    client = backend.client()
+    study = client.t.json("GET", f"/studies/{study_id}")
     assert [t["status"] for t in study["trials"]] == ["COMPLETED"], study["trials"]
     assert best.input_shape == (None, 64)
+    epochs = [e["data"]["epoch"] for e in client.events(study["trials"][0]["job_id"])["events"] if e["type"] == "epoch"]
+    assert epochs == [0, 1], "the epochs its own fit chose (the search was given none)"
 
 
 def _assert_best_models_load_whole(tuner: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from aibro_core import vocabulary as v
+from aibro_core.bounds import MAX_EPOCHS
 from aibro_core.jobpicture import JobPicture
 from aibro_core.models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
@@ -116,6 +117,8 @@ class WorkerEventsHandler(WorkerHandler):
             attempt, events = body.attempt, [NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts) for ev in body.events]
         job = self.assigned_job(job_id, attempt)
         epochs = int(job.spec["fit"]["epochs"])
+        if (job.spec.get("trial") or {}).get("fit_args") is not None:
+            epochs = MAX_EPOCHS  # a HyperModel's own fit chooses the trial's epochs (hp may, as locally)
         for ev in events:
             if ev.type == v.EV_EPOCH and ev.data["epoch"] >= epochs:
                 raise ApiError(400, f"epoch {ev.data['epoch']} is past the job's {epochs} epochs", wseq=ev.wseq)

@@ -92,6 +92,9 @@ class EventCallback(keras.callbacks.Callback):
         self._epoch_start = 0.0
         self._epoch = 0
 
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.epochs = int((self.params or {}).get("epochs") or self.epochs)  # what fit was given (a HyperModel's own)
+
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
         self._epoch_start = time.monotonic()
