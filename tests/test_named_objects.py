@@ -337,3 +337,28 @@ def test_lambdas_given_to_compile_travel_as_source_with_unsafe_only(tmp_path: Pa
     y, p = np.zeros((2, 1), "float32"), np.full((2, 1), 3.0, "float32")
     assert float(loaded.loss(y, p)) == 9.0
     assert model.loss.__name__ == "<lambda>", "the kernel's own compile is left as it was"
+
+
+class Residual(keras.layers.Layer):
+    """A layer made of a layer, inside a functional model: no get_config, its sub-layer a constructor argument."""
+
+    def __init__(self, inner: keras.layers.Layer, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inner = inner
+
+    def call(self, x: Any) -> Any:
+        return x + self.inner(x)
+
+
+def test_a_layer_made_of_a_layer_inside_a_functional_model_loads_whole(tmp_path: Path) -> None:
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(1)(Residual(keras.layers.Dense(4, activation=halved_relu))(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "mse")
+    model.fit(np.ones((8, 4), "float32"), np.zeros((8, 1), "float32"), epochs=1, verbose=0)
+    names = plan_names(model)
+    assert names.refs["Residual"]["init"] == {"inner": "inner", "name": "name"}
+    loaded = _save_and_load(model, tmp_path)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+    x = np.random.default_rng(0).random((3, 4), dtype=np.float32)
+    assert np.allclose(model.predict(x, verbose=0), loaded.predict(x, verbose=0))
