@@ -44,6 +44,7 @@ CELL_TIMEOUT = 900.0
 # order. After one or two short epochs on small stand-in data those move the loss by well under 5 %; a remote fit that
 # trained a different model, lost the optimizer state or the data is off by far more.
 LOSS_RTOL = 0.05
+LOSS_ATOL = 1e-4  # losses this close are both numerically zero for these tasks, whatever their ratio
 
 TRAINS = "trains like local"
 DIFFERS = "trains, differs"
@@ -363,8 +364,8 @@ def run_cell(kc: Any, code: str, timeout: float = CELL_TIMEOUT) -> CellResult:
         kind, content = msg["msg_type"], msg["content"]
         if kind == "stream":
             res.stdout += content["text"]
-        elif kind == "error":
-            res.error += f"{content['ename']}: {content['evalue']}"
+        elif kind == "error" and not res.error:  # the first error is the cell's (later ones repeat it)
+            res.error = f"{content['ename']}: {content['evalue']}"
             if not content["evalue"].strip():  # a bare exception: where it was raised says more
                 tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(content.get("traceback", [])))
                 res.error += " (raised at " + " | ".join(tb.strip().splitlines()[-4:]) + ")"
@@ -738,7 +739,7 @@ def judge(nb: Notebook, local: RunResult, remote: RunResult, category: str = "")
     if o.loss_local is not None and o.loss_remote is not None:
         denom = max(abs(o.loss_local), abs(o.loss_remote), 1e-12)
         o.loss_rel_diff = abs(o.loss_local - o.loss_remote) / denom
-        if o.loss_rel_diff > LOSS_RTOL:
+        if abs(o.loss_local - o.loss_remote) > LOSS_ATOL + LOSS_RTOL * denom:
             o.notes.append(f"final loss differs by {o.loss_rel_diff:.1%} (over {LOSS_RTOL:.0%})")
     if remote.blob_findings:
         problems.append("pickled/unknown blob: " + "; ".join(remote.blob_findings[:3]))
