@@ -93,9 +93,10 @@ def _renamed(value: Any, names: dict[str, str]) -> Any:
 
 
 # -- model -------------------------------------------------------------------------------------------
-def check_model(model: Any, safe_mode: bool = True) -> None:
+def check_model(model: Any, safe_mode: bool = True, compiled: bool = True) -> None:
     """Refuse what cannot train remotely, before anything else is looked at; what the model names by class or
-    function is matched to the notebook later (kerasnames.plan_names)."""
+    function is matched to the notebook later (kerasnames.plan_names). `compiled=False`: the model need not be
+    compiled (a HyperModel's own fit trains it, with a loop of its own or a compile of its own)."""
     import keras
 
     if not isinstance(model, keras.Model):
@@ -103,7 +104,7 @@ def check_model(model: Any, safe_mode: bool = True) -> None:
             f"expected a Keras model (keras.Model), got {type(model).__module__}.{type(model).__name__}: "
             "pass the model object whose .fit you want to run remotely"
         )
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+    if compiled and (getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False)):
         raise ValidationError(
             f"model '{model.name}' is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) first"
         )

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from aibro_core.kerasfile import init_of, rebuildable, saved_as
+from aibro_core.kerasfile import init_of, rebuildable, saved_as, user_objects
 
 from .argcodec import check_importable, function_ref, is_closure, is_keras_object, module_of, name_in_module
 from .cellcode import MAIN_MODULE, is_cell_object, is_lambda, travel_name
@@ -85,8 +85,8 @@ def plan_names(
     import keras
 
     plan = NamePlan()
-    for obj, cls, init in composites(model):
-        plan.swaps.append((obj, rebuildable(cls, init)))
+    for obj, cls, (init, config_args) in composites(model):
+        plan.swaps.append((obj, rebuildable(cls, init, config_args)))
     ns = namespace if namespace is not None else vars(sys.modules["__main__"])
     _name_lambdas(model, plan, ns)
     with plan.saved_as():
@@ -234,7 +234,10 @@ def _add(plan: NamePlan, name: str, obj: Any, composite_init: dict[type, type], 
         ref: dict[str, Any] = {"ref": f"{module_of(obj)}:{name_in_module(obj, ns)}"}
         rebuilt = composite_init.get(obj)
         if rebuilt is not None:
-            ref["init"] = init_of(rebuilt)
+            init, config_args = init_of(rebuilt) or ({}, ())
+            ref["init"] = init
+            if config_args:
+                ref["config_args"] = list(config_args)
             plan.local[name] = rebuilt
         else:
             plan.local[name] = obj
@@ -250,17 +253,17 @@ def _add(plan: NamePlan, name: str, obj: Any, composite_init: dict[type, type], 
 # -- models made of models ---------------------------------------------------------------------------------
 
 
-def composites(model: Any) -> list[tuple[Any, type, dict[str, str]]]:
+def composites(model: Any) -> list[tuple[Any, type, tuple[dict[str, str], tuple[str, ...]]]]:
     """The user's objects in the model (itself, its layers, its losses, metrics and optimizer) that Keras cannot
     describe (their get_config raises NotImplementedError: an __init__ given other models or layers) or describes
     wrongly (from_config(get_config()) fails, as a get_config that adds name and dtype for an __init__ without
     **kwargs does, or makes an object whose constructor arguments differ: a custom loss whose get_config forgot one),
-    each with its class and constructor arguments → the attributes that hold them. Every object of such a class is
-    saved that way, since Keras finds the class by name. One Keras cannot rebuild and whose arguments are kept nowhere
-    is left to Keras' own load, whose reason the cell then shows."""
-    objects = _user_objects(model)
+    each with its class and where each constructor argument is read back from. Every object of such a class is saved
+    that way, since Keras finds the class by name. One Keras cannot rebuild and whose arguments are kept nowhere is
+    left to Keras' own load, whose reason the cell then shows."""
+    objects = user_objects(model)
     live = {name: objs[0] for name, objs in _live_objects(model).items()}
-    classes: dict[type, dict[str, str]] = {}
+    classes: dict[type, tuple[dict[str, str], tuple[str, ...]]] = {}
     for obj in objects:
         cls = type(obj)
         if cls in classes:
@@ -268,31 +271,14 @@ def composites(model: Any) -> list[tuple[Any, type, dict[str, str]]]:
         try:
             config = obj.get_config()
         except NotImplementedError:
-            classes[cls] = _kept_arguments(obj, cls)
+            classes[cls] = _argument_sources(obj, cls, None, live)
             continue
         if not _rebuilds_the_same(obj, config, live):
             try:
-                classes[cls] = _kept_arguments(obj, cls)
+                classes[cls] = _argument_sources(obj, cls, config, live)
             except ValidationError:
                 continue
     return [(obj, type(obj), classes[type(obj)]) for obj in objects if type(obj) in classes]
-
-
-def _user_objects(model: Any) -> list[Any]:
-    """The model, its layers, and the Keras objects compile() was given, where their class is the user's own."""
-    found = [model, *_layers(model)]
-    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
-    stack = list(dict(compiled).values())
-    while stack:
-        value = stack.pop()
-        if isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-        elif is_keras_object(value) and not _is_layer(value):
-            found.append(value)
-    unique = list({id(o): o for o in found}.values())
-    return [o for o in unique if str(type(o).__module__).split(".")[0] not in KERAS_MODULES]
 
 
 def _rebuilds_the_same(obj: Any, config: dict[str, Any], live: dict[str, Any]) -> bool:
@@ -349,17 +335,20 @@ def _equal(a: Any, b: Any) -> bool:
     return True
 
 
-def _kept_arguments(obj: Any, cls: type) -> dict[str, str]:
-    """Each named argument of `cls.__init__` → the attribute of `obj` that holds it: the one `__init__` assigns the
-    argument to (`self.encoder = encoder`), else one of the same name. An argument kept nowhere is refused, unless it
-    has a default (the default is used)."""
+def _argument_sources(
+    obj: Any, cls: type, config: dict[str, Any] | None, live: dict[str, Any]
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Where each named argument of `cls.__init__` is read back from: the attribute `__init__` assigns it to
+    (`self.encoder = encoder`), else one of the same name, else the class's own `config` (Keras' automatic config of
+    plain arguments). An argument found nowhere is refused, unless it has a default (the default is used). A
+    `**kwargs` passes the object's name on, where the class then still rebuilds."""
     init = cls.__init__
     params = list(inspect.signature(init).parameters.values())[1:]
     assigned = assigned_attributes(init)
     kept: dict[str, str] = {}
+    from_config: list[str] = []
     for param in params:
         if param.kind is param.VAR_KEYWORD:
-            kept["name"] = "name"
             continue
         if param.kind is param.VAR_POSITIONAL:
             raise ValidationError(
@@ -367,16 +356,32 @@ def _kept_arguments(obj: Any, cls: type) -> dict[str, str]:
                 f"({param.name}=[...]) and keep it as self.{param.name}"
             )
         attribute = assigned.get(param.name) or (param.name if _holds_value(obj, param.name) else None)
-        if attribute is None:
-            if param.default is not param.empty:
-                continue
+        if attribute is not None:
+            kept[param.name] = attribute
+        elif config is not None and param.name in config:
+            from_config.append(param.name)
+        elif param.default is param.empty:
             raise ValidationError(
                 f"{cls.__name__} takes the argument '{param.name}' in __init__ but keeps it nowhere the worker can "
                 f"read it back, so the model cannot be rebuilt remotely: keep it (self.{param.name} = "
                 f"{param.name}), or give {cls.__name__} a get_config() that returns its arguments"
             )
-        kept[param.name] = attribute
-    return kept
+    if any(p.kind is p.VAR_KEYWORD for p in params) and _rebuilds_with(obj, cls, {**kept, "name": "name"}, live):
+        kept["name"] = "name"
+    return kept, tuple(from_config)
+
+
+def _rebuilds_with(obj: Any, cls: type, init: dict[str, str], live: dict[str, Any]) -> bool:
+    """Whether the class takes these arguments again (a **kwargs that is given its own name= already fails)."""
+    import keras
+
+    made = rebuildable(cls, init)
+    with random_state_kept(), keras.saving.custom_object_scope(live):
+        try:
+            made.from_config(made.get_config(obj))
+        except Exception:  # noqa: BLE001 - without them, then
+            return False
+    return True
 
 
 def _holds_value(obj: Any, name: str) -> bool:

@@ -179,7 +179,7 @@ def start_study(
         search_args = {k for k in ("batch_size", "validation_data", "epochs") if fit.get(k) is not None}
         search_args |= set(fit.get("fit_kwargs") or {})
     bundle, spec = training.prepare(
-        sample, x, y, description=description, build=travelling, data_reaches_model=not own_fit, **fit
+        sample, x, y, description=description, build=travelling, hypermodel_fit=own_fit, **fit
     )
     try:
         spec["trial"]["hyperparameters"] = oracle["hyperparameters"]

@@ -194,18 +194,19 @@ class Training:
         requirements: list[str] | str | None = None,
         argnames: dict[str, str] | None = None,
         build: Any = None,
-        data_reaches_model: bool = True,
+        hypermodel_fit: bool = False,
     ) -> tuple[b.Bundle, dict[str, Any]]:
         """Every check and everything written locally (the saved model, datasets, the code blob), nothing sent:
         the bundle to upload and the job spec that names it. The caller removes `bundle.workdir`. With `build` (a
         search's build function, search.py), `model` is one it built, checked against the data but not sent: the
-        function travels as code instead and the spec's `trial` names it; with `data_reaches_model=False` (a
-        HyperModel whose own fit prepares the data) the data is not checked against that model either."""
+        function travels as code instead and the spec's `trial` names it; with `hypermodel_fit` (a HyperModel whose
+        own fit trains the model: it may prepare the data, or compile, itself) neither the data nor the compile is
+        checked against that model."""
         fit_kwargs = dict(fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
         check_before_upload(  # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
             lambda: self.client.policy(),
-            model if data_reaches_model else None,
+            None if hypermodel_fit else model,
             train_X,
             train_Y,
             fit_kwargs.get("sample_weight"),
@@ -219,7 +220,7 @@ class Training:
             argnames=argnames,
         )
         epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
-        b.check_model(model, safe_mode)
+        b.check_model(model, safe_mode, compiled=not hypermodel_fit)
         if is_dataset(train_X) and fit_kwargs.get("validation_split"):
             raise ValidationError(
                 "validation_split cannot split a tf.data.Dataset: pass validation_data=another dataset instead, "
@@ -236,7 +237,7 @@ class Training:
         compile_args = plan_compile(model, travelling)
         for note in travelling.notes:
             warnings.warn(note, stacklevel=3)
-        if data_reaches_model:
+        if not hypermodel_fit:
             b.build_from_data(model, train_X)
         names = plan_names(model, extra=keras_configs(travelling.specs, compile_args))
         code = plan_code(names.travel + travelling.objects + ([build] if build is not None else []))
@@ -251,7 +252,7 @@ class Training:
                 train_Y,
                 fit_kwargs.pop("sample_weight", None),
                 validation_data,
-                model if data_reaches_model else None,
+                None if hypermodel_fit else model,
                 (_steps(fit_kwargs.get("steps_per_epoch")), _steps(fit_kwargs.get("validation_steps"))),
                 epochs - int(fit_kwargs.get("initial_epoch") or 0),
             )

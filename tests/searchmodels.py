@@ -115,3 +115,26 @@ class CroppedFit(kt.HyperModel):
 
     def fit(self, hp, model, x, y, **kwargs):
         return model.fit(x[:, :64], y, epochs=2, **kwargs)
+
+
+class LoopFit(kt.HyperModel):
+    """KerasTuner's custom-tuner guide's shape: build() returns a model it does not compile, and fit() trains it with
+    a loop of its own and returns the value to minimize."""
+
+    def build(self, hp):
+        return keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(hp.Int("units", 8, 16, step=8)), keras.layers.Dense(10)]
+        )
+
+    def fit(self, hp, model, x, y, validation_data, **kwargs):
+        import tensorflow as tf
+
+        optimizer = keras.optimizers.Adam(hp.Float("learning_rate", 1e-3, 1e-2, sampling="log"))
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        for start in range(0, len(x), 64):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[start : start + 64], model(x[start : start + 64], training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        x_val, y_val = validation_data
+        return float(loss_fn(y_val, model(x_val)))

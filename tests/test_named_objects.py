@@ -362,3 +362,46 @@ def test_a_layer_made_of_a_layer_inside_a_functional_model_loads_whole(tmp_path:
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
     x = np.random.default_rng(0).random((3, 4), dtype=np.float32)
     assert np.allclose(model.predict(x, verbose=0), loaded.predict(x, verbose=0))
+
+
+class TokenAndPosition(keras.layers.Layer):
+    """As keras.io's text transformer printed it: plain arguments kept nowhere but in Keras' automatic config, and an
+    __init__ without **kwargs, so Keras' own load fails on the name and dtype its config adds."""
+
+    def __init__(self, maxlen: int, vocab_size: int, embed_dim: int) -> None:
+        super().__init__()
+        self.token_emb = keras.layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = keras.layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+    def call(self, x: Any) -> Any:
+        positions = ops.arange(0, ops.shape(x)[-1], 1)
+        return self.token_emb(x) + self.pos_emb(positions)
+
+
+class Counting(keras.metrics.Metric):
+    """KerasTuner's guide's metric: its **kwargs go on to a super().__init__ that is given name= too, so Keras' own
+    from_config (and a rebuild that passed the name) fails with 'multiple values for name'."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(name="counting", **kwargs)
+        self.count = self.add_weight(name="count", initializer="zeros")
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        self.count.assign_add(ops.cast(ops.shape(y_true)[0], "float32"))
+
+    def result(self) -> Any:
+        return self.count
+
+
+def test_a_layer_whose_arguments_only_its_own_config_holds_is_rebuilt_from_them(tmp_path: Path) -> None:
+    inputs = keras.Input((6,), dtype="int32")
+    outputs = keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(TokenAndPosition(6, 20, 4)(inputs)))
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "mse", metrics=[Counting()])
+    names = plan_names(model)
+    ref = names.refs["TokenAndPosition"]
+    assert ref["init"] == {} and sorted(ref["config_args"]) == ["embed_dim", "maxlen", "vocab_size"], ref
+    assert names.refs["Counting"]["init"] == {}, "name= is not passed on to a **kwargs that sets its own"
+    loaded = _save_and_load(model, tmp_path)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+    assert loaded.metrics[-1].name == "compile_metrics" or loaded.compiled

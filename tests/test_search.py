@@ -22,6 +22,7 @@ from backend_proc import own_backend
 from keras_tuner.src.engine import tuner_utils
 from searchmodels import (
     CroppedFit,
+    LoopFit,
     ScoredFit,
     TunedFit,
     build_model,
@@ -402,6 +403,21 @@ def test_a_hypermodel_whose_fit_reshapes_x_is_not_checked_against_the_built_mode
     assert best.input_shape == (None, 64)
     epochs = [e["data"]["epoch"] for e in client.events(study["trials"][0]["job_id"])["events"] if e["type"] == "epoch"]
     assert epochs == [0, 1], "the epochs its own fit chose (the search was given none)"
+
+
+def test_a_hypermodel_that_trains_an_uncompiled_model_with_a_loop_of_its_own(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KerasTuner takes a model its build() leaves uncompiled when its own fit() trains it (a custom loop returning
+    the value to minimize): so does the remote search."""
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    x, y = slow_data(256, seed=4)
+    tuner = kt.RandomSearch(LoopFit(), max_trials=1, seed=1, directory=str(tmp_path), project_name="loop")
+    study_id, _ = Training.online_search(tuner, x, y, machine_ids="local-cpu", validation_data=slow_data(64, seed=5))
+    study = backend.client().t.json("GET", f"/studies/{study_id}")
+    assert [t["status"] for t in study["trials"]] == ["COMPLETED"], study["trials"]
+    assert study["trials"][0]["score"] is not None and np.isfinite(study["trials"][0]["score"])
 
 
 def _assert_best_models_load_whole(tuner: Any) -> Any:

@@ -39,27 +39,33 @@ KERAS_NOTES = (
 )
 
 
-def rebuildable(cls: type, init: dict[str, str]) -> type:
+def rebuildable(cls: type, init: dict[str, str], config_args: tuple[str, ...] = ()) -> type:
     """A subclass of the user's `cls` that Keras can save and load: its config is the constructor arguments `init`
-    names, each read back from the object's attribute that `init` maps it to, and `from_config` deserializes each
-    and calls the class with them. One class per (cls, init), so a model saved twice is one class."""
-    key = (cls, tuple(sorted(init.items())))
+    names, each read back from the object's attribute that `init` maps it to, and those of `config_args` as the
+    class's own get_config gives them (Keras' automatic config of plain arguments, the ones kept nowhere else);
+    `from_config` deserializes each and calls the class with them, and nothing else of a config (a Keras-written
+    name or dtype the class's __init__ does not take). One class per (cls, init, config_args)."""
+    key = (cls, tuple(sorted(init.items())), tuple(sorted(config_args)))
     if key not in _REBUILDABLE:
-        _REBUILDABLE[key] = _make_rebuildable(cls, dict(init))
+        _REBUILDABLE[key] = _make_rebuildable(cls, dict(init), tuple(sorted(config_args)))
     return _REBUILDABLE[key]
 
 
-_REBUILDABLE: dict[tuple[type, tuple[tuple[str, str], ...]], type] = {}
+_REBUILDABLE: dict[tuple[type, tuple[tuple[str, str], ...], tuple[str, ...]], type] = {}
 
 
-def _make_rebuildable(cls: type, init: dict[str, str]) -> type:
+def _make_rebuildable(cls: type, init: dict[str, str], config_args: tuple[str, ...]) -> type:
     import keras
 
     def get_config(self: Any) -> dict[str, Any]:
-        return {name: getattr(self, attribute) for name, attribute in init.items()}
+        own = _own_config(self, cls) if config_args else {}
+        config = {name: own[name] for name in config_args if name in own}
+        config.update({name: getattr(self, attribute) for name, attribute in init.items()})
+        return config
 
     def from_config(klass: type, config: dict[str, Any], custom_objects: Any = None) -> Any:
-        return klass(**{name: _deserialized(value) for name, value in config.items()})
+        taken = set(init) | set(config_args)
+        return klass(**{name: _deserialized(value) for name, value in config.items() if name in taken})
 
     def _deserialized(value: Any) -> Any:
         if isinstance(value, dict) and "class_name" in value:
@@ -74,15 +80,55 @@ def _make_rebuildable(cls: type, init: dict[str, str]) -> type:
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
-        "_aibro_init": dict(init),
+        "_aibro_init": (dict(init), config_args),
     }
     return type(cls.__name__, (cls,), body)
 
 
-def init_of(cls: type) -> dict[str, str] | None:
-    """The constructor arguments → attributes of a class `rebuildable` made; None for any other class."""
-    init = cls.__dict__.get("_aibro_init")
-    return dict(init) if isinstance(init, dict) else None
+def _own_config(obj: Any, cls: type) -> dict[str, Any]:
+    """The config the user's class gives (Keras writes its automatic one only for an object of a class that does not
+    override get_config, so the object is seen as the user's class for the call)."""
+    seen_as = obj.__class__
+    obj.__class__ = cls
+    try:
+        return dict(obj.get_config())
+    finally:
+        obj.__class__ = seen_as
+
+
+def init_of(cls: type) -> tuple[dict[str, str], tuple[str, ...]] | None:
+    """(constructor arguments → attributes, arguments from the class's own config) of a class `rebuildable` made;
+    None for any other class."""
+    made = cls.__dict__.get("_aibro_init")
+    return (dict(made[0]), tuple(made[1])) if isinstance(made, tuple) else None
+
+
+def user_objects(model: Any) -> list[Any]:
+    """The model, its layers, and the Keras objects compile() was given, where their class is the user's own: what
+    may need saving as a rebuildable class."""
+    import keras
+
+    found = [model, *model._flatten_layers(include_self=False, recursive=True)]
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    stack = list(dict(compiled).values())
+    kinds = (keras.losses.Loss, keras.metrics.Metric, keras.optimizers.Optimizer)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, kinds):
+            found.append(value)
+    unique = list({id(o): o for o in found}.values())
+    return [o for o in unique if str(type(o).__module__).split(".")[0] not in ("keras", "tensorflow", "tf_keras")]
+
+
+def swaps_for(model: Any, objects: dict[str, Any]) -> list[tuple[Any, type]]:
+    """Where a job's objects (objectrefs.resolve) make a class rebuildable, each of the model's objects of that class
+    and the class to save it as: a model the worker built itself (a study's trial) saves as the kernel's would."""
+    made = {cls.__bases__[0]: cls for cls in objects.values() if isinstance(cls, type) and init_of(cls) is not None}
+    return [(obj, made[type(obj)]) for obj in user_objects(model) if type(obj) in made]
 
 
 @contextlib.contextmanager

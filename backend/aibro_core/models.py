@@ -585,6 +585,7 @@ class TrialBuild(Request):
 
 REF_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 NAME_KEY = Annotated[str, Field(min_length=1, max_length=200)]  # a Python name: checked by _python_names
+PYTHON_NAME = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 MAX_OBJECTS_CHARS = 1 << 20
 
 
@@ -624,19 +625,16 @@ class Closure(Request):
 
 class ObjectRef(Request):
     """A class or function the model names (by the name Keras records), as the worker finds it: `ref` in the
-    travelling code or an installed package, or a `closure`; `init` makes a class Keras cannot describe (a model
-    made of models) rebuildable from these constructor arguments, read from these attributes."""
+    travelling code or an installed package, or a `closure`; `init` and `config_args` make a class Keras cannot
+    describe or rebuild (a model made of models) rebuildable from its constructor arguments, read from these
+    attributes and from its own config."""
 
     ref: Annotated[str, Field(max_length=400, pattern=REF_PATTERN)] | None = None
     closure: Closure | None = None
-    init: (
-        Annotated[
-            dict[NAME_KEY, Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]],
-            Field(max_length=64),
-            AfterValidator(_python_names),
-        ]
-        | None
-    ) = None
+    init: Annotated[dict[NAME_KEY, PYTHON_NAME], Field(max_length=64), AfterValidator(_python_names)] | None = None
+    config_args: Annotated[list[PYTHON_NAME], Field(max_length=64)] | None = Field(
+        None, description="constructor arguments the rebuildable class reads from the class's own config"
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> ObjectRef:

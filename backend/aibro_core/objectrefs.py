@@ -125,7 +125,7 @@ def resolve(refs: dict[str, Any], aliases: dict[str, str] | None = None) -> dict
                 f"the model names {name} ({where}), which the job's code does not define ({exc}): run the cells that "
                 "define it before submitting, or install its package with the job's requirements"
             ) from None
-        if ref.get("init") is not None:
-            obj = rebuildable(obj, dict(ref["init"]))
+        if ref.get("init") is not None or ref.get("config_args"):
+            obj = rebuildable(obj, dict(ref.get("init") or {}), tuple(ref.get("config_args") or ()))
         found[name] = obj
     return found

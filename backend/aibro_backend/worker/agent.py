@@ -218,7 +218,7 @@ class Worker:
 
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
-            trial = build_trial_model(spec["trial"], model_path, self.fetch_earlier_model)
+            trial = build_trial_model(spec["trial"], model_path, self.fetch_earlier_model, objects)
             if spec["trial"].get("resume_job"):
                 earlier = f"trial {spec['trial']['values'].get('tuner/trial_id')} ({spec['trial']['resume_job']})"
                 outbox.put(v.EV_LOG, {"message": f"starting from the trained weights of {earlier}"})

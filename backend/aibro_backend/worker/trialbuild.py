@@ -110,20 +110,27 @@ def trial_run(trial: dict[str, Any]) -> TrialRun:
     return TrialRun(name, build, hypermodel, hp, trial.get("fit_args"))
 
 
-def build_trial_model(trial: dict[str, Any], path: Path, earlier: Callable[[str, int | None], Path]) -> TrialRun:
-    """Build, check and save the trial's model at `path`. A trial that resumes an earlier one (Hyperband's next
-    round, whose epochs and initial_epoch the study put in the job's fit) starts from that trial's checkpoint,
-    fetched by `earlier(job_id, epoch)`, as KerasTuner's Hyperband loads it."""
+def build_trial_model(
+    trial: dict[str, Any], path: Path, earlier: Callable[[str, int | None], Path], objects: dict[str, Any]
+) -> TrialRun:
+    """Build, check and save the trial's model at `path`, its classes Keras cannot describe saved as the kernel
+    saves them (`objects`, the job's resolved object references). A trial that resumes an earlier one (Hyperband's
+    next round, whose epochs and initial_epoch the study put in the job's fit) starts from that trial's checkpoint,
+    fetched by `earlier(job_id, epoch)`, as KerasTuner's Hyperband loads it. A HyperModel with its own fit may
+    return a model it compiles (or trains with a loop of its own) there."""
+    from aibro_core.kerasfile import keras_notes_quiet, saved_as, swaps_for
+
     run = trial_run(trial)
     model = run.build(run.hp)
     if trial.get("resume_job"):
         start_from(model, earlier(trial["resume_job"], trial.get("resume_epoch")))
-    if getattr(model, "optimizer", None) is None:
+    if getattr(model, "optimizer", None) is None and run.fit_args is None:
         what = run.name if run.hypermodel is None else f"{run.name}.build"
         raise RuntimeError(
             f"{what}(hp) returned a model that is not compiled: call model.compile(...) in it, as KerasTuner needs"
         )
-    model.save(path)
+    with saved_as(swaps_for(model, objects)), keras_notes_quiet():
+        model.save(path)
     return run
 
 
