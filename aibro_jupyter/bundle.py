@@ -344,9 +344,11 @@ def encode_data(
     model: Any = None,
     steps: tuple[int | None, int | None] = (None, None),
     epochs: int = 1,
+    shuffle_batches: bool = False,
 ) -> dict[str, Any]:
     """The job spec's `data`: numpy trees, or tf.data datasets that yield (inputs, targets[, weights]). `steps` is
-    (steps_per_epoch, validation_steps) and `epochs` the epochs left to train: they bound an endless dataset."""
+    (steps_per_epoch, validation_steps) and `epochs` the epochs left to train: they bound an endless dataset.
+    `shuffle_batches`: x's batches come in a new order each epoch (a PyDataset's, as fit shuffles it)."""
     if x is None:
         raise ValidationError("train_X is None: pass the training inputs")
     if is_dataset(x):
@@ -357,6 +359,8 @@ def encode_data(
                     "make the dataset yield (inputs, targets) or (inputs, targets, sample_weights)"
                 )
         train = _dataset_part(x, "x", bundle, model, steps[0], epochs)
+        if shuffle_batches:
+            train["x"]["shuffle_batches"] = True
     else:
         train = _array_part(x, y, sample_weight, bundle)
     bundle.data = {**train, "validation": _validation_part(validation_data, bundle, model, steps[1], epochs)}

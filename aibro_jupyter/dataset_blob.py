@@ -12,6 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import ValidationError
 
 RUN_ID = "0"
@@ -20,6 +22,56 @@ RUN_ID = "0"
 def is_dataset(value: Any) -> bool:
     """True for a tf.data.Dataset, without importing TensorFlow for users who never made one."""
     return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
+
+
+def is_pydataset(value: Any) -> bool:
+    """A keras.utils.PyDataset (keras.utils.Sequence): each item one batch, as fit reads it."""
+    if not hasattr(value, "__getitem__") or isinstance(value, (str, bytes, list, tuple, dict)):
+        return False
+    import keras
+
+    return isinstance(value, keras.utils.PyDataset)
+
+
+def from_pydataset(ds: Any, name: str) -> Any:
+    """A PyDataset as the tf.data.Dataset of its batches, one item each, in order: what fit draws from it in an
+    epoch, so it travels as any dataset does (as one drawn pass: an item that draws at random draws once)."""
+    import tensorflow as tf
+
+    try:
+        count = len(ds)
+    except (TypeError, NotImplementedError):
+        count = None
+    if not count:
+        raise ValidationError(
+            f"{name} is a keras.utils.PyDataset with no length (endless, or empty): give it a __len__ (its number of "
+            "batches), or make a tf.data.Dataset of the batches to train on"
+        )
+    first = ds[0]
+
+    def spec(value: Any) -> Any:
+        arr = np.asarray(value)
+        return tf.TensorSpec(shape=(None, *arr.shape[1:]), dtype=tf.as_dtype(arr.dtype))
+
+    signature = tf.nest.map_structure(spec, _as_tuples(first))
+
+    def batches() -> Any:
+        for i in range(count):
+            yield _as_tuples(ds[i])
+
+    made = tf.data.Dataset.from_generator(batches, output_signature=signature)
+    return made.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def _as_tuples(item: Any) -> Any:
+    """A batch as tf.data takes it: lists (which Keras reads as (x, y)) become tuples, arrays stay."""
+    if isinstance(item, list):
+        return tuple(_as_tuples(v) for v in item)
+    if isinstance(item, tuple):
+        return tuple(_as_tuples(v) for v in item)
+    if isinstance(item, dict):
+        return {k: _as_tuples(v) for k, v in item.items()}
+    return np.asarray(item)
 
 
 def check_dataset(ds: Any, name: str, model: Any = None, steps: int | None = None) -> None:

@@ -25,7 +25,7 @@ from .blobsource import BytesSource
 from .checks import check_before_upload, fit_batch_size
 from .client import BackendClient
 from .config import resolve, say_once_unconfined, start_embedded
-from .dataset_blob import is_dataset
+from .dataset_blob import from_pydataset, is_dataset, is_pydataset
 from .errors import ApiError, JobFailed, ValidationError
 from .filereturn import FilesBack
 from .kerasnames import attached_objects, keras_configs, plan_names
@@ -73,6 +73,20 @@ def _check_fit_kwargs(fit_kwargs: dict[str, Any]) -> None:
     bad = sorted(set(fit_kwargs) - allowed)
     if bad:
         raise ValidationError(f"fit arguments {bad} are not supported remotely; supported: {sorted(allowed)}")
+
+
+def _pydatasets_as_datasets(x: Any, y: Any, validation_data: Any) -> tuple[Any, Any]:
+    """A keras.utils.PyDataset for x or validation_data becomes the tf.data.Dataset of its batches (dataset_blob)."""
+    if is_pydataset(x):
+        if y is not None:
+            raise ValidationError(
+                "x is a keras.utils.PyDataset, so y must come from it, not be passed beside it: make __getitem__ "
+                "return (inputs, targets)"
+            )
+        x = from_pydataset(x, "x")
+    if is_pydataset(validation_data):
+        validation_data = from_pydataset(validation_data, "validation_data")
+    return x, validation_data
 
 
 def _steps(value: Any) -> int | None:
@@ -204,6 +218,8 @@ class Training:
         checked against that model."""
         fit_kwargs = dict(fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
+        shuffle_batches = is_pydataset(train_X) and bool(fit_kwargs.get("shuffle", True))
+        train_X, validation_data = _pydatasets_as_datasets(train_X, train_Y, validation_data)
         check_before_upload(  # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
             lambda: self.client.policy(),
             None if hypermodel_fit else model,
@@ -255,6 +271,7 @@ class Training:
                 None if hypermodel_fit else model,
                 (_steps(fit_kwargs.get("steps_per_epoch")), _steps(fit_kwargs.get("validation_steps"))),
                 epochs - int(fit_kwargs.get("initial_epoch") or 0),
+                shuffle_batches,
             )
             fit_kwargs.pop("verbose", None)
             if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:

@@ -202,3 +202,19 @@ class Talks(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         print(f"talks: epoch {epoch} ended")
         print(f"talks: warning at epoch {epoch}", file=sys.stderr)
+
+
+class Batches(keras.utils.PyDataset):
+    """A PyDataset whose items are whole batches (the last one short), as keras.io's metric learning draws its
+    anchor/positive pairs: fit reads one item per step."""
+
+    def __init__(self, x: Any, y: Any, batch_size: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.x, self.y, self.batch_size = x, y, batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.x) // self.batch_size)
+
+    def __getitem__(self, i: int) -> Any:
+        part = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        return self.x[part], self.y[part]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -105,3 +106,38 @@ def test_a_loaded_dataset_gives_every_epoch_the_same_elements(tmp_path: Path, mo
         for _ in range(2):
             got = [bx.numpy() for bx, _ in ds]
             assert len(got) == 7 and np.array_equal(np.concatenate(got), x)
+
+
+def test_a_pydatasets_batches_travel_whole_and_come_in_a_new_order_each_epoch(
+    client: BackendClient, tmp_path: Path
+) -> None:
+    """A keras.utils.PyDataset travels as the dataset of its items (one batch each, the last one short); fit's
+    shuffle (on by default) reorders them each epoch on the worker, as Keras reorders a PyDataset's."""
+    import composite_models as cm
+
+    from aibro_backend.worker.datatree import load_tree
+
+    x = np.arange(200, dtype="float32").reshape(100, 2)
+    y = np.arange(100, dtype="float32").reshape(100, 1)
+    model = keras_model()
+    for shuffle in (True, False):
+        bundle, spec = Training(client).prepare(
+            model, cm.Batches(x, y, 16), machine_ids="local-cpu", fit_kwargs={"shuffle": shuffle}
+        )
+        node = spec["data"]["x"]
+        assert ("shuffle_batches" in node) is shuffle, node
+        blob = tmp_path / f"blob-{shuffle}"
+        blob.write_bytes(Path(bundle.sources[node["dataset"]].path).read_bytes())
+        shutil.rmtree(bundle.workdir)
+        ds = load_tree({**node, "dataset": blob.name}, lambda sha: tmp_path / sha)
+        orders = [[int(by[0, 0]) for _, by in ds] for _ in range(3)]
+        assert all(sorted(o) == list(range(0, 100, 16)) for o in orders), orders
+        assert (len({tuple(o) for o in orders}) > 1) is shuffle, orders
+
+
+def keras_model() -> object:
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    return model

@@ -208,3 +208,24 @@ def test_what_a_callback_prints_reaches_the_cell_in_order_with_the_epochs(
         "Epoch 2/2",
     ], out
     assert "talks: warning at epoch 0\ntalks: warning at epoch 1\n" in err and "talks: warning" not in out
+
+
+def test_a_pydataset_of_whole_batches_trains_remotely_as_in_the_kernel(client: BackendClient) -> None:
+    """Each item of a keras.utils.PyDataset is one batch, remotely as in the kernel (it travels as the dataset of its
+    batches, not as one array of them)."""
+    rng = np.random.default_rng(SEED)
+    x, y = rng.random((100, 8), dtype=np.float32), rng.random((100, 1), dtype=np.float32)
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(SEED)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+        return model
+
+    local = build()
+    expected = local.fit(cm.Batches(x, y, 16), epochs=2, verbose=0, **FIT)
+    model = build()
+    history = _remote(model, cm.Batches(x, y, 16), batch_size=None)
+    assert history.params["steps"] == 7 == expected.params["steps"]
+    assert _same(history.history["loss"], expected.history["loss"]), (history.history, expected.history)
+    assert _same(model.get_weights(), local.get_weights())

@@ -218,6 +218,9 @@ class DataTop(DataNode):
     repeat: described(bool | None, "must be true or false") = Field(
         None, description="the dataset repeats without end (the kernel's .repeat()); steps_per_epoch bounds an epoch"
     )
+    shuffle_batches: described(bool | None, "must be true or false") = Field(
+        None, description="its batches come in a new order each epoch, as fit shuffles a keras.utils.PyDataset's"
+    )
 
     def blobs(self) -> list[str]:
         return [self.dataset] if self.dataset is not None else super().blobs()

@@ -28,6 +28,8 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
         return arr
     if "dataset" in tree:
         ds = load_dataset(fetch(tree["dataset"]))
+        if tree.get("shuffle_batches"):  # a PyDataset's batches, which fit reorders each epoch
+            ds = ds.shuffle(max(int(ds.cardinality()), 1), reshuffle_each_iteration=True)
         return ds.repeat() if tree.get("repeat") else ds
     if "list" in tree:
         return [load_tree(t, fetch) for t in tree["list"]]
