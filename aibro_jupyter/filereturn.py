@@ -1,5 +1,6 @@
-"""Files the job's callbacks write on the worker (ModelCheckpoint, CSVLogger, TensorBoard) → the kernel-side
-paths they name, each as it arrives, so the cell after the fit (or a cell run while it trains) can open them.
+"""Files the job's callbacks write on the worker (ModelCheckpoint, CSVLogger, TensorBoard, and whatever the job's
+code writes into its working directory) → the kernel-side paths they name (the notebook's folder for the working
+directory), each as it arrives, so the cell after the fit (or a cell run while it trains) can open them.
 
 The kernel decided those paths when it submitted the job (the job view's `files`); the worker only says which
 file of a slot it wrote. A name that is not what the callback would write there (a file pattern's fields filled
@@ -26,6 +27,16 @@ def pattern_regex(name: str) -> re.Pattern[str]:
     return re.compile("".join(parts))
 
 
+def _plain_file(rel: str) -> bool:
+    """What the job's code may leave in the notebook's folder: a data or picture file, not code, a notebook or a
+    hidden file (a worker never rewrites what the kernel runs)."""
+    parts = rel.split("/")
+    return not any(part.startswith(".") for part in parts) and Path(rel).suffix.lower() not in CODE_SUFFIXES
+
+
+CODE_SUFFIXES = frozenset({".py", ".pyc", ".pth", ".ipynb", ".sh", ".so", ".pyx"})
+
+
 class FilesBack:
     """A watcher: downloads each file a callback wrote to where the kernel's callback would have written it."""
 
@@ -40,6 +51,13 @@ class FilesBack:
             return
         target = self.target(str(d["file"]), d["path"])
         if target is None:
+            if str(d["file"]).startswith(f"files/{v.CWD_SLOT}/"):
+                warnings.warn(
+                    f"the job wrote {d['path']!r} in its working directory; code, notebooks and hidden files are not "
+                    f"brought into the notebook's folder (the job's artifact {d['file']} holds it)",
+                    stacklevel=2,
+                )
+                return
             warnings.warn(
                 f"the worker sent back {d['path']!r}, which no callback of this job writes: ignored", stacklevel=2
             )
@@ -55,6 +73,8 @@ class FilesBack:
         if slot is None or rel.startswith("/") or ".." in rel.split("/"):
             return None
         kernel = Path(slot["kernel"])
+        if slot["slot"] == v.CWD_SLOT and not _plain_file(rel):
+            return None
         if slot["kind"] == "dir":
             return kernel / rel
         if "/" in rel or not pattern_regex(kernel.name).fullmatch(rel):

@@ -318,6 +318,7 @@ class Training:
             "seed": kernel_seed(),
             "compile": compile_args,
             "objects": names.refs,
+            "cwd": str(Path.cwd()),
         }
         if build is not None:
             spec.pop("model")

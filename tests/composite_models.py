@@ -218,3 +218,15 @@ class Batches(keras.utils.PyDataset):
     def __getitem__(self, i: int) -> Any:
         part = slice(i * self.batch_size, (i + 1) * self.batch_size)
         return self.x[part], self.y[part]
+
+
+class Leaves(keras.callbacks.Callback):
+    """Writes into the working directory at each epoch's end, as keras.io's GAN monitors save their images (and,
+    once, a .py file, which must not come back into the notebook's folder)."""
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        with open(f"generated_{epoch}.txt", "w") as f:
+            f.write(f"epoch {epoch} loss {logs['loss']:.6f}")
+        if epoch == 0:
+            with open("sneaky.py", "w") as f:
+                f.write("print('never run')\n")

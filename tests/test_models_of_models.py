@@ -229,3 +229,28 @@ def test_a_pydataset_of_whole_batches_trains_remotely_as_in_the_kernel(client: B
     assert history.params["steps"] == 7 == expected.params["steps"]
     assert _same(history.history["loss"], expected.history["loss"]), (history.history, expected.history)
     assert _same(model.get_weights(), local.get_weights())
+
+
+def test_what_the_jobs_code_writes_in_its_working_directory_lands_next_to_the_notebook(
+    client: BackendClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback that saves files by a bare name (keras.io's GAN monitors save their images so) leaves them in the
+    kernel's working directory, as a local fit does; code files are not brought back."""
+    monkeypatch.chdir(tmp_path)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    x = np.ones((32, 4), "float32")
+    with pytest.warns(UserWarning, match=r"wrote 'sneaky.py' in its working directory; code.* not brought"):
+        _, _, history = Training.online_fit(
+            model,
+            x,
+            x[:, :1],
+            machine_ids="local-cpu",
+            epochs=2,
+            fit_kwargs={"callbacks": [cm.Leaves()]},
+            verbose=False,
+        )
+    for epoch in (0, 1):
+        written = (tmp_path / f"generated_{epoch}.txt").read_text()
+        assert written == f"epoch {epoch} loss {history.history['loss'][epoch]:.6f}", written
+    assert not (tmp_path / "sneaky.py").exists()

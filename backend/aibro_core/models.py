@@ -707,6 +707,11 @@ class JobSpec(Request):
         ]
         | None
     ) = Field(None, description="arguments for a compile() the model's class overrides, called again on the worker")
+    cwd: described(
+        Annotated[str, Field(max_length=4096, pattern=r"^/[^\x00]*$")] | None,
+        "'cwd' must be the kernel's working directory, an absolute path",
+        False,
+    ) = Field(None, description="the kernel's working directory: what the job's code writes in its own returns there")
     objects: ObjectRefs = Field(
         default_factory=dict,
         description="each class or function Keras records by name in the model, found on the worker (kerasnames.py)",
@@ -1249,7 +1254,7 @@ class CodeListing(Response):
 class CallbackFiles(Response):
     """Where the files a callback argument names come back to in the kernel (the worker sends files/<slot>/...)."""
 
-    slot: str = Field(description="'<callback index>/<argument>'")
+    slot: str = Field(description="'<callback index>/<argument>', or 'job/cwd' for the job's working directory")
     kind: Literal["file", "dir"]
     kernel: str = Field(description="the kernel-side path as the job was submitted: a file name pattern or a folder")
 

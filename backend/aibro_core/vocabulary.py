@@ -90,6 +90,9 @@ FIT_KWARGS = (
 )
 
 
+CWD_SLOT = "job/cwd"  # the artifacts files/job/cwd/...: what the job's code wrote into its working directory
+
+
 def checkpoint_name(epoch: int) -> str:
     """The artifact a worker uploads after epoch `epoch` (0-based) and a resumed attempt starts from."""
     return f"checkpoints/epoch-{epoch + 1:04d}.keras"

@@ -43,6 +43,7 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
         "record": job.record,
         "seed": job.seed,
         "compile": job.compile,
+        "cwd": job.cwd,
         "objects": {name: ref.model_dump(exclude_none=True) for name, ref in job.objects.items()},
     }
 

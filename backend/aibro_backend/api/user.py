@@ -92,7 +92,8 @@ def instance_view(inst: InstanceRecord, now: float, placement: dict[str, Any] | 
 
 
 def callback_files(spec: dict[str, Any]) -> list[dict[str, str]]:
-    """The callback arguments that name a file or folder, and the kernel-side path each stands for."""
+    """The callback arguments that name a file or folder, and the kernel-side path each stands for; and the job's
+    working directory, which stands for the kernel's."""
     out = []
     callbacks = spec.get("callbacks") if isinstance(spec.get("callbacks"), list) else []
     for i, cb in enumerate(callbacks):
@@ -104,6 +105,8 @@ def callback_files(spec: dict[str, Any]) -> list[dict[str, str]]:
                 and isinstance(value.get("kernel"), str)
             ):
                 out.append({"slot": f"{i}/{arg}", "kind": value["__path__"], "kernel": value["kernel"]})
+    if isinstance(spec.get("cwd"), str):
+        out.append({"slot": v.CWD_SLOT, "kind": "dir", "kernel": spec["cwd"]})
     return out
 
 

@@ -254,6 +254,7 @@ class Worker:
         scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
         pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint, scratch)
         files = FileReturn(scratch / "files")
+        job_cwd = files.working_directory(spec.get("cwd"))
 
         def send_files() -> None:
             """What the user's callbacks wrote since the last epoch goes back, before that epoch is reported; a job
@@ -295,7 +296,7 @@ class Worker:
         )
         try:
             try:
-                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors), job_cwd:
                     (trial.fit_call(model) if trial is not None else model.fit)(
                         x, y, sample_weight=sw, validation_data=validation_data, callbacks=callbacks, verbose=0, **fit
                     )

@@ -5,16 +5,19 @@ the files they write, uploaded as artifacts `files/...` each epoch, and the line
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
+import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aibro_core.objectrefs import decode
+from aibro_core.vocabulary import CWD_SLOT
 
 SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -45,11 +48,32 @@ class FileReturn:
                     out.append((path, "/".join(["files", slot, *parts]), rel))
         return out
 
+    def working_directory(self, kernel_cwd: str | None) -> contextlib.AbstractContextManager[Any]:
+        """Where the job's code runs: a folder of its own whose files come back to the kernel's working directory
+        (a callback that saves `generated_img_0.png` leaves it next to the notebook, as locally); with no
+        kernel-side directory, where the worker is."""
+        if not kernel_cwd:
+            return contextlib.nullcontext()
+        folder = self.root / CWD_SLOT
+        folder.mkdir(parents=True, exist_ok=True)
+        self.bases[str(folder)] = kernel_cwd
+        return _inside(folder)
+
     def to_kernel(self, text: str) -> str:
         """A printed line with this worker's folders replaced by the kernel-side paths they stand for."""
         for folder, kernel in self.bases.items():
             text = text.replace(folder, kernel)
         return text
+
+
+@contextlib.contextmanager
+def _inside(folder: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def _safe(part: str) -> str:
