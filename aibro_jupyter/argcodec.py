@@ -20,7 +20,7 @@ import numpy as np
 from .cellcode import MAIN_MODULE, is_cell_object, is_lambda, travel_name
 from .errors import ValidationError
 
-MAX_ITEMS = 1000
+MAX_ITEMS = 100_000  # the spec's JSON bound (models.MAX_SPEC_CHARS) is the real limit
 MAX_ARRAY_ITEMS = 65536
 MAX_DEPTH = 8
 
@@ -43,6 +43,11 @@ def encode(value: Any, where: str, objects: list[Any], namespace: dict[str, Any]
         return {"__tuple__": [encode(v, f"{where}[{i}]", objects, namespace, depth + 1) for i, v in enumerate(value)]}
     if isinstance(value, dict) and len(value) <= MAX_ITEMS and all(isinstance(k, str) for k in value):
         return {k: encode(v, f"{where}[{k!r}]", objects, namespace, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, dict)):
+        raise ValidationError(
+            f"{where} holds {len(value)} items, more than {MAX_ITEMS} travel in a job's arguments: load it where it "
+            "is used (in the callback's on_train_begin, say), or pass it as the fit's data"
+        )
     if isinstance(value, np.ndarray):
         return _array(value, where)
     if is_keras_object(value):

@@ -230,3 +230,11 @@ class Leaves(keras.callbacks.Callback):
         if epoch == 0:
             with open("sneaky.py", "w") as f:
                 f.write("print('never run')\n")
+
+
+class Vocabulary(keras.callbacks.Callback):
+    """keras.io's miniature GPT's TextGenerator keeps its whole vocabulary (a list of 20,000 words) as an argument."""
+
+    def __init__(self, index_to_word: list[str]) -> None:
+        super().__init__()
+        self.index_to_word = index_to_word

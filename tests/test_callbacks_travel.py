@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,21 @@ def test_a_callback_argument_that_cannot_travel_is_named(client: BackendClient) 
     with pytest.raises(ValidationError, match=r"argument 'data' is an array of 100000 float64 values: only .* at most"):
         encode(np.zeros(100_000), "callback Holds's argument 'data'", [], None)
     assert encode(np.zeros(3, "float32"), "small", [], None)["__array__"]["shape"] == [3]
+
+
+def test_a_callback_holding_a_vocabulary_travels_and_one_too_big_is_refused_naming_the_fix(
+    client: BackendClient,
+) -> None:
+    import composite_models as cm
+
+    words = [f"word{i}" for i in range(20_000)]
+    bundle, spec = Training(client).prepare(
+        make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [cm.Vocabulary(words)]}
+    )
+    shutil.rmtree(bundle.workdir)
+    assert spec["callbacks"][0]["config"]["index_to_word"] == words
+    huge = ["w" * 40] * 30_000  # about 1.3 MB as JSON: over the request a job spec travels in
+    with pytest.raises(ValidationError, match=r"job spec is \d+ characters as JSON.*too big to travel inline"):
+        Training(client).prepare(
+            make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [cm.Vocabulary(huge)]}
+        )

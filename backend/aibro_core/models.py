@@ -379,7 +379,8 @@ KERAS_CALLBACKS = (
     "TensorBoard",
     "SwapEMAWeights",
 )
-MAX_CALLBACK_CONFIG_CHARS = 64 * 1024
+MAX_CALLBACK_CONFIG_CHARS = 512 * 1024  # a text generator's vocabulary of 20,000 words fits
+MAX_SPEC_CHARS = 960 * 1024  # the whole job spec as JSON, under the backend's 1 MiB request body
 
 
 def _callback(value: Any, handler: Any) -> Any:
@@ -434,7 +435,7 @@ def _json_within(value: Any, chars: int, levels: int) -> Any:
 
 def _bounded_json(value: dict[str, Any]) -> dict[str, Any]:
     """Arguments are plain JSON with marked forms (argcodec.py: {"__path__"}, {"__function__"}, {"__float__"}...);
-    the worker rebuilds the callback from them. Bounded here: 64 KiB and 10 levels."""
+    the worker rebuilds the callback from them. Bounded here: 512 KiB and 10 levels."""
     return _json_within(value, MAX_CALLBACK_CONFIG_CHARS, 10)
 
 
@@ -733,6 +734,18 @@ class JobSpec(Request):
     @classmethod
     def _requirements(cls, value: Any) -> Any:
         return _requirements(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_bounds(cls, data: Any) -> Any:
+        size = len(json.dumps(data, default=str)) if isinstance(data, dict) else 0
+        if size > MAX_SPEC_CHARS:
+            raise _fail(
+                f"the job spec is {size} characters as JSON, over {MAX_SPEC_CHARS}: the arguments written into it (a "
+                "callback's, a custom compile()'s, a closure's values) are too big to travel inline; load big "
+                "values where they are used, or pass them as the fit's data"
+            )
+        return data
 
     @model_validator(mode="after")
     def _model_or_trial(self) -> JobSpec:
