@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from .cellsplit import SplitCell, split_cell
+from .cellfits import CellFits
+from .cellsplit import FitInBlock, SplitCell, fit_cell, split_cell
 from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
 from .progress import JobView, TextProgress, local_notice, printed, worker_note
@@ -67,6 +69,11 @@ class CloudMagics(Magics):
         Statements before the call run here first; the call runs remotely; its assignment target receives a
         History; statements after it run here once the trained weights and optimizer state are back in the same
         model object. Ctrl-C detaches (the job goes on): `%cloud_attach JOB` picks it up again.
+
+        The fit may also sit in a for/while loop, an if, a with or a try (or inside an expression): then the cell
+        runs here as written and each time it reaches the fit, that fit is a job of its own whose History it gets,
+        the trained state back in the model before the next statement; a looped fit keeps its machine warm for the
+        next one (300 s unless --cool-down says otherwise), and a detach or cancel ends the cell there.
         """
         return run_sync(self._cloud_fit(line, cell))
 
@@ -83,7 +90,11 @@ class CloudMagics(Magics):
 
     async def _cloud_fit_steps(self, args: Any, cell: str) -> Any:
         ns = self.shell.user_ns
-        split = split_cell(self.shell.transform_cell(cell))
+        helper = f"__aibro_fit_{secrets.token_hex(6)}"  # what a fit in a block calls: no name of the notebook's
+        plan = fit_cell(self.shell.transform_cell(cell), helper)
+        if isinstance(plan, FitInBlock):
+            return await CellFits(self, args, plan, helper).run()
+        split = plan
         _exec(split.before, ns, split.filename)
         model, model_src = self._receiver(split, ns)
         fit_args = _bind_fit(split.call, ns, split.filename)
@@ -93,8 +104,30 @@ class CloudMagics(Magics):
             machines = ",".join(self.default_machines)
         if machines is None:
             machines, cool_down = await self._pick(cool_down)
+        job = self._submit(args, model, model_src, fit_args, machines, cool_down)
+        job_id = job["job_id"]
+        if args.detach:
+            print(f"{job_id} started on {', '.join(job['machines'])}; follow it with %cloud_attach {job_id}")
+            return None
+        view = await self._follow(job_id, job.get("description", ""), job["machines"], quiet=args.quiet)
+        if view is None:
+            return None
+        with self.last_panel.after_fit():  # what runs after the fit shows in the panel too (it survives a reload)
+            trained, history = self.trainer.collect(view, model, not args.unsafe, args.ckpt_dir, args.log_dir)
+            if args.into:
+                ns[args.into] = trained
+            if split.target is not None:
+                ns["__aibro_history__"] = history
+                _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_history__", ast.Load()))], ns)
+                ns.pop("__aibro_history__", None)
+            return _exec_returning_last(split.after, ns, split.filename)
+
+    def _submit(
+        self, args: Any, model: Any, model_src: str, fit_args: dict[str, Any], machines: str, cool_down: float
+    ) -> dict[str, Any]:
+        """Create the job of one fit (the cell's options, the fit's bound arguments); returns the job."""
         x, y = fit_args.pop("x", None), fit_args.pop("y", None)
-        job = self.trainer.submit(
+        return self.trainer.submit(
             model,
             x,
             y,
@@ -123,22 +156,6 @@ class CloudMagics(Magics):
                 "sample_weight": "sample_weight",
             },
         )
-        job_id = job["job_id"]
-        if args.detach:
-            print(f"{job_id} started on {', '.join(job['machines'])}; follow it with %cloud_attach {job_id}")
-            return None
-        view = await self._follow(job_id, job.get("description", ""), job["machines"], quiet=args.quiet)
-        if view is None:
-            return None
-        with self.last_panel.after_fit():  # what runs after the fit shows in the panel too (it survives a reload)
-            trained, history = self.trainer.collect(view, model, not args.unsafe, args.ckpt_dir, args.log_dir)
-            if args.into:
-                ns[args.into] = trained
-            if split.target is not None:
-                ns["__aibro_history__"] = history
-                _exec([ast.Assign(targets=[split.target], value=ast.Name("__aibro_history__", ast.Load()))], ns)
-                ns.pop("__aibro_history__", None)
-            return _exec_returning_last(split.after, ns, split.filename)
 
     @magic_arguments()
     @argument("--machine", "-m", default=None, help="ordered machine list each trial runs on, e.g. local-cpu")
@@ -223,18 +240,10 @@ class CloudMagics(Magics):
         return _exec_returning_last(split.after, ns, split.filename)
 
     def _receiver(self, split: SplitCell, ns: dict[str, Any]) -> tuple[Any, str]:
-        import keras
-
         func = split.call.func
         assert isinstance(func, ast.Attribute)
         src = ast.unparse(func.value)
-        value = _eval(func.value, ns, split.filename)
-        if not isinstance(value, keras.Model):
-            raise ValidationError(
-                f"`{src}.fit(...)`: `{src}` is a {type(value).__module__}.{type(value).__name__}, not a Keras model; "
-                "%%cloud_fit runs keras.Model.fit remotely"
-            )
-        return value, src
+        return keras_model(_eval(func.value, ns, split.filename), src), src
 
     async def _pick(self, cool_down: float) -> tuple[str, float]:
         from .widgets.picker import MachinePicker
@@ -246,14 +255,24 @@ class CloudMagics(Magics):
         machines, cool = picker.chosen
         return ",".join(machines), cool
 
-    async def _follow(self, job_id: str, description: str, machines: list[str], quiet: bool = False) -> JobView | None:
-        """Show the panel and follow the job until it ends; None when the user detached."""
+    async def _follow(
+        self,
+        job_id: str,
+        description: str,
+        machines: list[str],
+        quiet: bool = False,
+        show: Callable[[Any], Any] = display,
+        notes: set[str] | None = None,
+    ) -> JobView | None:
+        """Show the panel (`show`: displayed in the cell, or in the place of a fit's panel before it) and follow the
+        job until it ends; None when the user detached. A worker's note already in `notes` is not printed again (the
+        same warning from every job of a loop)."""
         from .widgets.progress_panel import ProgressPanel
 
         panel = ProgressPanel(job_id, description, machines)
         panel.on_cancel(lambda: self.trainer.client.cancel(job_id))
         self.last_panel = panel
-        display(panel)
+        show(panel)
         text = TextProgress()
         stop = threading.Event()
 
@@ -268,7 +287,12 @@ class CloudMagics(Magics):
                     asked[0] = now  # at most one job fetch per 10 s of epochs: a replay of 200 epochs asks once
                     view.cost = self._cost(job_id, view.cost)
                 panel.update(view, ev)
-                shown = ev["type"] in ("epoch", "error") or worker_note(ev)
+                note = worker_note(ev)
+                if note and notes is not None:
+                    if note in notes:
+                        return
+                    notes.add(note)
+                shown = ev["type"] in ("epoch", "error") or note
                 if local_notice(ev) or printed(ev) is not None or (not quiet and shown):
                     text(view, ev)  # a notice ("backend unreachable, restarting…") shows even with --quiet
 
@@ -529,10 +553,20 @@ def _exec_returning_last(stmts: list[ast.stmt], ns: dict[str, Any], filename: st
     return None
 
 
-def _bind_fit(call: ast.Call, ns: dict[str, Any], filename: str = "<cloud_fit>") -> dict[str, Any]:
-    """The fit call's arguments, evaluated here and bound to keras.Model.fit's signature."""
+def keras_model(value: Any, src: str) -> Any:
+    """`value`, the receiver of the cell's `src.fit(...)`, when it is a Keras model; else the refusal."""
     import keras
 
+    if not isinstance(value, keras.Model):
+        raise ValidationError(
+            f"`{src}.fit(...)`: `{src}` is a {type(value).__module__}.{type(value).__name__}, not a Keras model; "
+            "%%cloud_fit runs keras.Model.fit remotely"
+        )
+    return value
+
+
+def _bind_fit(call: ast.Call, ns: dict[str, Any], filename: str = "<cloud_fit>") -> dict[str, Any]:
+    """The fit call's arguments, evaluated here and bound to keras.Model.fit's signature."""
     args = []
     for a in call.args:
         if isinstance(a, ast.Starred):
@@ -545,6 +579,13 @@ def _bind_fit(call: ast.Call, ns: dict[str, Any], filename: str = "<cloud_fit>")
             kwargs.update(_eval(kw.value, ns, filename))
         else:
             kwargs[kw.arg] = _eval(kw.value, ns, filename)
+    return bind_fit(args, kwargs)
+
+
+def bind_fit(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A fit call's argument values bound to keras.Model.fit's signature, by name."""
+    import keras
+
     sig = inspect.signature(keras.Model.fit)
     try:
         bound = sig.bind(None, *args, **kwargs)

@@ -59,7 +59,14 @@ print("STEPS", int(model.optimizer.iterations.numpy()))
         ("%%cloud_fit -m local-cpu\nprint('no fit here')", "no `.fit(...)` call"),
         ("%%cloud_fit -m local-cpu\nmodel.fit(x_train, y_train)\nmodel.fit(x_train, y_train)", "2 `.fit(...)` calls"),
         ("%%cloud_fit -m local-cpu\nnot_a_model = [1]\nnot_a_model.fit(x_train)", "not a Keras model"),
-        ("%%cloud_fit -m local-cpu\nif True:\n    model.fit(x_train, y_train)", "statement of its own"),
+        (
+            "%%cloud_fit -m local-cpu\nfor i in range(2):\n    model.fit(x_train)\n    model.fit(x_train)",
+            "2 `.fit(...)` calls",
+        ),
+        ("%%cloud_fit -m local-cpu\nfor i in range(2):\n    [1].fit(x_train)", "`[1]` is a builtins.list, not a Keras"),
+        ("%%cloud_fit -m local-cpu\ndef train():\n    model.fit(x_train, y_train)", "inside the def train on line 1"),
+        ("%%cloud_fit -m local-cpu\nhs = (model.fit(x_train, y_train) for _ in range(2))", "the generator expression"),
+        ("%%cloud_fit -m local-cpu --detach\nif True:\n    model.fit(x_train, y_train)", "leave --detach out"),
         ("%%cloud_fit -m nope\nmodel.fit(x_train, y_train)", "unknown machine 'nope'"),
     ],
 )
@@ -335,3 +342,80 @@ print("HIST", sorted(m2.history.history), m2.history.epoch, m2.history.model is 
         "LAMBDA 1",
         "HIST ['accuracy', 'loss'] [0, 1] True",
     ], res.stdout
+
+
+LOOP = """%%cloud_fit -m local-cpu -d 'looped fits'
+lm = build()
+lm_id = id(lm)
+for it in range(3):
+    print("ITER", it)
+    h = lm.fit(x_train[:320], y_train[:320], epochs=1, batch_size=32, validation_data=(x_val, y_val))
+    acc = lm.evaluate(x_val, y_val, verbose=0)[1]
+    print("AFTER", it, h.epoch, h is lm.history, round(acc, 4) == round(h.history["val_accuracy"][-1], 4))
+print("STEPS", int(lm.optimizer.iterations.numpy()), id(lm) == lm_id)
+"""
+
+
+def test_a_fit_in_a_loop_runs_each_pass_as_a_job_on_the_warm_machine(kernel, client) -> None:  # noqa: ANN001
+    """keras.io's addition RNN trains so: a loop of fit(epochs=1), the model used in the kernel after each. Each pass
+    is a job of its own on the same warm worker, its History and its trained state back before the next statement."""
+    res = run_cell(kernel, LOOP)
+    assert not res.error, res.error
+    shown = [ln for ln in res.stdout.splitlines() if ln.startswith(("ITER", "Epoch", "AFTER", "STEPS"))]
+    assert [ln.split(" - ")[0] for ln in shown] == [
+        *[line for k in range(3) for line in (f"ITER {k}", "Epoch 1/1", f"AFTER {k} [0] True True")],
+        "STEPS 30 True",  # 10 batches a pass, the optimizer's state carried from one job to the next
+    ], res.stdout
+    assert res.stdout.count("its machine stays warm 300 s for the next") == 1, res.stdout
+    jobs = [j for j in client.jobs() if j["description"] == "looped fits"]
+    assert [j["status"] for j in jobs] == ["COMPLETED"] * 3 and {j["cool_down_s"] for j in jobs} == {300}
+    assert len({j["instance_id"] for j in jobs}) == 1, "every pass lands on the warm worker of the one before"
+    panels = [d for d in res.data if "application/vnd.jupyter.widget-view+json" in d]
+    assert len(panels) == 1, "one place for the panels: each job's replaces the last one's"
+    headers = " ".join(str(st.get("value", "")) for st in res.widgets.values())
+    assert all(f"fit {k} of this cell" in headers for k in (1, 2, 3)), "each job has its own panel"
+    assert any("CELL DONE" in str(st.get("value", "")) for _cid, st in res.updates), "the last panel says so"
+
+
+def test_a_fit_in_an_if_and_the_cells_last_value(kernel, client) -> None:  # noqa: ANN001
+    res = run_cell(
+        kernel,
+        "%%cloud_fit -m local-cpu --cool-down 900 -d 'fit in an if' --quiet\n"
+        "if len(x_train) > 10:\n"
+        "    h2 = model.fit(x_train[:320], y_train[:320], epochs=2, verbose=0)\n"
+        "else:\n"
+        "    h2 = None\n"
+        "h2.epoch, model.history is h2",
+    )
+    assert not res.error, res.error
+    assert {"text/plain": "([0, 1], True)"} in res.data, res.data
+    job = next(j for j in reversed(client.jobs()) if j["description"] == "fit in an if")
+    assert job["status"] == "COMPLETED" and job["cool_down_s"] == 900
+
+
+def test_cancel_or_ctrl_c_in_a_loop_stops_the_loop(kernel, client) -> None:  # noqa: ANN001
+    """Neither starts the next pass's job, even past the cell's own `except Exception`."""
+    assert not run_cell(kernel, "xb = np.repeat(x_train, 6, axis=0); yb = np.repeat(y_train, 6, axis=0)").error
+    body = (
+        "for it in range(3):\n"
+        "    try:\n"
+        "        model.fit(xb, yb, epochs=30, batch_size=16)\n"
+        "    except Exception as exc:\n"
+        "        print('SWALLOWED', exc)\n"
+    )
+    res = run_cell(kernel, "%%cloud_fit -m local-cpu --cool-down 600 -d loop-cancel\n" + body, until="Epoch 1/30")
+    click(kernel, res, "Cancel")
+    drain(kernel, res, timeout=60)
+    assert "it was canceled; the cell stopped at its fit on line 3 (fit 1)" in res.stdout, res.error + res.stdout
+    assert "SWALLOWED" not in res.stdout
+    assert [j["status"] for j in client.jobs() if j["description"] == "loop-cancel"] == ["CANCELED"]
+
+    res = run_cell(kernel, "%%cloud_fit -m local-cpu --cool-down 600 -d loop-ctrl-c\n" + body, until="Epoch 1/30")
+    kernel.manager.interrupt_kernel()
+    drain(kernel, res, timeout=60)
+    assert not res.error, f"Ctrl-C is not an error here: {res.error}"
+    assert "Attach again with: %cloud_attach" in res.stdout, res.stdout
+    assert "the cell stopped at its fit on line 3 (fit 1)" in res.stdout
+    jobs = [j for j in client.jobs() if j["description"] == "loop-ctrl-c"]
+    assert len(jobs) == 1 and jobs[0]["status"] == "TRAINING", "the job goes on; no next one started"
+    client.cancel(jobs[0]["job_id"])
