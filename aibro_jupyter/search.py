@@ -23,8 +23,10 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
+from aibro_core.kerasfile import keras_notes_quiet
 
 from .errors import StudyFailed, ValidationError
+from .randomstate import random_state_kept
 from .rebuildplan import kept_arguments
 
 ORACLE_KINDS = {
@@ -270,7 +272,7 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
             if trial.trial_id not in order:
                 order.append(trial.trial_id)
         if t["status"] == "COMPLETED":
-            _weights_into(training, tuner, t)
+            _weights_into(training, tuner, t, hp)
         oracle._save_trial(trial)
     oracle.save()
     if "load_model" not in vars(tuner) and type(tuner).load_model is kt.Tuner.load_model:
@@ -295,11 +297,14 @@ def load_trial_model(tuner: Any, trial: Any) -> Any:
     return model
 
 
-def _weights_into(training: Any, tuner: Any, trial: dict[str, Any]) -> None:
+def _weights_into(training: Any, tuner: Any, trial: dict[str, Any], hp: Any) -> None:
     """The trial's checkpoint where KerasTuner's load_model reads it (trial_<id>/checkpoint.weights.h5, optimizer
     state included, and its build config): the weights of its best epoch of all its executions, as KerasTuner's
-    SaveBestEpoch keeps them (the job's final model for a trial whose HyperModel.fit returned its score)."""
+    SaveBestEpoch keeps them (the job's final model for a trial whose HyperModel.fit returned its score). Loaded
+    with the classes and functions its model names, as the kernel's build of that trial (with `hp`) finds them."""
     import keras
+
+    from .kerasnames import plan_names
 
     dest = Path(tuner._get_checkpoint_fname(trial["trial_id"]))
     if dest.exists():
@@ -310,7 +315,10 @@ def _weights_into(training: Any, tuner: Any, trial: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="aibro-trial-") as d:
         path = training.client.download_artifact(checkpoint["job_id"], name, Path(d) / "model.keras")
         part = Path(d) / "checkpoint.weights.h5"
-        model = keras.saving.load_model(path)
+        with random_state_kept():
+            objects = plan_names(tuner.hypermodel.build(hp)).local
+        with keras_notes_quiet():
+            model = keras.saving.load_model(path, custom_objects=objects)
         model.save_weights(part)
         Path(tuner._get_build_config_fname(trial["trial_id"])).write_text(json.dumps(model.get_build_config()))
         shutil.move(part, dest)

@@ -28,6 +28,7 @@ from searchmodels import (
     build_model,
     build_model_failing_wide,
     build_model_no_input,
+    build_regressor,
     halve,
 )
 
@@ -418,6 +419,31 @@ def test_a_hypermodel_that_trains_an_uncompiled_model_with_a_loop_of_its_own(
     study = backend.client().t.json("GET", f"/studies/{study_id}")
     assert [t["status"] for t in study["trials"]] == ["COMPLETED"], study["trials"]
     assert study["trials"][0]["score"] is not None and np.isfinite(study["trials"][0]["score"])
+
+
+def test_a_search_scored_by_an_unregistered_metric_of_the_notebook(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KerasTuner's guide's custom objective: a Metric class never registered (whose own config Keras cannot load
+    back), named by kt.Objective; every trial scores by it and the best models load in the kernel."""
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    rng = np.random.default_rng(2)
+    x, y = rng.random((100, 10)), rng.random((100, 1))
+    tuner = kt.RandomSearch(
+        build_regressor,
+        objective=kt.Objective("val_custom_metric", direction="min"),
+        max_trials=1,
+        directory=str(tmp_path),
+        project_name="custom_metric",
+    )
+    xv, yv = rng.random((20, 10)), rng.random((20, 1))
+    study_id, best = Training.online_search(tuner, x, y, machine_ids="local-cpu", validation_data=(xv, yv))
+    study = backend.client().t.json("GET", f"/studies/{study_id}")
+    assert [t["status"] for t in study["trials"]] == ["COMPLETED"], study["trials"]
+    assert "val_custom_metric" in study["trials"][0]["metrics"]
+    assert "custom_metric" in best.evaluate(xv, yv, return_dict=True, verbose=0)
+    _assert_best_models_load_whole(tuner)
 
 
 def _assert_best_models_load_whole(tuner: Any) -> Any:
