@@ -19,9 +19,12 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .errors import ValidationError
 
 MAIN_MODULE = "__aibro_main__"
+GLOBALS_MODULE = "__aibro_globals__"  # the notebook arrays the definitions read, loaded on the worker as data
 _LITERALS = (type(None), bool, int, float, complex, str, bytes)
 
 
@@ -32,6 +35,7 @@ class CellCode:
     source: str = ""
     imported: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    arrays: dict[str, Any] = field(default_factory=dict)  # notebook arrays the definitions read, by name
 
 
 def is_cell_object(obj: Any) -> bool:
@@ -174,6 +178,7 @@ def build_cell_module(objects: list[Any], namespace: dict[str, Any] | None = Non
     defs: list[tuple[str, str]] = []
     done: set[str] = set()
     imported: list[str] = []
+    arrays: dict[str, Any] = {}
 
     def add(obj: Any, stack: tuple[str, ...]) -> None:
         name = travel_name(obj, ns)
@@ -213,11 +218,17 @@ def build_cell_module(objects: list[Any], namespace: dict[str, Any] | None = Non
             imported.append(module)
         elif _is_literal(val):
             consts[g] = f"{g} = {val!r}"
+        elif isinstance(val, np.generic) and _is_literal(val.item()):
+            consts[g] = f"{g} = {val.item()!r}"
+        elif isinstance(val, np.ndarray):
+            imports[g] = f"from {GLOBALS_MODULE} import {g}"  # travels as data, as the fit's arrays do
+            arrays[g] = val
         else:
             raise ValidationError(
                 f"{owner}, defined in a notebook cell, reads the notebook variable `{g}` "
-                f"({type(val).__module__}.{type(val).__name__}), which cannot travel as source: pass it to the "
-                "constructor (and return it from get_config), or create it inside the class"
+                f"({type(val).__module__}.{type(val).__name__}), which cannot travel (as source, or as a numpy "
+                "array does, as data): pass it to the constructor (and return it from get_config), make it a numpy "
+                "array, or create it inside the class"
             )
 
     for obj in objects:
@@ -225,7 +236,7 @@ def build_cell_module(objects: list[Any], namespace: dict[str, Any] | None = Non
     body = ['"""Definitions from notebook cells, re-created on the worker by aibro."""']
     body += sorted(set(imports.values())) + [consts[k] for k in sorted(consts)]
     body += [src for _, src in defs] + [aliases[k] for k in sorted(aliases)]
-    return CellCode("\n\n".join(body) + "\n", sorted(set(imported)), [n for n, _ in defs])
+    return CellCode("\n\n".join(body) + "\n", sorted(set(imported)), [n for n, _ in defs], arrays)
 
 
 def _is_literal(val: Any, depth: int = 0) -> bool:

@@ -273,6 +273,10 @@ class Training:
                 epochs - int(fit_kwargs.get("initial_epoch") or 0),
                 shuffle_batches,
             )
+            if code.arrays:  # what the notebook's definitions read, loaded on the worker before their module
+                bundle.data["globals"] = {
+                    name: b.encode_tree(arr, name, bundle)[0] for name, arr in code.arrays.items()
+                }
             fit_kwargs.pop("verbose", None)
             if "class_weight" in fit_kwargs and fit_kwargs["class_weight"] is not None:
                 fit_kwargs["class_weight"] = {int(k): float(w) for k, w in fit_kwargs["class_weight"].items()}

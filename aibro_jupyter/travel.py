@@ -39,6 +39,7 @@ class CodePlan:
     modules: list[str] = field(default_factory=list)
     roots: dict[str, str] = field(default_factory=dict)  # top-level module → the folder it came from
     installed: dict[str, str] = field(default_factory=dict)  # module → distribution the worker must have
+    arrays: dict[str, Any] = field(default_factory=dict)  # notebook arrays cell definitions read: they travel as data
 
     def blob(self) -> bytes:
         """The deterministic JSON the worker unpacks: the same code gives the same bytes, so it uploads once."""
@@ -105,6 +106,7 @@ def plan_code(objects: list[Any], namespace: dict[str, Any] | None = None) -> Co
     if cell_objects:
         cell = build_cell_module(cell_objects, namespace)
         plan.files[f"{MAIN_MODULE}.py"] = cell.source
+        plan.arrays = cell.arrays
         pending += cell.imported
     named = sorted({o.__module__ for o in objects if not is_cell_object(o)})
     pending += named

@@ -409,7 +409,8 @@ def test_an_unregistered_function_in_a_layer_argument_is_found_by_its_name() -> 
 @keras.saving.register_keras_serializable(package="kernel_checks")
 class NoKwargs(keras.layers.Layer):
     """As several published examples print it: get_config() extends the base config, __init__ takes no **kwargs; and
-    here the argument is kept nowhere either (only inside the Dense), so neither Keras nor aibro can rebuild it."""
+    here the argument is kept nowhere (only inside the Dense) and its config forgets it, so neither Keras nor aibro
+    can rebuild it (one whose config holds it is rebuilt from that: tests/test_named_objects.py)."""
 
     def __init__(self, size: int) -> None:
         super().__init__()
@@ -419,7 +420,7 @@ class NoKwargs(keras.layers.Layer):
         return self.dense(x)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "size": self.dense.units}
+        return {**super().get_config(), "note": "forgot size"}
 
 
 @pytest.mark.usefixtures("nothing_uploaded")

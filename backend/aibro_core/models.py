@@ -265,6 +265,17 @@ class DataPart(Request):
 
 class Data(DataPart):
     validation: DataPart | None = None
+    globals_: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], DataNode],
+            Field(max_length=64),
+        ]
+        | None
+    ) = Field(
+        None,
+        alias="globals",
+        description="the notebook's arrays its travelling definitions read (a callback reading x_test), by name",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -274,7 +285,8 @@ class Data(DataPart):
         return data
 
     def blobs(self) -> list[str]:
-        return super().blobs() + (self.validation.blobs() if self.validation else [])
+        arrays = [b for node in (self.globals_ or {}).values() for b in node.blobs()]
+        return super().blobs() + (self.validation.blobs() if self.validation else []) + arrays
 
 
 PositiveInt = Annotated[int, Field(ge=1, le=INT64_MAX), INTEGRAL]

@@ -49,13 +49,16 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
 
 
 def spec_blobs(spec: dict[str, Any]) -> list[str]:
-    """The blobs a stored (validated) spec reads: the model, its code and every array or dataset of its data."""
+    """The blobs a stored (validated) spec reads: the model, its code and every array or dataset of its data (and
+    the notebook arrays its code reads)."""
     code = spec.get("code") or {}
     data = spec.get("data") or {}
     out = [*([spec["model"]] if spec.get("model") else []), *([code["blob"]] if code.get("blob") else [])]
     for part in (data, data.get("validation") or {}):
         for key in ("x", "y", "sample_weight"):
             out += _tree_blobs(part.get(key))
+    for tree in (data.get("globals") or {}).values():
+        out += _tree_blobs(tree)
     return out
 
 

@@ -47,6 +47,7 @@ UPLOAD_CHUNK = 8 * 1024 * 1024  # one PUT of an artifact upload (the backend tak
 DOWNLOAD_TRIES = 5
 UPLOAD_TRIES = 10  # chunks in a row that fail before an upload gives up
 MAX_LINE = 4000  # a line the job's code printed, as one log event
+GLOBALS_MODULE = "__aibro_globals__"  # the notebook's arrays its travelling definitions import (aibro_jupyter/cellcode)
 
 
 def retrying(fn: Callable[[], Any], what: str) -> Any:
@@ -369,6 +370,11 @@ class Worker:
                         "job's requirements were installed); pin what the worker has, or leave them out",
                     },
                 )
+        arrays = (spec.get("data") or {}).get("globals")
+        if arrays:
+            from .datatree import notebook_arrays
+
+            sys.modules[GLOBALS_MODULE] = notebook_arrays(GLOBALS_MODULE, arrays, self.fetch_blob)
         code = spec.get("code")
         if code:
             from .usercode import UserCode
@@ -386,6 +392,7 @@ class Worker:
         return self.keras
 
     def _gear_down(self) -> None:
+        sys.modules.pop(GLOBALS_MODULE, None)
         if self._code is not None:
             self._code.deactivate()
             self._code = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import tarfile
 import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,15 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
     if "list" in tree:
         return [load_tree(t, fetch) for t in tree["list"]]
     return {k: load_tree(t, fetch) for k, t in tree["dict"].items()}
+
+
+def notebook_arrays(name: str, trees: dict[str, Any], fetch: Callable[[str], Path]) -> types.ModuleType:
+    """The module the travelling definitions import the notebook's arrays from (a callback reading x_test): each
+    loaded as the fit's arrays are, without pickle."""
+    module = types.ModuleType(name, "the notebook's arrays its definitions read")
+    for key, tree in trees.items():
+        setattr(module, key, load_tree(tree, fetch))
+    return module
 
 
 def fit_data(data: dict[str, Any], fetch: Callable[[str], Path]) -> tuple[Any, Any, Any, Any]:
