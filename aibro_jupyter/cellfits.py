@@ -13,7 +13,7 @@ statement runs.
   `CellStopped`, a BaseException like KeyboardInterrupt, so that no `except Exception` of the cell carries on
   into the next job: the cell ends there, saying where.
 * The panel. Each job has its panel (its id, its Cancel and Detach), shown where the first one was: a new job's
-  panel replaces the last one's in the output (a display id), and the old panel's widgets are closed, so a
+  panel replaces the last one's in the output (a display id), and what the old panel held is closed, so a
   30-pass loop leaves one panel and not 30 charts. The text output is what a single fit prints, each job's epoch
   lines (a worker's note, such as a version warning, once per cell), between what the cell itself prints.
 * Warm machines. A fit in a loop keeps its machine warm for the next pass: unless --cool-down (or the session's
@@ -158,12 +158,16 @@ class CellFits:
             )
 
     def _show(self, panel: Any) -> None:
-        """The job's panel, in the place of the last job's (whose widgets are closed: nothing shows them now)."""
+        """The job's panel, in the place of the last job's. What the last one held is closed, nothing shows it now,
+        but not its own (empty) box: JupyterLab's renderer of a display hides whatever it shows when the model it
+        first rendered there closes, the new panel included."""
         if self.handle is None:
             self.handle = display(panel, display_id=True)
         else:
             self.handle.update(panel)
-            _close_widgets(self.panel)
+            held, self.panel.children = self.panel.children, ()
+            for widget in held:
+                _close_widgets(widget)
         self.panel = panel
 
     def _done(self, error: str = "") -> None:
