@@ -163,6 +163,19 @@ ShortText = Annotated[str, Field(max_length=200)]
 
 
 # -- the job spec: POST /jobs ------------------------------------------------------------------------------------
+NAME_KEY = Annotated[str, Field(min_length=1, max_length=200)]  # a Python name: checked by _python_names
+PYTHON_NAME = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+def _python_names(value: dict[str, Any]) -> dict[str, Any]:
+    """The keys (a closure's variables, a constructor's arguments) are Python names; JSON Schema cannot say so of an
+    object's keys, so it is said here."""
+    bad = next((k for k in value if not k.isidentifier()), None)
+    if bad is not None:
+        raise ValueError(f"{bad!r} is not a Python name")
+    return value
+
+
 class DataNode(Request):
     """One array ({"blob", "shape", "dtype"}), or a list or dict of nodes: exactly one of blob, list, dict."""
 
@@ -265,13 +278,7 @@ class DataPart(Request):
 
 class Data(DataPart):
     validation: DataPart | None = None
-    globals_: (
-        Annotated[
-            dict[Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], DataNode],
-            Field(max_length=64),
-        ]
-        | None
-    ) = Field(
+    globals_: Annotated[dict[NAME_KEY, DataNode], Field(max_length=64), AfterValidator(_python_names)] | None = Field(
         None,
         alias="globals",
         description="the notebook's arrays its travelling definitions read (a callback reading x_test), by name",
@@ -600,23 +607,12 @@ class TrialBuild(Request):
 
 
 REF_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-NAME_KEY = Annotated[str, Field(min_length=1, max_length=200)]  # a Python name: checked by _python_names
-PYTHON_NAME = Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 MAX_OBJECTS_CHARS = 1 << 20
 
 
 def _bounded_values(value: Any) -> Any:
     """A closure's values (small arrays included) and defaults: 1 MiB of JSON and 12 levels at most."""
     return _json_within(value, MAX_OBJECTS_CHARS, 12)
-
-
-def _python_names(value: dict[str, Any]) -> dict[str, Any]:
-    """The keys (a closure's variables, a constructor's arguments) are Python names; JSON Schema cannot say so of an
-    object's keys, so it is said here."""
-    bad = next((k for k in value if not k.isidentifier()), None)
-    if bad is not None:
-        raise ValueError(f"{bad!r} is not a Python name")
-    return value
 
 
 ClosureValues = Annotated[
