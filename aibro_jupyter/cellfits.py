@@ -35,6 +35,7 @@ from aibro_core import vocabulary as v
 
 from .cellsplit import FitInBlock
 from .errors import JobFailed, ValidationError
+from .progress import Tee
 
 LOOP_COOL_DOWN_S = 300.0  # covers the local work of a pass in keras.io's looped examples (a few predictions)
 MAX_LOOP_COOL_DOWN_S = 3600.0  # the backend's default cap on a warm machine (policy.max_cool_down_s)
@@ -205,30 +206,16 @@ class _Mirror:
     def start(self) -> None:
         self.stop()
         self.streams = (sys.stdout, sys.stderr)
-        sys.stdout, sys.stderr = _Tee(sys.stdout, self.buf), _Tee(sys.stderr, self.buf)  # type: ignore[assignment]
+        sys.stdout, sys.stderr = Tee(sys.stdout, self.buf), Tee(sys.stderr, self.buf)  # type: ignore[assignment]
 
     def stop(self) -> str:
         """Stop mirroring; what was mirrored since `start`."""
         if self.streams is not None:
-            if isinstance(sys.stdout, _Tee):  # unless the cell's own code has put another stream there
+            if isinstance(sys.stdout, Tee):  # unless the cell's own code has put another stream there
                 sys.stdout = self.streams[0]
-            if isinstance(sys.stderr, _Tee):
+            if isinstance(sys.stderr, Tee):
                 sys.stderr = self.streams[1]
             self.streams = None
         text = "".join(self.buf)
         self.buf.clear()
         return text
-
-
-class _Tee:
-    """A stream that writes through and keeps a copy."""
-
-    def __init__(self, stream: TextIO, copy: list[str]) -> None:
-        self.stream, self.copy = stream, copy
-
-    def write(self, text: str) -> int:
-        self.copy.append(text)
-        return self.stream.write(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)

@@ -90,3 +90,17 @@ class TextProgress:
             print(f"[{view.job_id}] {local_notice(ev)}", file=self.out, flush=True)
         elif worker_note(ev):
             print(f"[{view.job_id}] {worker_note(ev)}", file=self.out, flush=True)
+
+
+class Tee:
+    """A text stream that writes to `stream` and keeps a copy."""
+
+    def __init__(self, stream: TextIO, copy: list[str]) -> None:
+        self.stream, self.copy = stream, copy
+
+    def write(self, text: str) -> int:
+        self.copy.append(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)

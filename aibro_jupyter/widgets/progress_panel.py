@@ -11,13 +11,13 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any
 
 import ipywidgets as w
 
 from aibro_core import vocabulary as v
 
-from ..progress import JobView, format_logs, local_notice
+from ..progress import JobView, Tee, format_logs, local_notice
 from .followcontrols import FollowControls
 from .style import STYLE, text_class
 
@@ -101,7 +101,7 @@ class ProgressPanel(FollowControls, w.VBox):
         done (or failed, with the error), and the exception still reaches the cell as usual."""
         buf: list[str] = []
         out, err = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(out, buf), _Tee(err, buf)
+        sys.stdout, sys.stderr = Tee(out, buf), Tee(err, buf)
         try:
             yield
         except BaseException as exc:
@@ -252,20 +252,6 @@ class ProgressPanel(FollowControls, w.VBox):
     @property
     def curve_points(self) -> int:
         return 0 if self.lines is None else len(self.lines[0].x)
-
-
-class _Tee:
-    """A text stream that writes to `stream` and keeps a copy."""
-
-    def __init__(self, stream: TextIO, copy: list[str]) -> None:
-        self.stream, self.copy = stream, copy
-
-    def write(self, text: str) -> int:
-        self.copy.append(text)
-        return self.stream.write(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
 
 
 def epoch_ticks(epochs: int, most: int = 10) -> list[int]:
