@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pandas as pd
 import pytest
+from composite_models import loss as contrastive
 from keras import ops
 
 from aibro_core.errors import ValidationError
@@ -24,15 +25,6 @@ from aibro_jupyter.bundle import Bundle, load_into, save_model
 from aibro_jupyter.kerasnames import plan_names
 
 pytestmark = pytest.mark.fast
-
-
-def contrastive(margin: float = 1.0) -> Any:
-    def contrastive_loss(y_true: Any, y_pred: Any) -> Any:
-        square_pred = ops.square(y_pred)
-        margin_square = ops.square(ops.maximum(margin - y_pred, 0))
-        return ops.mean((1 - y_true) * square_pred + y_true * margin_square)
-
-    return contrastive_loss
 
 
 def halved_relu(x: Any) -> Any:
@@ -155,7 +147,7 @@ def test_unregistered_functions_and_a_closure_load_by_the_names_keras_records(tm
     names = plan_names(model)
     assert set(names.refs) == {"halved_relu", "doubled", "Scale", "contrastive_loss", "mean_gap"}
     closure = names.refs["contrastive_loss"]["closure"]
-    assert closure["ref"] == f"{__name__}:contrastive" and closure["cells"] == {"margin": 2.5}
+    assert closure["ref"] == "composite_models:loss" and closure["cells"] == {"margin": 2.5}
     assert contrastive in names.travel and halved_relu in names.travel and Scale in names.travel
 
     loaded = _save_and_load(model, tmp_path)
