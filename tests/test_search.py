@@ -418,7 +418,11 @@ def test_a_hypermodel_that_trains_an_uncompiled_model_with_a_loop_of_its_own(
     study_id, _ = Training.online_search(tuner, x, y, machine_ids="local-cpu", validation_data=slow_data(64, seed=5))
     study = backend.client().t.json("GET", f"/studies/{study_id}")
     assert [t["status"] for t in study["trials"]] == ["COMPLETED"], study["trials"]
-    assert study["trials"][0]["score"] is not None and np.isfinite(study["trials"][0]["score"])
+    trial = study["trials"][0]
+    assert trial["score"] is not None and np.isfinite(trial["score"])
+    epochs = [e["data"]["epoch"] for e in backend.client().events(trial["job_id"])["events"] if e["type"] == "epoch"]
+    assert epochs == [0, 1], "each epoch its loop handed the callbacks was reported"
+    assert sorted(hp.name for hp in tuner.oracle.hyperparameters.space) == ["learning_rate", "units"]
 
 
 def test_a_search_scored_by_an_unregistered_metric_of_the_notebook(

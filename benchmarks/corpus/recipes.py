@@ -488,9 +488,10 @@ RECIPES: list[Recipe] = [
         category="guide: KerasTuner",
         call="tuner.search(",
         kind="tune",
-        subs=((".reset_states()", ".reset_state()"),),
-        why="Keras 3 metrics have reset_state() (reset_states() is gone); a HyperModel whose fit() is a custom "
-        "training loop reading the notebook's x_train",
+        subs=((".reset_states()", ".reset_state()"), ("callback.model = model", "callback.set_model(model)")),
+        why="Keras 3 metrics have reset_state() (reset_states() is gone) and a callback's model is set with "
+        "set_model() (its `model` property has no setter: every trial fails as printed, locally too); a HyperModel "
+        "whose fit() is a custom training loop reading the notebook's x_train",
     ),
     Recipe(
         name="metric_learning",

@@ -170,9 +170,13 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
         self._writer.start()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if getattr(self, "_writer", None) is None:
+            return  # a loop of the job's own (a HyperModel's fit) calls on_epoch_end alone: nothing to write with
         if logs:
             logs = dict(logs)
-            train_logs = self._collect_learning_rate({k: val for k, val in logs.items() if not k.startswith("val_")})
+            if getattr(self.model, "optimizer", None) is not None:
+                logs = self._collect_learning_rate(logs)
+            train_logs = {k: val for k, val in logs.items() if not k.startswith("val_")}
             if self.write_steps_per_second:
                 train_logs["steps_per_second"] = self._compute_steps_per_second()
             val_logs = {k: val for k, val in logs.items() if k.startswith("val_")}

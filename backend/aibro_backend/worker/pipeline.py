@@ -156,7 +156,7 @@ class EpochPipeline:
     def _build_optimizer(shadow: Any) -> None:
         """The copy's optimizer variables, which a model saved before its first step does not have yet."""
         try:
-            opt = shadow.optimizer
+            opt = getattr(shadow, "optimizer", None)
             if opt is not None and not opt.built:
                 opt.build(shadow.trainable_variables)
         except Exception:  # noqa: BLE001 - `_compatible` then finds the copy unusable
@@ -166,7 +166,8 @@ class EpochPipeline:
         """Learn where each variable lives in the checkpoint file (while the first epoch trains; the first
         checkpoint waits for it on this thread); any failure leaves Keras' save in charge."""
         try:
-            if self._shadow.optimizer is not None and self._shadow.optimizer.built:
+            opt = getattr(self._shadow, "optimizer", None)
+            if opt is not None and opt.built:
                 self._file = CheckpointFile.learn(self._shadow, self.scratch)
         except Exception:  # noqa: BLE001 - only speed depends on it
             log.exception("could not learn the checkpoint layout; every checkpoint is saved by Keras")
@@ -204,8 +205,12 @@ class EpochPipeline:
         of its own besides `optimizer` (a GAN's) is saved whole each epoch instead."""
         from aibro_core.kerasfile import optimizers_of
 
-        opt = shadow.optimizer
-        if opt is None or self.model.optimizer is None or set(optimizers_of(self.model)) != {"optimizer"}:
+        opt = getattr(shadow, "optimizer", None)  # a model no compile() was given has no attribute at all
+        if (
+            opt is None
+            or getattr(self.model, "optimizer", None) is None
+            or set(optimizers_of(self.model)) != {"optimizer"}
+        ):
             return False
         if not opt.built:
             opt.build(shadow.trainable_variables)
