@@ -150,6 +150,8 @@ def _named(function: Any, where: str, plan: NamePlan, ns: dict[str, Any]) -> Any
     """A copy of a travelling lambda under its travel name (its source travels, found by that name), else None."""
     if not is_lambda(function) or not (is_cell_object(function) or is_closure(function)):
         return None  # not a lambda, or one of an installed module: Keras' own bytecode
+    if str(function.__module__).split(".")[0] in KERAS_MODULES:
+        return None  # made again by Keras from a saved model's bytecode (no source left): it travels as bytecode again
     ref = function_ref(function, where, plan.travel, ns)
     if "__closure__" in ref:
         name = _closure_lambda_name(function, ref["__closure__"])

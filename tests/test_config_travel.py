@@ -191,9 +191,9 @@ print("PRED", m.predict({"text": texts[:4], "num": numbers[:4]}, verbose=0).shap
     assert sorted(f["path"] for f in job["code"]) == ["__aibro_main__.py", "configfns.py"]
     res = run_cell(
         notebook,
-        "from aibro_jupyter.bundle import check_model\n"
+        "from aibro_jupyter.kerasnames import plan_names\n"
         "from aibro_jupyter.travel import plan_code\n"
-        "print(plan_code(check_model(m)).files['__aibro_main__.py'])\n",
+        "print(plan_code(plan_names(m, globals()).travel).files['__aibro_main__.py'])\n",
     )
     assert not res.error, res.error
     for name in ("split_on_space", "NonNegative", "smoothed_loss", "ClippedAdam", "Tower"):

@@ -312,6 +312,28 @@ def test_a_lambda_in_a_lambda_layer_travels_as_source_with_its_globals(tmp_path:
     assert np.allclose(loaded.predict(x, verbose=0), x**2 + 1.0)
 
 
+def _saved_with_a_lambda(path: Path) -> Path:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda t: t * 3.0)])
+    model.compile("adam", "mse")
+    model.save(path)
+    return path
+
+
+def test_a_lambda_keras_loaded_from_bytecode_travels_as_bytecode_again(tmp_path: Path) -> None:
+    """`aibro fit model.keras --unsafe`: the model file's lambda was made inside a function no one can find again
+    (Keras made it from bytecode, with no source); it travels as Keras saved it, and trains as it did."""
+    loaded = keras.saving.load_model(_saved_with_a_lambda(tmp_path / "in.keras"), safe_mode=False)
+    assert "<locals>" in loaded.layers[0].function.__qualname__
+    names = plan_names(loaded)
+    assert names.refs == {} and names.lambdas == []
+    save_model(loaded, Bundle(tmp_path), names, safe_mode=False)
+    with zipfile.ZipFile(tmp_path / "model.keras") as z:
+        assert "__lambda__" in z.read("config.json").decode()
+    again = keras.saving.load_model(tmp_path / "model.keras", safe_mode=False)
+    x = np.ones((2, 4), "float32")
+    assert np.allclose(again.predict(x, verbose=0), 3.0)
+
+
 def test_lambdas_given_to_compile_travel_as_source_with_unsafe_only(tmp_path: Path) -> None:
     from aibro_jupyter.bundle import check_model
 

@@ -17,6 +17,7 @@ from aibro_backend.providers.local import pid_alive
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training, bundle
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.kerasnames import plan_names
 
 from conftest import make_model
 from helpers import slow_data, wait_for
@@ -159,7 +160,8 @@ def test_second_job_reuses_the_warm_worker(client: BackendClient, first_job, dig
     before = client.counters().get("blob_bytes_received", 0)
     model = make_model()
     probe = bundle.new_bundle()
-    model_bytes = (probe.workdir / "model.keras").stat().st_size if bundle.save_model(model, probe) else 0
+    bundle.save_model(model, probe, plan_names(model))
+    model_bytes = (probe.workdir / "model.keras").stat().st_size
     job = Training(client).submit(model, x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600)
     Training(client).watch(job["job_id"])
     second = client.job(job["job_id"])

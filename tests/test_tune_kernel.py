@@ -30,7 +30,8 @@ def test_a_cloud_tune_cell_runs_its_search_remotely_and_the_rest_here(aibro_home
             + _tuner(tmp_path, 4, "cell")
             + "tuner.search(x_train, y_train, epochs=2, validation_data=(x_val, y_val))\n"
             "best_hp = tuner.get_best_hyperparameters()[0]\n"
-            "print('BEST', best_hp.values, round(best_model.evaluate(x_val, y_val, verbose=0)[1], 4))\n"
+            "print('BEST', best_hp.values, round(tuner.get_best_models()[0].evaluate(x_val, y_val, verbose=0)[1], 4))\n"
+            "print('FINAL', round(best_model.evaluate(x_val, y_val, verbose=0)[1], 4))\n"
             "print('TRIALS', len(tuner.oracle.trials))",
             timeout=600,
         )
@@ -39,7 +40,9 @@ def test_a_cloud_tune_cell_runs_its_search_remotely_and_the_rest_here(aibro_home
         study = client.t.json("GET", f"/studies/{study_id}")
         assert study["status"] == "COMPLETED" and len(study["trials"]) == 4
         best = next(t for t in study["trials"] if t["trial_id"] == study["best_trial_id"])
-        assert f"BEST {best['values']} {round(best['score'], 4)}" in res.stdout, res.stdout
+        assert f"BEST {best['values']} {round(best['score'], 4)}" in res.stdout, "its best epoch: " + res.stdout
+        final = client.job(best["job_id"])["history"][-1]["val_accuracy"]
+        assert f"FINAL {round(final, 4)}" in res.stdout, "best_model: the job's final model, " + res.stdout
         assert "TRIALS 4" in res.stdout
         for t in study["trials"]:
             assert res.stdout.count(f"trial {t['trial_id']} COMPLETED") == 1, res.stdout
