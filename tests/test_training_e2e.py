@@ -125,7 +125,7 @@ def test_states_and_events(client: BackendClient, first_job) -> None:  # noqa: A
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), "seq must be gap-free"
     status_events = [e["data"] for e in events if e["type"] == "status"]
     walked = [d["substatus"] for d in status_events]
-    assert list(dict.fromkeys(walked)) == list(v.SUBSTATUS_ORDER), walked  # each once, in the order of DESIGN.md
+    assert list(dict.fromkeys(walked)) == list(v.SUBSTATUS_ORDER), walked  # each once, in the vocabulary's order
     statuses = [d["status"] for d in status_events]
     assert list(dict.fromkeys(statuses)) == [v.QUEUING, v.TRAINING, v.COMPLETED], statuses
     ts = [t["ts"] for t in job["timeline"]]
