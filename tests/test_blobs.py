@@ -214,51 +214,55 @@ def test_an_artifact_being_finished_is_not_started_over_by_a_retry(tmp_path: Pat
 
 # -- the store's event log, as a unit (the `store` fixture is in conftest.py) -------------------------------------
 def page(store: Store, job_id: str, after: int = 0) -> list[dict[str, Any]]:
-    return [json.loads(p) for p in store.event_parts(job_id, after)]
+    return [json.loads(p) for p in store.events.parts(job_id, after)]
 
 
 def user_page(store: Store, user_id: int, after: int = 0) -> list[dict[str, Any]]:
-    return [json.loads(p) for p in store.user_event_parts(user_id, after)[0]]
+    return [json.loads(p) for p in store.events.user_parts(user_id, after)[0]]
 
 
 def test_event_seq_is_gap_free_per_job(store: Store) -> None:
-    uid = store.ensure_user("u")
+    uid = store.users.ensure("u")
     spec = {"machines": ["local-cpu"], "fit": {"epochs": 1}}
-    store.create_job("job-a", uid, spec)
-    store.create_job("job-b", uid, spec)
+    store.jobs.create("job-a", uid, spec)
+    store.jobs.create("job-b", uid, spec)
     for i in range(5):
-        assert store.append_event("job-a", "log", {"message": f"a{i}"})["seq"] == i + 1
-        assert store.append_event("job-b", "log", {"message": f"b{i}"})["seq"] == i + 1
+        assert store.events.append("job-a", "log", {"message": f"a{i}"})["seq"] == i + 1
+        assert store.events.append("job-b", "log", {"message": f"b{i}"})["seq"] == i + 1
     assert [e["seq"] for e in page(store, "job-a")] == [1, 2, 3, 4, 5]
     assert [e["seq"] for e in page(store, "job-a", 3)] == [4, 5]
     with pytest.raises(KeyError):
-        store.append_event("job-missing", "log", {})
+        store.events.append("job-missing", "log", {})
 
 
 def test_worker_duplicates_are_dropped(store: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, {"machines": ["local-cpu"], "fit": {"epochs": 2}})
-    assert store.append_event("job-a", "epoch", {"epoch": 0, "logs": {}}, attempt=0, wseq=1)["seq"] == 1
-    assert store.append_event("job-a", "epoch", {"epoch": 0, "logs": {}}, attempt=0, wseq=1) is None  # resent
-    assert store.append_event("job-a", "log", {"message": "retry"}, attempt=1, wseq=1)["seq"] == 2  # new attempt
-    assert store.append_event("job-a", "log", {"message": "backend"})["seq"] == 3  # no wseq: never deduplicated
-    assert store.append_event("job-a", "log", {"message": "backend"})["seq"] == 4
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, {"machines": ["local-cpu"], "fit": {"epochs": 2}})
+    assert store.events.append("job-a", "epoch", {"epoch": 0, "logs": {}}, attempt=0, wseq=1)["seq"] == 1
+    assert store.events.append("job-a", "epoch", {"epoch": 0, "logs": {}}, attempt=0, wseq=1) is None  # resent
+    assert store.events.append("job-a", "log", {"message": "retry"}, attempt=1, wseq=1)["seq"] == 2  # new attempt
+    assert store.events.append("job-a", "log", {"message": "backend"})["seq"] == 3  # no wseq: never deduplicated
+    assert store.events.append("job-a", "log", {"message": "backend"})["seq"] == 4
     assert [e["seq"] for e in page(store, "job-a")] == [1, 2, 3, 4]
-    assert store.job("job-a").epochs_done == 1
-    assert (store.max_wseq("job-a", 0), store.max_wseq("job-a", 1), store.max_wseq("job-a", 2)) == (1, 1, 0)
-    store.append_event("job-a", "status", {"status": "TRAINING", "substatus": "TRAINING"})
-    assert (store.job("job-a").status, store.job("job-a").substatus) == ("TRAINING", "TRAINING")
+    assert store.jobs.get("job-a").epochs_done == 1
+    assert (
+        store.events.max_wseq("job-a", 0),
+        store.events.max_wseq("job-a", 1),
+        store.events.max_wseq("job-a", 2),
+    ) == (1, 1, 0)
+    store.events.append("job-a", "status", {"status": "TRAINING", "substatus": "TRAINING"})
+    assert (store.jobs.get("job-a").status, store.jobs.get("job-a").substatus) == ("TRAINING", "TRAINING")
 
 
 def test_user_events_are_ordered_by_gid_and_scoped_to_the_user(store: Store) -> None:
-    alice, bob = store.ensure_user("alice"), store.ensure_user("bob")
-    assert store.ensure_user("alice") == alice
+    alice, bob = store.users.ensure("alice"), store.users.ensure("bob")
+    assert store.users.ensure("alice") == alice
     spec = {"machines": ["local-cpu"], "fit": {"epochs": 1}}
-    store.create_job("job-a", alice, spec)
-    store.create_job("job-b", alice, spec)
-    store.create_job("job-c", bob, spec)
+    store.jobs.create("job-a", alice, spec)
+    store.jobs.create("job-b", alice, spec)
+    store.jobs.create("job-c", bob, spec)
     for job in ("job-a", "job-b", "job-c", "job-b", "job-a"):
-        store.append_event(job, "log", {"message": job})
+        store.events.append(job, "log", {"message": job})
     mine = user_page(store, alice)
     gids = [e["gid"] for e in mine]
     assert gids == sorted(gids) and len(set(gids)) == 4
@@ -268,10 +272,10 @@ def test_user_events_are_ordered_by_gid_and_scoped_to_the_user(store: Store) -> 
 
 
 def test_tokens_are_stored_hashed(store: Store, tmp_path: Path) -> None:
-    uid = store.ensure_user("u")
-    token = store.new_token(uid)
-    assert store.user_for_token(token) == {"id": uid, "name": "u"}
-    assert store.user_for_token(token + "x") is None
+    uid = store.users.ensure("u")
+    token = store.tokens.new(uid)
+    assert store.tokens.user_for(token) == {"id": uid, "name": "u"}
+    assert store.tokens.user_for(token + "x") is None
     assert token.encode() not in (tmp_path / "db.sqlite").read_bytes() + _wal(tmp_path / "db.sqlite")
 
 

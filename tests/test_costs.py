@@ -117,13 +117,13 @@ def test_a_resumed_job_pays_on_every_instance_it_held_and_a_running_one_until_no
 
 def test_the_store_records_the_job_an_instance_holds_and_its_start_price(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
-    uid = store.ensure_user("ann")
-    store.create_instance("inst-1", uid, "aws", "g4dn.xlarge.od", "tok", 5.0, price_per_hour=0.526)
-    store.set_instance_state("inst-1", L, "", job_id="job-a")  # bound just after it is made: same entry
-    store.set_instance_state("inst-1", E, "")
-    store.set_instance_state("inst-1", C, "", job_id=None)
-    store.set_instance_state("inst-1", E, "", job_id="job-b")
-    row = store.instance("inst-1")
+    uid = store.users.ensure("ann")
+    store.instances.create("inst-1", uid, "aws", "g4dn.xlarge.od", "tok", 5.0, price_per_hour=0.526)
+    store.instances.set_state("inst-1", L, "", job_id="job-a")  # bound just after it is made: same entry
+    store.instances.set_state("inst-1", E, "")
+    store.instances.set_state("inst-1", C, "", job_id=None)
+    store.instances.set_state("inst-1", E, "", job_id="job-b")
+    row = store.instances.get("inst-1")
     assert row.price_per_hour == 0.526
     assert [(h[0], h[3]) for h in row.history] == [(L, "job-a"), (E, "job-a"), (C, None), (E, "job-b")]
     assert set(job_costs([row], now=row.history[-1][2] + 10)) == {"job-a", "job-b"}

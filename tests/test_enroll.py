@@ -18,7 +18,8 @@ import pytest
 import requests
 from backend_proc import OwnBackend, own_backend
 
-from aibro_backend.storage.store import Store, hash_token
+from aibro_backend.storage.store import Store
+from aibro_backend.storage.tokens import hash_token
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 
@@ -119,9 +120,9 @@ def test_a_restart_reuses_the_kept_token_and_a_burnt_enrollment_buys_nothing(
 def test_an_expired_or_unknown_enrollment_token_is_refused(backend: OwnBackend) -> None:
     store = Store(backend.home / "state" / "aibro.db")
     try:
-        uid = store.ensure_user("enroll-expiry")
+        uid = store.users.ensure("enroll-expiry")
         token = "aibro_e_" + "x" * 40
-        store.create_instance("inst-expiring", uid, "local", "local-cpu", "aibro_w_unused", 0, token, enroll_ttl_s=0.2)
+        store.instances.create("inst-expiring", uid, "local", "local-cpu", "aibro_w_unused", 0, token, enroll_ttl_s=0.2)
     finally:
         store.close()
     time.sleep(0.5)
@@ -140,13 +141,13 @@ def test_store_enroll_answers_once() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         store = Store(Path(d) / "s.db")
-        uid = store.ensure_user("u")
-        store.create_instance("inst-a", uid, "aws", "g4dn.xlarge", "aibro_w_never", 60, "aibro_e_" + "a" * 30)
-        inst, token = store.enroll("aibro_e_" + "a" * 30)
+        uid = store.users.ensure("u")
+        store.instances.create("inst-a", uid, "aws", "g4dn.xlarge", "aibro_w_never", 60, "aibro_e_" + "a" * 30)
+        inst, token = store.instances.enroll("aibro_e_" + "a" * 30)
         assert inst is not None and inst.id == "inst-a" and token.startswith("aibro_w_")
-        assert store.instance_for_token(token).id == "inst-a"
-        assert store.instance_for_token("aibro_w_never") is None, "the launch-time token is replaced"
-        assert store.enroll("aibro_e_" + "a" * 30) == (None, "unknown or already used enrollment token")
+        assert store.instances.for_token(token).id == "inst-a"
+        assert store.instances.for_token("aibro_w_never") is None, "the launch-time token is replaced"
+        assert store.instances.enroll("aibro_e_" + "a" * 30) == (None, "unknown or already used enrollment token")
         assert not hasattr(inst, "enroll_hash") and not hasattr(inst, "token_hash"), "a row never carries the hashes"
         store.close()
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from aibro_backend.api.user import job_view
-from aibro_backend.storage.store import NewEvent, Store
+from aibro_backend.storage.events import NewEvent
+from aibro_backend.storage.store import Store
 from aibro_core.jobpicture import JobPicture
 
 pytestmark = pytest.mark.fast
@@ -50,12 +51,12 @@ def test_the_python_reducer(case: dict[str, Any]) -> None:
 def test_the_stores_summary_and_the_job_view(case: dict[str, Any], batches: str, tmp_path: Path) -> None:
     store = Store(tmp_path / "aibro.db")
     try:
-        uid = store.ensure_user("u")
-        store.create_job("job-1", uid, {"machines": ["local-cpu"], "fit": {"epochs": 9}})
+        uid = store.users.ensure("u")
+        store.jobs.create("job-1", uid, {"machines": ["local-cpu"], "fit": {"epochs": 9}})
         events = [NewEvent(ev["type"], ev["data"], None, ev["ts"]) for ev in case["events"]]
         for chunk in [[ev] for ev in events] if batches == "one-by-one" else [events]:
-            store.append_events("job-1", chunk)
-        row = store.job("job-1")
+            store.events.append_many("job-1", chunk)
+        row = store.jobs.get("job-1")
         want = case["picture"]
         assert (row.status, row.substatus, row.epochs_done) == (
             want["status"],

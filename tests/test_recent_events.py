@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from aibro_backend.storage import recent
+from aibro_backend.storage.events import EventBatch, NewEvent, NoSuchJob
 from aibro_backend.storage.groupcommit import GroupCommit
-from aibro_backend.storage.store import EventBatch, NewEvent, NoSuchJob, Store, _Checkpointer
+from aibro_backend.storage.store import Store
+from aibro_backend.storage.walcheckpoint import Checkpointer
 
 pytestmark = pytest.mark.fast
 
@@ -42,121 +44,121 @@ def seqs(parts: list[bytes]) -> list[int]:
 
 
 def test_every_cursor_reads_the_same_page_from_the_window_and_the_log(store: Store, log: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
     for start in range(1, 60, 7):
-        store.append_events("job-a", batch(7, start), attempt=0)
-    assert store.recent.job_events("job-a", 0, 5000) is not None, "the window covers a job it saw from its start"
-    assert log.recent.job_events("job-a", 0, 5000) is None, "the log reader has no window"
+        store.events.append_many("job-a", batch(7, start), attempt=0)
+    assert store.events.recent.job_events("job-a", 0, 5000) is not None, "the window covers a job it saw from its start"
+    assert log.events.recent.job_events("job-a", 0, 5000) is None, "the log reader has no window"
     for after in range(0, 66):
-        assert store.event_parts("job-a", after) == log.event_parts("job-a", after), after
-    assert seqs(store.event_parts("job-a", 0)) == list(range(1, 64))
-    assert seqs(store.event_parts("job-a", 60)) == [61, 62, 63] and store.event_parts("job-a", 63) == []
-    assert store.event_parts("job-a", 10, limit=3) == log.event_parts("job-a", 10, limit=3)
-    assert seqs(store.event_parts("job-a", 10, limit=3)) == [11, 12, 13]
+        assert store.events.parts("job-a", after) == log.events.parts("job-a", after), after
+    assert seqs(store.events.parts("job-a", 0)) == list(range(1, 64))
+    assert seqs(store.events.parts("job-a", 60)) == [61, 62, 63] and store.events.parts("job-a", 63) == []
+    assert store.events.parts("job-a", 10, limit=3) == log.events.parts("job-a", 10, limit=3)
+    assert seqs(store.events.parts("job-a", 10, limit=3)) == [11, 12, 13]
 
 
 def test_a_trimmed_window_sends_older_cursors_to_the_log(
     store: Store, log: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(recent, "WINDOW_EVENTS", 10)
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
     for start in range(1, 100, 9):
-        store.append_events("job-a", batch(9, start), attempt=0)
-    assert store.recent.job_events("job-a", 0, 5000) is None, "the start of the job left the window"
-    assert store.recent.job_events("job-a", 95, 5000) is not None
+        store.events.append_many("job-a", batch(9, start), attempt=0)
+    assert store.events.recent.job_events("job-a", 0, 5000) is None, "the start of the job left the window"
+    assert store.events.recent.job_events("job-a", 95, 5000) is not None
     for after in range(0, 100):
-        assert store.event_parts("job-a", after) == log.event_parts("job-a", after), after
-    parts, cursor = store.user_event_parts(uid, 0)
-    assert (parts, cursor) == log.user_event_parts(uid, 0) and seqs(parts) == list(range(1, 100))
+        assert store.events.parts("job-a", after) == log.events.parts("job-a", after), after
+    parts, cursor = store.events.user_parts(uid, 0)
+    assert (parts, cursor) == log.events.user_parts(uid, 0) and seqs(parts) == list(range(1, 100))
     assert cursor == json.loads(parts[-1])["gid"]
 
 
 def test_a_restarted_store_reads_what_it_did_not_write_from_the_log(store: Store, log: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
-    store.append_events("job-a", batch(5, 1), attempt=0)
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
+    store.events.append_many("job-a", batch(5, 1), attempt=0)
     restarted = Store(store.path)
     try:
-        restarted.append_events("job-a", batch(5, 6), attempt=0)
-        assert restarted.recent.job_events("job-a", 4, 5000) is None, "its window starts at its first append"
+        restarted.events.append_many("job-a", batch(5, 6), attempt=0)
+        assert restarted.events.recent.job_events("job-a", 4, 5000) is None, "its window starts at its first append"
         for after in range(0, 11):
-            assert restarted.event_parts("job-a", after) == log.event_parts("job-a", after)
-        assert seqs(restarted.event_parts("job-a", 0)) == list(range(1, 11))
+            assert restarted.events.parts("job-a", after) == log.events.parts("job-a", after)
+        assert seqs(restarted.events.parts("job-a", 0)) == list(range(1, 11))
     finally:
         restarted.close()
 
 
 def test_a_rolled_back_batch_never_reaches_the_window(store: Store, log: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
-    store.append_events("job-a", batch(3, 1), attempt=0)
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
+    store.events.append_many("job-a", batch(3, 1), attempt=0)
     with pytest.raises(TypeError):  # data that is not JSON fails inside the transaction
         not_json = NewEvent("epoch", {"epoch": 0, "logs": {}, "x": {1}}, wseq=6)
-        store.append_events("job-a", [*batch(2, 4), not_json], attempt=0)
-    assert seqs(store.event_parts("job-a", 0)) == [1, 2, 3]
-    store.append_events("job-a", batch(2, 4), attempt=0)
-    assert store.event_parts("job-a", 0) == log.event_parts("job-a", 0)
-    assert seqs(store.event_parts("job-a", 0)) == [1, 2, 3, 4, 5]
+        store.events.append_many("job-a", [*batch(2, 4), not_json], attempt=0)
+    assert seqs(store.events.parts("job-a", 0)) == [1, 2, 3]
+    store.events.append_many("job-a", batch(2, 4), attempt=0)
+    assert store.events.parts("job-a", 0) == log.events.parts("job-a", 0)
+    assert seqs(store.events.parts("job-a", 0)) == [1, 2, 3, 4, 5]
 
 
 def test_resent_events_are_not_repeated(store: Store, log: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
-    store.append_events("job-a", batch(4, 1), attempt=0)
-    store.append_events("job-a", batch(6, 1), attempt=0)  # the worker resends 1-4 with 5-6
-    assert [json.loads(p)["data"]["i"] for p in store.event_parts("job-a", 0)] == [1, 2, 3, 4, 5, 6]
-    assert store.event_parts("job-a", 0) == log.event_parts("job-a", 0)
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
+    store.events.append_many("job-a", batch(4, 1), attempt=0)
+    store.events.append_many("job-a", batch(6, 1), attempt=0)  # the worker resends 1-4 with 5-6
+    assert [json.loads(p)["data"]["i"] for p in store.events.parts("job-a", 0)] == [1, 2, 3, 4, 5, 6]
+    assert store.events.parts("job-a", 0) == log.events.parts("job-a", 0)
 
 
 def test_user_pages_are_scoped_and_match_the_log(store: Store, log: Store) -> None:
-    alice, bob = store.ensure_user("alice"), store.ensure_user("bob")
+    alice, bob = store.users.ensure("alice"), store.users.ensure("bob")
     for job, uid in (("job-a", alice), ("job-b", alice), ("job-c", bob)):
-        store.create_job(job, uid, SPEC)
+        store.jobs.create(job, uid, SPEC)
     for round_ in range(4):
         for job in ("job-a", "job-c", "job-b"):
-            store.append_events(job, batch(3, 1 + 3 * round_), attempt=0)
+            store.events.append_many(job, batch(3, 1 + 3 * round_), attempt=0)
     for uid, jobs in ((alice, {"job-a", "job-b"}), (bob, {"job-c"})):
-        everything = [json.loads(p) for p in store.user_event_parts(uid, 0)[0]]
+        everything = [json.loads(p) for p in store.events.user_parts(uid, 0)[0]]
         assert {e["job_id"] for e in everything} == jobs and len(everything) == 12 * len(jobs)
         for cursor in [0] + [e["gid"] for e in everything]:
-            page = store.user_event_parts(uid, cursor)
-            assert page == log.user_event_parts(uid, cursor)
+            page = store.events.user_parts(uid, cursor)
+            assert page == log.events.user_parts(uid, cursor)
             assert [json.loads(p)["gid"] for p in page[0]] == [e["gid"] for e in everything if e["gid"] > cursor]
 
 
 def test_nan_and_infinity_go_out_as_null_from_window_and_log(store: Store, log: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
-    store.append_events("job-a", [NewEvent("log", {"loss": math.nan, "x": [math.inf, 1.5]}, wseq=1)], attempt=0)
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
+    store.events.append_many("job-a", [NewEvent("log", {"loss": math.nan, "x": [math.inf, 1.5]}, wseq=1)], attempt=0)
     # a row as an older backend stored it, NaN and all (json.dumps writes them): only the log path meets it
     store.db.execute(
         "INSERT INTO events (job_id, user_id, seq, type, ts, data) VALUES (?, ?, ?, ?, ?, ?)",
         ("job-a", uid, 2, "log", 1.0, json.dumps({"loss": math.nan, "x": [-math.inf, 2.5]})),
     )
-    (part,) = store.event_parts("job-a", 0)  # the window: the event this store appended
+    (part,) = store.events.parts("job-a", 0)  # the window: the event this store appended
     assert json.loads(part)["data"] == {"loss": None, "x": [None, 1.5]}
-    first, old = log.event_parts("job-a", 0)
+    first, old = log.events.parts("job-a", 0)
     assert first == part
     assert json.loads(old, parse_constant=pytest.fail)["data"] == {"loss": None, "x": [None, 2.5]}
-    assert log.user_event_parts(uid, json.loads(first)["gid"])[0] == [old]
+    assert log.events.user_parts(uid, json.loads(first)["gid"])[0] == [old]
 
 
 def test_windows_are_bounded(store: Store, log: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recent, "WINDOWS", 4)
     monkeypatch.setattr(recent, "WINDOW_BYTES", 2000)
     monkeypatch.setattr(recent, "BUDGET_BYTES", 5000)
-    uid = store.ensure_user("u")
+    uid = store.users.ensure("u")
     for j in range(6):
-        store.create_job(f"job-{j}", uid, SPEC)
-        store.append_events(f"job-{j}", batch(40, 1), attempt=0)
-        windows = store.recent._windows
+        store.jobs.create(f"job-{j}", uid, SPEC)
+        store.events.append_many(f"job-{j}", batch(40, 1), attempt=0)
+        windows = store.events.recent._windows
         assert len(windows) <= 4 and all(w.size <= 2000 for w in windows.values())
-        assert store.recent.size == sum(w.size for w in windows.values()) <= 5000
+        assert store.events.recent.size == sum(w.size for w in windows.values()) <= 5000
     for j in range(6):
-        assert store.event_parts(f"job-{j}", 0) == log.event_parts(f"job-{j}", 0)
-        assert seqs(store.event_parts(f"job-{j}", 0)) == list(range(1, 41))
+        assert store.events.parts(f"job-{j}", 0) == log.events.parts(f"job-{j}", 0)
+        assert seqs(store.events.parts(f"job-{j}", 0)) == list(range(1, 41))
 
 
 def test_checkpoints_off_the_request_path_keep_the_log_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,15 +167,15 @@ def test_checkpoints_off_the_request_path_keep_the_log_whole(tmp_path: Path, mon
     runs, so PASSIVE alone never lets SQLite rewind the WAL: past the limit the writer runs one RESTART between two
     batches), and a closed store leaves every event in the database file itself (an empty WAL), readable by a fresh
     store."""
-    monkeypatch.setattr(_Checkpointer, "RESTART_ABOVE", 2 << 20)
+    monkeypatch.setattr(Checkpointer, "RESTART_ABOVE", 2 << 20)
     s = Store(tmp_path / "db.sqlite", checkpoints_every_s=0.05)
-    s.ensure_user("u")
-    s.create_job("job-1", 1, {"fit": {"epochs": 1}})
+    s.users.ensure("u")
+    s.jobs.create("job-1", 1, {"fit": {"epochs": 1}})
     assert s.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     wal = Path(f"{s.path}-wal")
     biggest, rewinds, last_seq = 0, 0, None
     for n in range(200):  # ~90 MB of WAL frames, as fast as the store takes them
-        s.append_events("job-1", [NewEvent("log", {"message": "x" * 2000, "n": n * 100 + k}) for k in range(100)])
+        s.events.append_many("job-1", [NewEvent("log", {"message": "x" * 2000, "n": n * 100 + k}) for k in range(100)])
         biggest = max(biggest, wal.stat().st_size)
         with open(wal, "rb") as f:
             seq = f.read(16)[12:16]  # the WAL header's checkpoint sequence: it counts rewinds
@@ -184,7 +186,7 @@ def test_checkpoints_off_the_request_path_keep_the_log_whole(tmp_path: Path, mon
     s.close()
     assert not wal.exists() or wal.stat().st_size == 0
     fresh = Store(tmp_path / "db.sqlite")
-    assert len(fresh.event_parts("job-1", 0, 30_000)) == 20_000
+    assert len(fresh.events.parts("job-1", 0, 30_000)) == 20_000
     fresh.close()
 
 
@@ -208,7 +210,7 @@ def test_a_lasting_checkpoint_failure_is_logged_once_and_its_end_noted(
         def close(self) -> None:
             real.close()
 
-    caplog.set_level(logging.INFO, logger="aibro_backend.storage.store")
+    caplog.set_level(logging.INFO, logger="aibro_backend.storage.walcheckpoint")
     s._checkpointer._db = Flaky()
     time.sleep(0.5)  # ~25 failed rounds
     failing["on"] = False
@@ -227,11 +229,11 @@ def test_batches_committed_together_match_the_log_and_a_failing_one_is_rolled_ba
     """Three jobs' batches in one transaction, the middle one failing inside it: the other two are stored with
     gap-free seqs and consecutive gids, the failing one leaves nothing behind (log, window, job row), and its
     job's next batch starts at seq 1."""
-    alice, bob = store.ensure_user("alice"), store.ensure_user("bob")
+    alice, bob = store.users.ensure("alice"), store.users.ensure("bob")
     for job, uid in (("job-a", alice), ("job-b", alice), ("job-c", bob)):
-        store.create_job(job, uid, SPEC)
+        store.jobs.create(job, uid, SPEC)
     bad = [*batch(2, 1), NewEvent("epoch", {"epoch": 0, "logs": {}, "x": {1}}, wseq=3)]  # data that is not JSON
-    results = store.append_batches(
+    results = store.events.append_batches(
         [
             EventBatch("job-a", batch(3, 1), 0),
             EventBatch("job-b", bad, 0),
@@ -242,41 +244,41 @@ def test_batches_committed_together_match_the_log_and_a_failing_one_is_rolled_ba
     assert [e["seq"] for e in results[0]] == [1, 2, 3] and [e["seq"] for e in results[2]] == [1, 2, 3]
     gids = [e["gid"] for e in results[0] + results[2]]
     assert gids == list(range(gids[0], gids[0] + 6)), "the batches that commit take consecutive gids"
-    assert store.event_parts("job-b", 0) == log.event_parts("job-b", 0) == []
-    assert store.job("job-c").epochs_done == 1 and store.job("job-b").epochs_done == 0
+    assert store.events.parts("job-b", 0) == log.events.parts("job-b", 0) == []
+    assert store.jobs.get("job-c").epochs_done == 1 and store.jobs.get("job-b").epochs_done == 0
     for job in ("job-a", "job-c"):
-        assert store.event_parts(job, 0) == log.event_parts(job, 0)
+        assert store.events.parts(job, 0) == log.events.parts(job, 0)
     for uid in (alice, bob):
-        assert store.user_event_parts(uid, 0) == log.user_event_parts(uid, 0)
-    assert [e["seq"] for e in store.append_events("job-b", batch(2, 4), attempt=0)] == [1, 2]
+        assert store.events.user_parts(uid, 0) == log.events.user_parts(uid, 0)
+    assert [e["seq"] for e in store.events.append_many("job-b", batch(2, 4), attempt=0)] == [1, 2]
 
 
 def test_a_batch_for_a_deleted_job_is_refused_alone(store: Store) -> None:
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
-    results = store.append_batches([EventBatch("job-gone", batch(2, 1), 0), EventBatch("job-a", batch(2, 1), 0)])
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
+    results = store.events.append_batches([EventBatch("job-gone", batch(2, 1), 0), EventBatch("job-a", batch(2, 1), 0)])
     assert isinstance(results[0], NoSuchJob) and [e["seq"] for e in results[1]] == [1, 2]
 
 
 def test_a_workers_status_event_never_moves_a_job_that_ended_while_its_batch_waited(store: Store) -> None:
     """The worker's post is checked against the job, then waits for its group: a cancel that lands in between
     must not be undone by the batch's TRAINING status event (its other events are kept)."""
-    uid = store.ensure_user("u")
-    store.create_job("job-a", uid, SPEC)
-    store.append_event("job-a", "status", {"status": "CANCELED", "substatus": "CANCELED"})
+    uid = store.users.ensure("u")
+    store.jobs.create("job-a", uid, SPEC)
+    store.events.append("job-a", "status", {"status": "CANCELED", "substatus": "CANCELED"})
     status = NewEvent("status", {"status": "TRAINING", "substatus": "TRAINING"}, wseq=1, ts=1000.0)
-    (stored,) = store.append_batches([EventBatch("job-a", [status, *batch(1, 2)], 0, from_worker=True)])
+    (stored,) = store.events.append_batches([EventBatch("job-a", [status, *batch(1, 2)], 0, from_worker=True)])
     assert [e["type"] for e in stored] == ["log"]
-    assert store.job("job-a").status == "CANCELED"
+    assert store.jobs.get("job-a").status == "CANCELED"
 
 
 def test_batches_posted_in_one_turn_of_the_loop_share_one_commit(store: Store, log: Store) -> None:
     """What the worker route does under load: every batch that reaches the loop in the same turn waits for one
     commit, and each hears its own result (a failing one its exception)."""
-    uid = store.ensure_user("u")
+    uid = store.users.ensure("u")
     jobs = [f"job-{i}" for i in range(5)]
     for job in jobs:
-        store.create_job(job, uid, SPEC)
+        store.jobs.create(job, uid, SPEC)
     group = GroupCommit(store)
 
     async def post_all() -> list[Any]:
@@ -287,8 +289,8 @@ def test_batches_posted_in_one_turn_of_the_loop_share_one_commit(store: Store, l
     results = asyncio.run(post_all())
     assert (group.batches, group.commits) == (6, 1)
     assert all([e["seq"] for e in r] == [1, 2, 3, 4] for r in results[:5]) and isinstance(results[5], NoSuchJob)
-    assert store.user_event_parts(uid, 0) == log.user_event_parts(uid, 0)
-    assert len(store.user_event_parts(uid, 0)[0]) == 20
+    assert store.events.user_parts(uid, 0) == log.events.user_parts(uid, 0)
+    assert len(store.events.user_parts(uid, 0)[0]) == 20
 
     async def one_at_a_time() -> None:
         for job in jobs[:2]:

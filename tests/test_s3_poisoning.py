@@ -87,22 +87,22 @@ def test_upkeep_proves_a_claim_left_unpublished_and_deletes_upload_keys_when_due
     """A claim the backend could not publish (S3 away, a restart between finish and publish) is published by the
     next upkeep; the upload key its user read stays until due, then goes; a false claim leaves the index."""
     store = Store(tmp_path / "aibro.db")
-    uid = store.ensure_user("ann")
+    uid = store.users.ensure("ann")
     real, fake = b"claimed and true " * 64, b"claimed but false " * 64
     true_sha, false_sha = hashlib.sha256(real).hexdigest(), hashlib.sha256(b"something else").hexdigest()
     for sha, body in ((true_sha, real), (false_sha, fake)):
         _put(backing, uid, sha, body)
-        store.add_blob(sha, uid, len(body), backing.upload_key(uid, sha[:32]))
+        store.blobs.add(sha, uid, len(body), backing.upload_key(uid, sha[:32]))
 
     assert asyncio.run(claims.upkeep(store, backing)) == {"published": 1, "deleted": 0}
-    assert store.blob_s3_key(true_sha, uid) is None and store.blob_size(true_sha, uid) == len(real)
+    assert store.blobs.s3_key(true_sha, uid) is None and store.blobs.size(true_sha, uid) == len(real)
     assert backing.verified_size(true_sha) == len(real)
-    assert store.blob_size(false_sha, uid) is None and backing.verified_size(false_sha) is None
-    assert store.counters(uid) == {"blob_claims_refused": 1}
+    assert store.blobs.size(false_sha, uid) is None and backing.verified_size(false_sha) is None
+    assert store.users.counters(uid) == {"blob_claims_refused": 1}
     keys = [backing.upload_key(uid, sha[:32]) for sha in (true_sha, false_sha)]
     assert all(_get(backing, k) is not None for k in keys), "a worker may still be reading them"
     for key in keys:
-        store.doom_s3_key(key, 0.0)  # as when the URL lifetime has passed
+        store.blobs.doom_s3_key(key, 0.0)  # as when the URL lifetime has passed
     assert asyncio.run(claims.upkeep(store, backing)) == {"published": 0, "deleted": 2}
     assert all(_get(backing, k) is None for k in keys)
     store.close()

@@ -59,7 +59,7 @@ def world(tmp_path: Path):  # noqa: ANN201
     store = Store(tmp_path / "aibro.db")
     provider = ScriptedProvider()
     sched = Scheduler(store, {"scripted": provider}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
-    uid = store.ensure_user("u")
+    uid = store.users.ensure("u")
     yield store, provider, sched, uid
     store.close()
 
@@ -67,7 +67,7 @@ def world(tmp_path: Path):  # noqa: ANN201
 def _job(store: Store, uid: int, machines: list[str], wait: float, versions: dict[str, str] | None = None) -> str:
     spec = {"machines": machines, "cool_down_s": 0, "wait_request_s": wait, "fit": {"epochs": 1}}
     spec["versions"] = versions or {}
-    store.create_job("job-1", uid, spec)
+    store.jobs.create("job-1", uid, spec)
     return "job-1"
 
 
@@ -80,7 +80,7 @@ def test_a_machine_not_ready_in_time_is_passed_over_for_the_next(world) -> None:
     store, provider, sched, uid = world
     job_id = _job(store, uid, ["spot-a", "spot-b"], wait=30)
     sched.tick()
-    assert provider.launched == ["spot-a"] and store.job(job_id).machine_id == "spot-a"
+    assert provider.launched == ["spot-a"] and store.jobs.get(job_id).machine_id == "spot-a"
     _age_launch(store, 10)
     sched.tick()
     assert provider.launched == ["spot-a"], "still within wait_request_s: keep waiting"
@@ -88,11 +88,11 @@ def test_a_machine_not_ready_in_time_is_passed_over_for_the_next(world) -> None:
     sched.tick()  # gives spot-a up
     sched.tick()  # and asks for spot-b
     assert provider.launched == ["spot-a", "spot-b"]
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     assert job.machine_id == "spot-b" and job.status == v.QUEUING
-    first = [i for i in store.instances() if i.machine_id == "spot-a"]
+    first = [i for i in store.instances.list() if i.machine_id == "spot-a"]
     assert [i.status for i in first] == [v.CLOSED] and provider.terminated == [first[0].id]
-    logs = [e["data"]["message"] for e in store.typed_events(job_id, (v.EV_LOG,))]
+    logs = [e["data"]["message"] for e in store.events.typed(job_id, (v.EV_LOG,))]
     assert "spot-a was not ready within 30 s" in logs
 
 
@@ -104,9 +104,9 @@ def test_none_ready_fails_the_job_with_the_fix(world) -> None:  # noqa: ANN001
         _age_launch(store, 6)
         sched.tick()
     assert provider.launched == ["spot-a", "spot-b"]
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     assert job.status == v.CANCELED
-    error = next(e["data"]["message"] for e in store.typed_events(job_id, (v.EV_ERROR,)))
+    error = next(e["data"]["message"] for e in store.events.typed(job_id, (v.EV_ERROR,)))
     assert "none of the machines (spot-a, spot-b) was ready within wait_request_s=5 s" in error
     assert "--wait-request" in error
 
@@ -117,7 +117,7 @@ def test_zero_waits_as_long_as_it_takes(world) -> None:  # noqa: ANN001
     sched.tick()
     _age_launch(store, 3600)
     sched.tick()
-    assert provider.launched == ["spot-a"] and store.job(job_id).machine_id == "spot-a"
+    assert provider.launched == ["spot-a"] and store.jobs.get(job_id).machine_id == "spot-a"
 
 
 # -- a provider whose launches finish later (a cloud: the AWS provider's shape) ----------------------------------
@@ -169,13 +169,13 @@ def cloud(tmp_path: Path):  # noqa: ANN201
     store = Store(tmp_path / "aibro.db")
     provider = AsyncScriptedProvider()
     sched = Scheduler(store, {"cloud": provider}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
-    uid = store.ensure_user("u")
+    uid = store.users.ensure("u")
     yield store, provider, sched, uid
     store.close()
 
 
 def _launching(store: Store) -> InstanceRecord:
-    (inst,) = store.instances(statuses=(v.LAUNCHING,))
+    (inst,) = store.instances.list(statuses=(v.LAUNCHING,))
     return inst
 
 
@@ -195,13 +195,13 @@ def test_a_cloud_launch_stays_launching_while_pending_and_enrolls(cloud) -> None
     assert "AIBRO_WORKER_TOKEN" not in env, "a cloud machine's launch data holds no long-lived token"
     assert env["AIBRO_ENROLL_TOKEN"].startswith("aibro_e_") and env["AIBRO_INSTANCE_ID"] == inst.id
     assert provider.launch_kwargs == [{"job_id": job_id, "attempt": 0, "tensorflow": None}], "tagged with its job"
-    inst, token = store.enroll(env["AIBRO_ENROLL_TOKEN"])
-    assert inst is not None and store.instance_for_token(token).id == inst.id
+    inst, token = store.instances.enroll(env["AIBRO_ENROLL_TOKEN"])
+    assert inst is not None and store.instances.for_token(token).id == inst.id
     for state in ("launching", "pending", "pending", "running"):
         provider.state[inst.id] = state
         sched.tick()
-        assert store.instance(inst.id).status == v.LAUNCHING
-        job = store.job(job_id)
+        assert store.instances.get(inst.id).status == v.LAUNCHING
+        job = store.jobs.get(job_id)
         assert (job.status, job.substatus, job.instance_id) == (v.QUEUING, v.CONNECTING_SERVER, inst.id)
     assert provider.launched == ["spot-a"]
 
@@ -218,10 +218,10 @@ def test_a_capacity_error_passes_over_to_the_next_machine_in_the_same_tick(cloud
     provider.fail(first.id, CapacityError("spot-a", "InsufficientInstanceCapacity", "no room in us-east-1a"))
     sched.tick()
     assert provider.launched == ["spot-a", "spot-b"], "the next machine is asked for in the same tick"
-    assert store.instance(first.id).status == v.CLOSED
-    job = store.job(job_id)
+    assert store.instances.get(first.id).status == v.CLOSED
+    job = store.jobs.get(job_id)
     assert job.machine_id == "spot-b" and job.attempt == 0, "a machine without room is no lost worker"
-    logs = [e["data"] for e in store.typed_events(job_id, (v.EV_LOG,))]
+    logs = [e["data"] for e in store.events.typed(job_id, (v.EV_LOG,))]
     passed = [d for d in logs if "passed_over" in d]
     assert passed == [
         {
@@ -234,9 +234,9 @@ def test_a_capacity_error_passes_over_to_the_next_machine_in_the_same_tick(cloud
     second = _launching(store)
     provider.fail(second.id, CapacityError("spot-b", "SpotMaxPriceTooLow", "price"))
     sched.tick()
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     assert job.status == v.CANCELED and provider.launched == ["spot-a", "spot-b"]
-    error = next(e["data"]["message"] for e in store.typed_events(job_id, (v.EV_ERROR,)))
+    error = next(e["data"]["message"] for e in store.events.typed(job_id, (v.EV_ERROR,)))
     assert error.startswith("none of the machines (spot-a, spot-b) had capacity now"), error
 
 
@@ -247,9 +247,9 @@ def test_a_launch_that_fails_otherwise_is_a_lost_worker_retried(cloud) -> None: 
     first = _launching(store)
     provider.fail(first.id, RuntimeError("UnauthorizedOperation: not allowed"))
     sched.tick()
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     assert job.attempt == 1 and provider.launched == ["spot-a", "spot-a"], "retried as a new attempt"
-    logs = [e["data"]["message"] for e in store.typed_events(job_id, (v.EV_LOG,))]
+    logs = [e["data"]["message"] for e in store.events.typed(job_id, (v.EV_LOG,))]
     assert f"worker on {first.id} could not start (UnauthorizedOperation: not allowed); resuming from epoch 0" in logs
 
 
@@ -307,7 +307,7 @@ class StoppingProvider(AsyncScriptedProvider):
 
 def _od_job(store: Store, uid: int, job_id: str, cool_down_s: float = 0) -> str:
     spec = {"machines": ["od-a"], "cool_down_s": cool_down_s, "wait_request_s": 600, "fit": {"epochs": 1}}
-    store.create_job(job_id, uid, spec)
+    store.jobs.create(job_id, uid, spec)
     return job_id
 
 
@@ -316,46 +316,46 @@ def test_an_on_demand_cloud_machine_is_stopped_after_its_job_and_restarted_for_t
     provider = StoppingProvider()
     policy = Policy(max_stopped_instances=1)
     sched = Scheduler(store, {"cloud": provider}, policy, lambda: "http://127.0.0.1:9", lambda ev: None)
-    uid = store.ensure_user("u")
+    uid = store.users.ensure("u")
     first = _od_job(store, uid, "job-1")
     sched.tick()
     inst = _launching(store)
     provider.state[inst.id] = "running"
-    store.update_job(first, status=v.COMPLETED)
-    sched.release_instance(store.instance(inst.id))  # no cool-down: closed now, and on-demand: stopped
-    assert store.instance(inst.id).substatus == v.STOPPING and provider.ops == [("stop", inst.id)]
+    store.jobs.update(first, status=v.COMPLETED)
+    sched.release_instance(store.instances.get(inst.id))  # no cool-down: closed now, and on-demand: stopped
+    assert store.instances.get(inst.id).substatus == v.STOPPING and provider.ops == [("stop", inst.id)]
     for _ in range(3):
         sched.tick()  # stopping is no reason to terminate it
-    assert store.instance(inst.id).status == v.CLOSING and provider.terminated == []
+    assert store.instances.get(inst.id).status == v.CLOSING and provider.terminated == []
     provider.state[inst.id] = "stopped"
     provider.futures[inst.id].set_result("stopped")
     sched.tick()
-    assert (store.instance(inst.id).status, store.instance(inst.id).substatus) == (v.CLOSED, v.STOPPED)
+    assert (store.instances.get(inst.id).status, store.instances.get(inst.id).substatus) == (v.CLOSED, v.STOPPED)
 
     second = _od_job(store, uid, "job-2")
     sched.tick()
     assert provider.ops[-1] == ("start", inst.id) and provider.launched == ["od-a"], "restarted, not launched"
-    job = store.job(second)
-    assert job.instance_id == inst.id and "restarting stopped instance" in store.typed_events(second, (v.EV_STATUS,))[
+    job = store.jobs.get(second)
+    assert job.instance_id == inst.id and "restarting stopped instance" in store.events.typed(second, (v.EV_STATUS,))[
         -1
     ]["data"].get("message", "")
-    assert store.instance(inst.id).status == v.LAUNCHING
+    assert store.instances.get(inst.id).status == v.LAUNCHING
     provider.futures[inst.id].set_result("pending")
     provider.state[inst.id] = "running"
     sched.tick()
-    assert store.instance(inst.id).status == v.LAUNCHING and store.job(second).instance_id == inst.id
+    assert store.instances.get(inst.id).status == v.LAUNCHING and store.jobs.get(second).instance_id == inst.id
 
     # A second machine while one is already stopped: over the limit of 1, it is terminated instead.
     other = _od_job(store, uid, "job-3")
     sched.tick()
-    (new,) = [i for i in store.instances(statuses=(v.LAUNCHING,)) if i.id != inst.id]
+    (new,) = [i for i in store.instances.list(statuses=(v.LAUNCHING,)) if i.id != inst.id]
     provider.state[new.id] = "running"
-    store.update_job(second, status=v.COMPLETED)
-    sched.release_instance(store.instance(inst.id))
-    store.update_job(other, status=v.COMPLETED)
-    sched.release_instance(store.instance(new.id))
-    assert store.instance(inst.id).substatus == v.STOPPING
-    assert store.instance(new.id).substatus == v.TERMINATING, "one stopping already fills the limit of 1"
+    store.jobs.update(second, status=v.COMPLETED)
+    sched.release_instance(store.instances.get(inst.id))
+    store.jobs.update(other, status=v.COMPLETED)
+    sched.release_instance(store.instances.get(new.id))
+    assert store.instances.get(inst.id).substatus == v.STOPPING
+    assert store.instances.get(new.id).substatus == v.TERMINATING, "one stopping already fills the limit of 1"
     store.close()
 
 
@@ -364,13 +364,13 @@ def test_a_restart_without_capacity_passes_over_and_stays_stopped(tmp_path: Path
     store = Store(tmp_path / "aibro.db")
     provider = StoppingProvider()
     sched = Scheduler(store, {"cloud": provider}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
-    uid = store.ensure_user("u")
+    uid = store.users.ensure("u")
     _od_job(store, uid, "job-1")
     sched.tick()
     inst = _launching(store)
     provider.state[inst.id] = "running"
-    store.update_job("job-1", status=v.COMPLETED)
-    sched.release_instance(store.instance(inst.id))
+    store.jobs.update("job-1", status=v.COMPLETED)
+    sched.release_instance(store.instances.get(inst.id))
     provider.state[inst.id] = "stopped"
     provider.futures[inst.id].set_result("stopped")
     sched.tick()
@@ -378,11 +378,11 @@ def test_a_restart_without_capacity_passes_over_and_stays_stopped(tmp_path: Path
     sched.tick()
     provider.futures[inst.id].set_exception(CapacityError("InsufficientInstanceCapacity"))
     sched.tick()
-    row = store.instance(inst.id)
+    row = store.instances.get(inst.id)
     assert (row.status, row.substatus) == (v.CLOSED, v.STOPPED), "still kept for later"
-    job = store.job("job-2")
+    job = store.jobs.get("job-2")
     assert job.status == v.CANCELED and provider.launched == ["od-a"]
-    passed = [e["data"] for e in store.typed_events("job-2", (v.EV_LOG,)) if "passed_over" in e["data"]]
+    passed = [e["data"] for e in store.events.typed("job-2", (v.EV_LOG,)) if "passed_over" in e["data"]]
     assert [d["passed_over"] for d in passed] == ["od-a"]
     store.close()
 
@@ -391,14 +391,14 @@ def test_instances_of_a_provider_not_served_now_never_stop_the_tick(tmp_path: Pa
     """A backend restarted without --provider aws still holds its AWS rows: they are left alone (warned once) and
     every other job is scheduled as usual."""
     store = Store(tmp_path / "aibro.db")
-    uid = store.ensure_user("u")
-    store.create_instance("inst-cloud", uid, "aws", "g4dn.xlarge.od", "aibro_w_x", 0)
+    uid = store.users.ensure("u")
+    store.instances.create("inst-cloud", uid, "aws", "g4dn.xlarge.od", "aibro_w_x", 0)
     provider = ScriptedProvider()
     sched = Scheduler(store, {"scripted": provider}, Policy(), lambda: "http://127.0.0.1:9", lambda ev: None)
     _job(store, uid, ["spot-a"], wait=0)
     sched.tick()
     sched.tick()
-    assert provider.launched == ["spot-a"] and store.instance("inst-cloud").status == v.LAUNCHING
+    assert provider.launched == ["spot-a"] and store.instances.get("inst-cloud").status == v.LAUNCHING
     store.close()
 
 
@@ -409,9 +409,9 @@ def test_one_tick_places_a_queue_against_capacity_it_has_just_used(world) -> Non
     store, provider, sched, uid = world
     for n in range(3):
         spec = {"machines": ["spot-a"], "cool_down_s": 0, "wait_request_s": 60, "fit": {"epochs": 1}}
-        store.create_job(f"job-{n}", uid, spec)
-        store.update_job(f"job-{n}", status=v.QUEUING, substatus=v.REQUESTING_SERVER)
+        store.jobs.create(f"job-{n}", uid, spec)
+        store.jobs.update(f"job-{n}", status=v.QUEUING, substatus=v.REQUESTING_SERVER)
     sched.tick()
     assert provider.launched == ["spot-a", "spot-a"]
-    assert [store.job(f"job-{n}").instance_id is not None for n in range(3)] == [True, True, False]
-    assert "all 2 in use" in store.typed_events("job-2", (v.EV_STATUS,))[-1]["data"]["message"]
+    assert [store.jobs.get(f"job-{n}").instance_id is not None for n in range(3)] == [True, True, False]
+    assert "all 2 in use" in store.events.typed("job-2", (v.EV_STATUS,))[-1]["data"]["message"]

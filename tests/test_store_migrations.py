@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from aibro_backend.storage.store import SCHEMA_VERSION, NewerSchema, Store, hash_token
+from aibro_backend.storage.schema import SCHEMA_VERSION, NewerSchema
+from aibro_backend.storage.store import Store
+from aibro_backend.storage.tokens import hash_token
 
 pytestmark = pytest.mark.fast
 OLD = Path(__file__).parent / "fixtures" / "schema_foundation.sql"
@@ -43,11 +45,11 @@ def test_a_first_release_database_is_upgraded_with_its_rows(tmp_path: Path) -> N
     store = Store(path)
     try:
         assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        assert store.user_for_token("tok-alice")["name"] == "alice", "an old token still signs in"
-        assert [t["id"].startswith("tok_") for t in store.tokens(1)] == [True], "old tokens got a public id"
-        assert store.job("job-1").epochs_done == 3
-        assert store.instance("inst-1").price_per_hour is None
-        assert store.stored_bytes(1) == 42 and store.blobs_by_use(1) == [("a" * 64, 42)]
+        assert store.tokens.user_for("tok-alice")["name"] == "alice", "an old token still signs in"
+        assert [t["id"].startswith("tok_") for t in store.tokens.list(1)] == [True], "old tokens got a public id"
+        assert store.jobs.get("job-1").epochs_done == 3
+        assert store.instances.get("inst-1").price_per_hour is None
+        assert store.blobs.stored_bytes(1) == 42 and store.blobs.by_use(1) == [("a" * 64, 42)]
     finally:
         store.close()
     Store(path).close()  # opening again changes nothing

@@ -14,7 +14,8 @@ import pytest
 import requests
 from backend_proc import OwnBackend, own_backend
 
-from aibro_backend.storage.store import Store, hash_token
+from aibro_backend.storage.store import Store
+from aibro_backend.storage.tokens import hash_token
 from aibro_core.errors import ApiError, AuthError
 from aibro_jupyter.client import BackendClient
 
@@ -160,9 +161,9 @@ def test_a_database_from_before_token_ids_gets_them(tmp_path: Path) -> None:
     con.close()
     store = Store(db)
     try:
-        assert store.user_for_token("aibro_u_oldtoken") == {"id": 1, "name": "old"}
-        (listed,) = store.tokens(1)
+        assert store.tokens.user_for("aibro_u_oldtoken") == {"id": 1, "name": "old"}
+        (listed,) = store.tokens.list(1)
         assert listed["id"].startswith("tok_") and listed["expires"] is None
-        assert store.revoke_token(1, listed["id"]) and store.user_for_token("aibro_u_oldtoken") is None
+        assert store.tokens.revoke(1, listed["id"]) and store.tokens.user_for("aibro_u_oldtoken") is None
     finally:
         store.close()

@@ -10,9 +10,9 @@ import tornado.web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
+from aibro_core.jsonout import dumps
 from aibro_core.models import explain
 
-from ..server.jsonout import dumps
 from ..server.state import Backend
 from ..storage.records import JobRecord
 
@@ -130,7 +130,7 @@ class UserHandler(BaseHandler):
         if found is not None and not found["expired"]:
             user: dict[str, Any] | None = {"id": found["user_id"], "name": found["name"]}
         else:
-            user = self.backend.store.user_for_token(self.bearer())
+            user = self.backend.store.tokens.user_for(self.bearer())
         if user is None:
             raise ApiError(401, "the token is not valid for this backend: check AIBRO_TOKEN or run `aibro login`")
         self.user = user
@@ -140,7 +140,7 @@ class UserHandler(BaseHandler):
         return int(self.user["id"])
 
     def own_job(self, job_id: str) -> JobRecord:
-        job = self.backend.store.job(job_id, self.uid)
+        job = self.backend.store.jobs.get(job_id, self.uid)
         if job is None:
             raise not_yours(job_id)
         return job
@@ -159,7 +159,7 @@ def user_token(store: Any, token: str | None) -> dict[str, Any]:
     """The live user token's row (`Store.token_lookup`); a 401 naming what is wrong and the fix otherwise."""
     if token is None:
         raise ApiError(401, NO_TOKEN)
-    found = store.token_lookup(token)
+    found = store.tokens.lookup(token)
     if found is None:
         raise ApiError(401, "the token is not valid for this backend: check AIBRO_TOKEN or run `aibro login`")
     if found["expired"]:

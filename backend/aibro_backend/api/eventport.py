@@ -27,9 +27,9 @@ from urllib.parse import unquote_plus
 import httptools
 
 from aibro_core import routes
+from aibro_core.jsonout import dumps
 
 from ..server.accesslog import log_access
-from ..server.jsonout import dumps
 from ..server.state import Backend
 from . import longpoll
 from .base import ApiError, bearer_of, user_token

@@ -13,9 +13,9 @@ from pydantic import ValidationError as PydanticError
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
+from aibro_core.jsonout import dumps
 from aibro_core.models import INT64_MAX, EventsQuery
 
-from ..server.jsonout import dumps
 from ..server.state import Backend
 from ..storage.bus import job_key, user_key
 from .base import ApiError, not_yours
@@ -49,15 +49,15 @@ async def job_events(backend: Backend, uid: int, job_id: str, after: int, wait: 
     """The job's events after seq `after`, waiting up to `wait` s for one; 404 unless the job is this user's.
     The status is read first: a final status is committed with its event, so a final page is never short."""
     store, bus = backend.store, backend.bus
-    state = store.job_state(job_id, uid)
+    state = store.jobs.state(job_id, uid)
     if state is None:
         raise not_yours(job_id)
     deadline = time.monotonic() + wait
-    parts = store.event_parts(job_id, after)
+    parts = store.events.parts(job_id, after)
     while not parts and state[0] not in v.JOB_FINAL and time.monotonic() < deadline and not bus.closed:
         await bus.wait(deadline - time.monotonic(), job_key(job_id))
-        state = store.job_state(job_id) or state
-        parts = store.event_parts(job_id, after)
+        state = store.jobs.state(job_id) or state
+        parts = store.events.parts(job_id, after)
     status, substatus = _job_state(job_id, state, store)
     return page(parts, status=status, substatus=substatus)
 
@@ -66,10 +66,10 @@ async def user_events(backend: Backend, uid: int, after: int, wait: float) -> by
     """Every event of the user's jobs after cursor `after`, waiting up to `wait` s for one."""
     store, bus = backend.store, backend.bus
     deadline = time.monotonic() + wait
-    parts, cursor = store.user_event_parts(uid, after)
+    parts, cursor = store.events.user_parts(uid, after)
     while not parts and time.monotonic() < deadline and not bus.closed:
         await bus.wait(deadline - time.monotonic(), user_key(uid))
-        parts, cursor = store.user_event_parts(uid, after)
+        parts, cursor = store.events.user_parts(uid, after)
     return page(parts, cursor=cursor)
 
 
@@ -78,5 +78,5 @@ def _job_state(job_id: str, state: tuple[str, str], store: Any) -> tuple[str, st
     ones its events give."""
     if state[0] in v.JOB_STATUSES and state[1] in v.JOB_SUBSTATUSES:
         return state
-    picture = JobPicture().apply_all(store.typed_events(job_id, (v.EV_STATUS,)))
+    picture = JobPicture().apply_all(store.events.typed(job_id, (v.EV_STATUS,)))
     return picture.status, picture.substatus

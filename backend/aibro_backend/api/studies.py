@@ -12,7 +12,7 @@ from .user import check_job
 
 class StudiesHandler(UserHandler):
     def get(self) -> None:
-        found = self.backend.store.studies(self.uid)
+        found = self.backend.store.studies.list(self.uid)
         self.send({"studies": [studies.study_view(self.backend, s).model_dump(mode="json") for s in found]})
 
     def post(self) -> None:
@@ -35,7 +35,7 @@ class StudyCancelHandler(UserHandler):
 
 
 def own_study(handler: UserHandler, study_id: str) -> StudyRecord:
-    study = handler.backend.store.study(study_id, handler.uid)
+    study = handler.backend.store.studies.get(study_id, handler.uid)
     if study is None:
         raise ApiError(404, f"no study '{study_id[:80]}' for this user: GET /studies lists yours")
     return study

@@ -18,8 +18,8 @@ MAX_EXPIRES_IN_S = 10 * 365 * 86400.0
 
 class TokensHandler(UserHandler):
     def get(self) -> None:
-        current = self.backend.store.token_lookup(self.bearer())
-        tokens = self.backend.store.tokens(self.uid)
+        current = self.backend.store.tokens.lookup(self.bearer())
+        tokens = self.backend.store.tokens.list(self.uid)
         for t in tokens:
             t["current"] = bool(current and t["id"] == current["id"])
         self.send({"tokens": tokens})
@@ -28,7 +28,7 @@ class TokensHandler(UserHandler):
         body = self.body_model(models.TokenMint, "the token request")  # unknown fields are refused, like every body
         expires_in_s = check_expires_in(body.expires_in_s)
         store, cap = self.backend.store, limits_of(self.backend).max_tokens_per_user
-        live = store.live_tokens(self.uid)
+        live = store.tokens.live(self.uid)
         if live >= cap:
             raise ApiError(
                 429,
@@ -36,12 +36,12 @@ class TokensHandler(UserHandler):
                 "(`aibro token list`, then `aibro token revoke ID`; DELETE /auth/tokens/ID), or mint expiring ones "
                 "(expires_in_s) so they go by themselves",
             )
-        self.send(store.mint_token(self.uid, expires_in_s), 201)
+        self.send(store.tokens.mint(self.uid, expires_in_s), 201)
 
 
 class TokenHandler(UserHandler):
     def delete(self, token_id: str) -> None:
-        if not self.backend.store.revoke_token(self.uid, token_id):
+        if not self.backend.store.tokens.revoke(self.uid, token_id):
             raise ApiError(404, f"you have no token '{token_id[:40]}' (GET /auth/tokens, `aibro token list`)")
         self.send({"revoked": token_id})
 

@@ -182,15 +182,15 @@ class BlobHandler(StreamedUpload, UserHandler):
 
     async def head(self, sha: str) -> None:
         check = _sha(sha)
-        size = self.backend.store.blob_size(check, self.uid)
+        size = self.backend.store.blobs.size(check, self.uid)
         s3 = self.backend.blobs.s3
         if s3 is not None:  # held = indexed for this user and in the bucket: their own upload, or the proven copy
-            own = self.backend.store.blob_s3_key(check, self.uid)
+            own = self.backend.store.blobs.s3_key(check, self.uid)
             if size is not None and await _run(s3, s3.size if own else s3.verified_size, own or check) is None:
                 size = None
             self.set_header(VIA_S3, "s3")
         if size is not None:
-            self.backend.store.touch_blobs(self.uid, [check])  # about to be used: the last to make room
+            self.backend.store.blobs.touch(self.uid, [check])  # about to be used: the last to make room
             self.set_header("X-Blob-Size", str(size))
             self.set_status(200)
         else:
@@ -205,7 +205,7 @@ class BlobHandler(StreamedUpload, UserHandler):
         offset, total = self.int_arg("offset", 0), self.int_arg("total", None)
         length = self.body_length()
         _check_size(self, total, "a blob")
-        if self.backend.store.blob_size(check, self.uid) is not None:
+        if self.backend.store.blobs.size(check, self.uid) is not None:
             self.discard = True  # this user holds it already: nothing to store
             return
         _check_partial_quota(self, length, new=not self.backend.blobs.has_partial(check, str(self.uid)))
@@ -215,12 +215,12 @@ class BlobHandler(StreamedUpload, UserHandler):
 
     async def put(self, sha: str) -> None:
         if self.discard and self.refusal is None:
-            total = self.backend.store.blob_size(sha, self.uid)
+            total = self.backend.store.blobs.size(sha, self.uid)
             self.send({"complete": True, "received": total})
             return
         writer = self.finished_writer()
         store = self.backend.store
-        store.bump(self.uid, "blob_bytes_received", writer.written)
+        store.users.bump(self.uid, "blob_bytes_received", writer.written)
         if writer.size < writer.total:
             self.send({"complete": False, "received": writer.size})
             return
@@ -270,7 +270,7 @@ class UnnamedUploadHandler(StreamedUpload, UserHandler):
 
     async def put(self, upload_id: str) -> None:
         writer = self.finished_writer()
-        self.backend.store.bump(self.uid, "blob_bytes_received", writer.written)
+        self.backend.store.users.bump(self.uid, "blob_bytes_received", writer.written)
         self.send({"complete": writer.size >= writer.total, "received": writer.size})
 
     def delete(self, upload_id: str) -> None:
@@ -309,13 +309,13 @@ class ArtifactHandler(UserHandler):
 
 class WorkerBlobHandler(WorkerHandler):
     async def get(self, sha: str) -> None:
-        inst = self.backend.store.instance(self.instance.id)
-        job = self.backend.store.job(inst.job_id) if inst.job_id else None
+        inst = self.backend.store.instances.get(self.instance.id)
+        job = self.backend.store.jobs.get(inst.job_id) if inst.job_id else None
         if job is None or sha not in spec_blobs(job.spec):
             raise ApiError(403, "this blob is not part of the job assigned to this instance")
         s3 = self.backend.blobs.s3
         if s3 is not None:  # the job's user's own upload until it is proven, then the shared copy
-            key = self.backend.store.blob_s3_key(sha, job.user_id) or s3.blob_key(sha)
+            key = self.backend.store.blobs.s3_key(sha, job.user_id) or s3.blob_key(sha)
             self.redirect(s3.get_url(key), status=307)
             return
         await send_file(self, self.backend.blobs.blob_path(sha))
@@ -330,7 +330,7 @@ class WorkerEnvHandler(WorkerHandler):
         if not re.fullmatch(ENV_KEY_PATTERN, env_key):
             raise ApiError(400, f"an environment key is {ENV_KEY_PATTERN}, got {env_key[:80]!r}")
         name = env_artifact(env_key)
-        job_id = self.backend.store.newest_artifact(self.instance.user_id, name)
+        job_id = self.backend.store.artifacts.newest(self.instance.user_id, name)
         if job_id is None:
             raise ApiError(404, f"no machine of this user has shared environment {env_key} yet: build it")
         await _send_artifact(self, job_id, name, f"environment {env_key} is no longer stored: build it")
@@ -385,7 +385,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
         self.assigned_job(job_id, self.int_arg("attempt", None))  # still this instance's, now that it is all here
         blobs = self.backend.blobs
         size, sha = await self.finish_upload(blobs.finish_artifact, job_id, name)
-        self.backend.store.add_artifact(job_id, name, size, sha)
+        self.backend.store.artifacts.add(job_id, name, size, sha)
         self.send({"name": name, "size": size, "sha256": sha, "complete": True, "received": size})
 
 
@@ -396,7 +396,7 @@ class AgentHandler(BaseHandler):
     async def get(self) -> None:
         token = bearer_of(self.request.headers.get("Authorization"))
         store = self.backend.store
-        if token is None or (store.instance_for_enroll(token) is None and store.instance_for_token(token) is None):
+        if token is None or (store.instances.for_enroll(token) is None and store.instances.for_token(token) is None):
             raise ApiError(401, "the agent is served to this backend's machines: send their enrollment or worker token")
         wheel = shipping.served(self.backend.home)
         self.set_header("X-Agent-Version", wheel.version)
@@ -428,9 +428,9 @@ class S3UploadHandler(UserHandler):
         if size != body.size:  # the declared size is what the limits judged: nothing else is indexed as this user's
             raise ApiError(409, f"the upload holds {size} bytes, not the {body.size} declared: upload it again")
         store = self.backend.store
-        store.forget_doomed(key)
+        store.blobs.forget_doomed(key)
         _keep(self, body.sha256, size, s3_key=key)
-        store.bump(self.uid, "blob_bytes_s3", size)
+        store.users.bump(self.uid, "blob_bytes_s3", size)
         IOLoop.current().spawn_callback(claims.publish, store, s3, body.sha256, self.uid, key)
         self.send({"complete": True, "received": size, "sha256": body.sha256})
 
@@ -459,7 +459,7 @@ class WorkerUploadHandler(WorkerHandler):
             raise ApiError(409, f"S3 holds {size} bytes of {name}, not the {body.size} declared: upload it again")
         self.assigned_job(job_id, body.attempt)  # still this instance's, now that it is all there
         _check_name_free(self, job_id, name)  # and still free of another upload finished meanwhile
-        self.backend.store.add_artifact(job_id, name, size, body.sha256)
+        self.backend.store.artifacts.add(job_id, name, size, body.sha256)
         self.send({"name": name, "size": size, "sha256": body.sha256, "complete": True, "received": size})
 
 
@@ -484,7 +484,7 @@ def quota(backend: Backend, uid: int) -> dict[str, int]:
     limits = limits_of(backend)
     pending, uploads = backend.blobs.pending(str(uid))
     return {
-        "stored_bytes": backend.store.stored_bytes(uid),
+        "stored_bytes": backend.store.blobs.stored_bytes(uid),
         "max_stored_bytes": limits.max_stored_bytes,
         "pending_bytes": pending,
         "max_pending_bytes": limits.max_partial_bytes,
@@ -515,7 +515,7 @@ def _check_partial_quota(handler: UserHandler, length: int, new: bool) -> None:
 
 def _check_name_free(handler: WorkerHandler, job_id: str, name: str) -> None:
     """A name the job's stored artifacts leave free: 'a/b' beside a file 'a' (or 'a' beside 'a/b') has no place."""
-    why = artifact_conflict((a["name"] for a in handler.backend.store.artifacts(job_id)), name)
+    why = artifact_conflict((a["name"] for a in handler.backend.store.artifacts.of_job(job_id)), name)
     if why is not None:
         raise ApiError(409, f"{why}: upload it under another name")
 
@@ -523,8 +523,8 @@ def _check_name_free(handler: WorkerHandler, job_id: str, name: str) -> None:
 def _pinned(handler: UserHandler) -> dict[str, int]:
     """The user's blobs that their active jobs read, with their sizes: they stay while those jobs run."""
     store = handler.backend.store
-    shas = {sha for job in store.jobs(handler.uid, v.JOB_ACTIVE) for sha in spec_blobs(job.spec)}
-    return {sha: store.blob_size(sha, handler.uid) or 0 for sha in shas}
+    shas = {sha for job in store.jobs.list(handler.uid, v.JOB_ACTIVE) for sha in spec_blobs(job.spec)}
+    return {sha: store.blobs.size(sha, handler.uid) or 0 for sha in shas}
 
 
 def _check_stored_room(handler: UserHandler, size: int) -> dict[str, int]:
@@ -556,19 +556,19 @@ def _keep(handler: UserHandler, sha: str, size: int, s3_key: str | None = None) 
     loses its bytes."""
     backend = handler.backend
     store, blobs = backend.store, backend.blobs
-    if store.blob_size(sha, handler.uid) is not None:
+    if store.blobs.size(sha, handler.uid) is not None:
         if s3_key is not None:  # sent again (the copy they read had gone): this upload is the one to read
             claims.replace(store, sha, handler.uid, s3_key)
         return
     try:
         pinned = _check_stored_room(handler, size)
     except ApiError:
-        if blobs.s3 is None and not store.blob_held(sha):
+        if blobs.s3 is None and not store.blobs.held(sha):
             blobs.remove_blob(sha)  # published by this upload for nobody
         raise
-    over = store.stored_bytes(handler.uid) + size - limits_of(backend).max_stored_bytes
+    over = store.blobs.stored_bytes(handler.uid) + size - limits_of(backend).max_stored_bytes
     dropped = 0
-    for old, old_size in store.blobs_by_use(handler.uid):
+    for old, old_size in store.blobs.by_use(handler.uid):
         if over <= 0:
             break
         if old in pinned:
@@ -580,20 +580,20 @@ def _keep(handler: UserHandler, sha: str, size: int, s3_key: str | None = None) 
         log.info("user %d: %d least recently used blobs dropped to make room for %s", handler.uid, dropped, sha)
     if blobs.s3 is None and not blobs.has_blob(sha):  # another user's upload dropped it between finish and now
         raise ApiError(409, f"blob {sha} went while this upload finished (nobody else held it): upload it again")
-    store.add_blob(sha, handler.uid, size, s3_key)
+    store.blobs.add(sha, handler.uid, size, s3_key)
 
 
 def _readable_by_assignment(handler: WorkerHandler, job_id: str, name: str) -> None:
     """A worker reads its assigned job's artifacts, and a study trial's worker also the model it starts from of the
     earlier trial it resumes (Hyperband's `tuner/trial_id`: that job's checkpoint at its best epoch, or its final
     model), when that job is of the same user."""
-    inst = handler.backend.store.instance(handler.instance.id)
-    assigned = handler.backend.store.job(inst.job_id) if inst.job_id else None
+    inst = handler.backend.store.instances.get(handler.instance.id)
+    assigned = handler.backend.store.jobs.get(inst.job_id) if inst.job_id else None
     trial = (assigned.spec.get("trial") or {}) if assigned else {}
     resume, epoch = trial.get("resume_job") or None, trial.get("resume_epoch")
     start = "model.keras" if epoch is None else v.checkpoint_name(int(epoch))
     if resume == job_id and name == start:
-        earlier = handler.backend.store.job(job_id)
+        earlier = handler.backend.store.jobs.get(job_id)
         if earlier is not None and assigned is not None and earlier.user_id == assigned.user_id:
             return
     handler.assigned_job(job_id)
@@ -633,7 +633,7 @@ def _redirect_to_s3(handler: UserHandler | WorkerHandler, job_id: str, name: str
     s3 = handler.backend.blobs.s3
     if s3 is None or path.is_file():
         return False
-    if not any(a["name"] == name for a in handler.backend.store.artifacts(job_id)):
+    if not any(a["name"] == name for a in handler.backend.store.artifacts.of_job(job_id)):
         return False
     handler.redirect(s3.get_url(s3.artifact_key(job_id, name)), status=307)
     return True

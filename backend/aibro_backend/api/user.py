@@ -35,12 +35,12 @@ def job_view(
     `costs` (job id → USD, from job_costs) and `trials` (from trial_of_jobs) save a listing from reading the user's
     instances and trials once per job."""
     if costs is None:
-        costs = job_costs(store.instances(job.user_id), time.time())
+        costs = job_costs(store.instances.list(job.user_id), time.time())
     if trials is None:
-        trials = store.trial_of_jobs(job.user_id, job.id)
+        trials = store.studies.trial_of_jobs(job.user_id, job.id)
     study_id, trial_id = trials.get(job.id, (None, None))
     spec = job.spec if isinstance(job.spec, dict) else {}
-    picture = JobPicture().apply_all(store.typed_events(job.id, (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
+    picture = JobPicture().apply_all(store.events.typed(job.id, (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
     valid = job.status in v.JOB_STATUSES and job.substatus in v.JOB_SUBSTATUSES
     fit = spec.get("fit") if isinstance(spec.get("fit"), dict) else {}
     code = spec.get("code") if isinstance(spec.get("code"), dict) else {}
@@ -138,16 +138,16 @@ class PolicyHandler(UserHandler):
 
 class StatsHandler(UserHandler):
     def get(self) -> None:
-        self.send({"counters": self.backend.store.counters(self.uid)})
+        self.send({"counters": self.backend.store.users.counters(self.uid)})
 
 
 class JobsHandler(UserHandler):
     def get(self) -> None:
         store = self.backend.store
-        cursor = store.max_gid(self.uid)  # taken first: events after it reach a watcher that follows from here
-        costs = job_costs(store.instances(self.uid), time.time())
-        trials = store.trial_of_jobs(self.uid)
-        jobs = [job_view(j, store, costs, trials).model_dump(mode="json") for j in store.jobs(self.uid)]
+        cursor = store.events.max_gid(self.uid)  # taken first: events after it reach a watcher that follows from here
+        costs = job_costs(store.instances.list(self.uid), time.time())
+        trials = store.studies.trial_of_jobs(self.uid)
+        jobs = [job_view(j, store, costs, trials).model_dump(mode="json") for j in store.jobs.list(self.uid)]
         self.send({"jobs": jobs, "cursor": cursor})
 
     def post(self) -> None:
@@ -157,14 +157,14 @@ class JobsHandler(UserHandler):
 
 def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None = None) -> Job:
     job_id = admit_job(handler.backend, handler.uid, handler.user["name"], raw, replay_of)
-    return job_view(handler.backend.store.job(job_id), handler.backend.store)
+    return job_view(handler.backend.store.jobs.get(job_id), handler.backend.store)
 
 
 def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], replay_of: str | None = None) -> str:
     """Validate a job spec against the backend's machines and this user's limits, store and queue it; its id. A
     submitted job and a study's trial (tuning/studies.py) are admitted alike."""
     spec = check_job(backend, uid, user_name, raw)
-    active = backend.store.jobs(uid, v.JOB_ACTIVE)
+    active = backend.store.jobs.list(uid, v.JOB_ACTIVE)
     if len(active) >= backend.policy.max_active_jobs:
         raise ApiError(
             429,
@@ -173,8 +173,8 @@ def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], r
             "(%%cloud_fit --wait-slot S, wait_new_job_create_s=S)",
         )
     job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
-    backend.store.create_job(job_id, uid, spec, replay_of=replay_of)
-    backend.store.touch_blobs(uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
+    backend.store.jobs.create(job_id, uid, spec, replay_of=replay_of)
+    backend.store.blobs.touch(uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
     backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
     backend.scheduler.tick()
     return job_id
@@ -199,7 +199,7 @@ def check_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any]) -
         )
     total = 0
     for sha in set(spec_blobs(spec)):
-        size = backend.store.blob_size(sha, uid)
+        size = backend.store.blobs.size(sha, uid)
         if size is None:
             raise ApiError(400, f"blob {sha} was not uploaded by this user: PUT /blobs/{sha} first")
         total += size
@@ -217,10 +217,10 @@ class CancelHandler(UserHandler):
     def post(self, job_id: str) -> None:
         job = self.own_job(job_id)
         if job.status in v.JOB_ACTIVE and not job.cancel_requested:
-            self.backend.store.update_job(job_id, cancel_requested=1)
+            self.backend.store.jobs.update(job_id, cancel_requested=1)
             self.backend.scheduler.emit(job_id, v.EV_LOG, {"message": "cancel requested"})
             self.backend.scheduler.tick()
-        self.send(job_view(self.backend.store.job(job_id), self.backend.store).model_dump(mode="json"))
+        self.send(job_view(self.backend.store.jobs.get(job_id), self.backend.store).model_dump(mode="json"))
 
 
 class ReplayHandler(UserHandler):
@@ -257,13 +257,13 @@ def _after_wait(handler: UserHandler) -> tuple[int, float]:
 class ArtifactsHandler(UserHandler):
     def get(self, job_id: str) -> None:
         self.own_job(job_id)
-        self.send({"artifacts": self.backend.store.artifacts(job_id)})
+        self.send({"artifacts": self.backend.store.artifacts.of_job(job_id)})
 
 
 class InstancesHandler(UserHandler):
     def get(self) -> None:
         now = time.time()
-        views = [instance_view(i, now, self._placement(i)) for i in self.backend.store.instances(self.uid)]
+        views = [instance_view(i, now, self._placement(i)) for i in self.backend.store.instances.list(self.uid)]
         self.send({"instances": [view.model_dump(mode="json") for view in views]})
 
     def _placement(self, inst: InstanceRecord) -> dict[str, Any] | None:
@@ -277,11 +277,11 @@ class InstancesHandler(UserHandler):
 
 class TerminateHandler(UserHandler):
     def post(self, instance_id: str) -> None:
-        inst = self.backend.store.instance(instance_id, self.uid)
+        inst = self.backend.store.instances.get(instance_id, self.uid)
         if inst is None:
             raise ApiError(404, f"no instance '{instance_id[:80]}' for this user (GET /instances lists them)")
         if inst.status == v.EXECUTING:
             raise ApiError(409, f"{instance_id} is running job {inst.job_id}: cancel the job first")
         self.backend.scheduler.terminate_instance(inst)
-        view = instance_view(self.backend.store.instance(instance_id, self.uid), time.time())
+        view = instance_view(self.backend.store.instances.get(instance_id, self.uid), time.time())
         self.send({"instance": view.model_dump(mode="json")})

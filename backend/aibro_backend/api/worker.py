@@ -13,8 +13,8 @@ from aibro_core.bounds import MAX_EPOCHS
 from aibro_core.jobpicture import JobPicture
 from aibro_core.models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
+from ..storage.events import NewEvent, NoSuchJob
 from ..storage.records import InstanceRecord
-from ..storage.store import NewEvent, NoSuchJob
 from ..worker import version
 from .base import ApiError, BaseHandler
 from .workerbatch import read_fast
@@ -27,18 +27,18 @@ class WorkerHandler(BaseHandler):
 
     def prepare(self) -> None:
         # looked up by the request guard (server/guard.header_refusal), else here
-        inst = getattr(self.request, "aibro_instance", None) or self.backend.store.instance_for_token(self.bearer())
+        inst = getattr(self.request, "aibro_instance", None) or self.backend.store.instances.for_token(self.bearer())
         if inst is None:
             raise ApiError(401, "unknown worker token")
         self.instance = inst
         now = time.time()
         if (inst.last_seen or 0) < now - SEEN_TOUCH_S:
-            self.backend.store.update_instance(inst.id, last_seen=now)
+            self.backend.store.instances.update(inst.id, last_seen=now)
 
     def assigned_job(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
         """The job only if it is this instance's current assignment (and attempt, when given)."""
-        inst = self.backend.store.instance(self.instance.id)  # fresh: an upload calls this again after awaits
-        job = self.backend.store.job(job_id)
+        inst = self.backend.store.instances.get(self.instance.id)  # fresh: an upload calls this again after awaits
+        job = self.backend.store.jobs.get(job_id)
         if job is None or inst.job_id != job_id or job.instance_id != inst.id:
             raise ApiError(409, f"{job_id} is not assigned to {inst.id}: drop it")
         if attempt is not None and attempt != job.attempt:
@@ -58,7 +58,7 @@ class EnrollHandler(BaseHandler):
         token = token or body.enroll_token or ""
         if not token:
             raise ApiError(401, "enrollment needs the one-time token: 'Authorization: Bearer TOKEN' or {enroll_token}")
-        inst, answer = self.backend.store.enroll(token)
+        inst, answer = self.backend.store.instances.enroll(token)
         if inst is None:
             raise ApiError(401, answer)
         self.send({"instance_id": inst.id, "token": answer})
@@ -67,11 +67,11 @@ class EnrollHandler(BaseHandler):
 class AssignmentHandler(WorkerHandler):
     def get(self) -> None:
         store = self.backend.store
-        inst = store.instance(self.instance.id)
+        inst = store.instances.get(self.instance.id)
         if inst.status in (v.CLOSING, v.CLOSED):
             self.send({"action": "exit"})
             return
-        job = store.job(inst.job_id) if inst.job_id else None
+        job = store.jobs.get(inst.job_id) if inst.job_id else None
         if job is None or job.status not in v.JOB_ACTIVE:
             self.send({"action": "wait", "cooling_until": inst.cooling_until})
             return
@@ -81,7 +81,7 @@ class AssignmentHandler(WorkerHandler):
             self.send({"action": "exit"})
             return
         if inst.status == v.LAUNCHING:
-            store.set_instance_state(inst.id, v.EXECUTING, "", job_id=job.id)
+            store.instances.set_state(inst.id, v.EXECUTING, "", job_id=job.id)
         resume = None
         if job.epochs_done > 0:
             resume = {"epoch": job.epochs_done, "checkpoint": v.checkpoint_name(job.epochs_done - 1)}
@@ -130,7 +130,7 @@ class WorkerEventsHandler(WorkerHandler):
         for event in stored:
             self.backend.scheduler.on_event(event)
         # the cancel flag as the job was read above: a cancel asked meanwhile reaches the worker with its next batch
-        self.send({"acked": self.backend.store.max_wseq(job_id, attempt), "cancel": job.cancel_requested})
+        self.send({"acked": self.backend.store.events.max_wseq(job_id, attempt), "cancel": job.cancel_requested})
 
 
 def _wseq_at(raw: dict[str, Any], loc: tuple[Any, ...]) -> int | None:
@@ -150,15 +150,15 @@ class WorkerFinishHandler(WorkerHandler):
         store, scheduler = self.backend.store, self.backend.scheduler
         outcome = body.outcome
         if outcome == v.SPOT_INTERRUPTED:
-            scheduler.spot_interrupted(job, store.instance(self.instance.id), (body.error or "")[:1000])
+            scheduler.spot_interrupted(job, store.instances.get(self.instance.id), (body.error or "")[:1000])
             self.send({"ok": True})
             return
         if job.status in v.JOB_ACTIVE:
             if outcome == v.OUTCOME_COMPLETED:
-                history = build_history(store.typed_events(job_id, (v.EV_EPOCH,)))
+                history = build_history(store.events.typed(job_id, (v.EV_EPOCH,)))
                 size, sha = self.backend.blobs.write_artifact(job_id, "history.json", json.dumps(history).encode())
-                store.add_artifact(job_id, "history.json", size, sha)
-                for art in store.artifacts(job_id):
+                store.artifacts.add(job_id, "history.json", size, sha)
+                for art in store.artifacts.of_job(job_id):
                     if not art["name"].startswith(("checkpoints/", "tensorboard/", "envs/")):
                         scheduler.emit(job_id, v.EV_ARTIFACT, {"name": art["name"], "size": art["size"]})
                 scheduler.set_status(job_id, v.COMPLETED, v.SUB_COMPLETED, "completed")
@@ -166,7 +166,7 @@ class WorkerFinishHandler(WorkerHandler):
                 scheduler.set_status(job_id, v.CANCELED, v.SUB_CANCELED, "canceled")
             else:
                 scheduler.fail(job_id, (body.error or "the worker failed without saying why")[:4000])
-        scheduler.release_instance(store.instance(self.instance.id))
+        scheduler.release_instance(store.instances.get(self.instance.id))
         self.send({"ok": True})
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from aibro_core.models import INT64_MAX, MAX_EPOCHS, MAX_EVENT_BATCH, MAX_LOG_KEY_CHARS, MAX_LOG_KEYS, MAX_TIMESTAMP
 
-from ..storage.store import NewEvent
+from ..storage.events import NewEvent
 
 _EVENT_KEYS = frozenset({"wseq", "ts", "type", "data"})
 _BATCH_KEYS = frozenset({"epoch", "batch", "steps", "logs"})

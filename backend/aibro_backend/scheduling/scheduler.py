@@ -33,7 +33,7 @@ class _Placement:
         self.read()
 
     def read(self) -> None:
-        self.live = self.store.instances(statuses=v.INSTANCE_LIVE)  # oldest first, as each filter below keeps
+        self.live = self.store.instances.list(statuses=v.INSTANCE_LIVE)  # oldest first, as each filter below keeps
         self.stopped = self.scheduler.stopped_instances()
 
 
@@ -61,7 +61,7 @@ class Scheduler:
         return {o["machine_id"]: (name, o) for name, p in self.providers.items() for o in p.offers()}
 
     def emit(self, job_id: str, type_: str, data: dict[str, Any]) -> None:
-        ev = self.store.append_event(job_id, type_, data)
+        ev = self.store.events.append(job_id, type_, data)
         if ev:
             self.on_event(ev)
 
@@ -79,7 +79,7 @@ class Scheduler:
     def release_instance(self, inst: InstanceRecord, cool: bool = True) -> None:
         """After a job: keep the instance warm for its cool-down, or close it."""
         if cool and inst.cool_down_s > 0 and inst.status in (v.EXECUTING, v.LAUNCHING):
-            self.store.set_instance_state(
+            self.store.instances.set_state(
                 inst.id, v.COOLING, "", job_id=None, cooling_until=time.time() + inst.cool_down_s
             )
         else:
@@ -95,9 +95,9 @@ class Scheduler:
                 log.warning("cannot stop %s (%s); terminating it", inst.id, exc)
             else:
                 self._ops[inst.id] = fut
-                self.store.set_instance_state(inst.id, v.CLOSING, v.STOPPING, job_id=None)
+                self.store.instances.set_state(inst.id, v.CLOSING, v.STOPPING, job_id=None)
                 return
-        self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
+        self.store.instances.set_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
 
     def terminate_instance(self, inst: InstanceRecord) -> None:
         """A user's terminate: the machine goes for good, never stopped for later. A live one closes as any
@@ -107,9 +107,9 @@ class Scheduler:
             provider = self.providers.get(inst.provider)
             if provider is not None:
                 provider.terminate(inst)
-            self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
+            self.store.instances.set_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
         elif inst.status in v.INSTANCE_LIVE:
-            self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
+            self.store.instances.set_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
 
     def _stoppable(self, inst: InstanceRecord) -> bool:
         provider = self.providers.get(inst.provider)
@@ -118,12 +118,12 @@ class Scheduler:
         offer = self.machine_index().get(inst.machine_id, (None, {}))[1]
         if offer.get("spot", True):
             return False
-        stopping = [i for i in self.store.instances(inst.user_id, (v.CLOSING,)) if i.substatus == v.STOPPING]
+        stopping = [i for i in self.store.instances.list(inst.user_id, (v.CLOSING,)) if i.substatus == v.STOPPING]
         return len(self.stopped_instances(inst.user_id)) + len(stopping) < self.policy.max_stopped_instances
 
     def stopped_instances(self, user_id: int | None = None) -> list[InstanceRecord]:
         """Stopped machines kept for a fast restart (CLOSED / STOPPED), oldest first."""
-        return [i for i in self.store.instances(user_id, (v.CLOSED,)) if i.substatus == v.STOPPED]
+        return [i for i in self.store.instances.list(user_id, (v.CLOSED,)) if i.substatus == v.STOPPED]
 
     # -- providers whose machines outlive the backend (clouds) ------------------------------------------
     def adopt_all(self) -> list[Future]:
@@ -135,7 +135,7 @@ class Scheduler:
         live (or whose time is up), so nothing leaks money; Futures."""
         futures = []
         for name, provider in self.providers.items():
-            live = self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)) + self.stopped_instances()
+            live = self.store.instances.list(statuses=(*v.INSTANCE_LIVE, v.CLOSING)) + self.stopped_instances()
             fut = provider.reconcile([i.id for i in live if i.provider == name])
             if fut is not None:
                 futures.append(fut)
@@ -154,7 +154,7 @@ class Scheduler:
 
     def _check_instances(self) -> None:
         now = time.time()
-        for inst in self.store.instances(statuses=(*v.INSTANCE_LIVE, v.CLOSING)):
+        for inst in self.store.instances.list(statuses=(*v.INSTANCE_LIVE, v.CLOSING)):
             provider = self.providers.get(inst.provider)
             if provider is None:  # its provider is not served now (started without --provider aws): leave it be
                 if inst.id not in self._unserved:
@@ -166,7 +166,7 @@ class Scheduler:
                 if isinstance(failed, CapacityError) and inst.status == v.LAUNCHING and inst.job_id:
                     self._no_capacity(inst, failed)
                     continue
-                self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
+                self.store.instances.set_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
                 gone = provider.cluster_error()
                 if inst.job_id and gone:
                     self._cluster_lost(inst, gone)
@@ -189,12 +189,12 @@ class Scheduler:
         if fut is not None and fut.done() and fut.exception() is not None:
             self._ops.pop(inst.id, None)
             log.warning("stopping %s failed (%s); terminating it", inst.id, fut.exception())
-            self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING)
+            self.store.instances.set_state(inst.id, v.CLOSING, v.TERMINATING)
             return
         state = (provider.poll(inst.id) or {}).get("state")
         if state == "stopped":
             self._ops.pop(inst.id, None)
-            self.store.set_instance_state(inst.id, v.CLOSED, v.STOPPED)
+            self.store.instances.set_state(inst.id, v.CLOSED, v.STOPPED)
 
     def _check_starting(self, inst: InstanceRecord) -> None:
         """A stopped machine being started again for a job: a start that failed puts it back (stopped) and the job
@@ -206,20 +206,20 @@ class Scheduler:
         error = fut.exception()
         if error is None:
             return
-        job = self.store.job(inst.job_id) if inst.job_id else None
-        self.store.set_instance_state(inst.id, v.CLOSED, v.STOPPED, job_id=None)
+        job = self.store.jobs.get(inst.job_id) if inst.job_id else None
+        self.store.instances.set_state(inst.id, v.CLOSED, v.STOPPED, job_id=None)
         if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
         if isinstance(error, CapacityError):
             self._pass_over(inst, job, *self._capacity_messages(inst.machine_id, job, error), closed_as=v.STOPPED)
             return
-        self.store.update_job(job.id, instance_id=None, machine_id=None)
+        self.store.jobs.update(job.id, instance_id=None, machine_id=None)
         self._skip_stopped.add(inst.id)
         self.emit(job.id, v.EV_LOG, {"message": f"could not restart {inst.id} ({error}); starting a new one"})
 
     def _check_request(self, inst: InstanceRecord, now: float) -> None:
         """A machine that is not ready within the job's `wait_request_s` is given up for the next one in its list."""
-        job = self.store.job(inst.job_id)
+        job = self.store.jobs.get(inst.job_id)
         if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
         waiting = self._report_pending(inst, job)
@@ -251,7 +251,7 @@ class Scheduler:
     def _cluster_lost(self, inst: InstanceRecord, error: str) -> None:
         """The provider's whole cluster is gone (`ray stop`): its job fails with the provider's words, which name
         the cluster, instead of waiting for a machine that no longer exists."""
-        job = self.store.job(inst.job_id)
+        job = self.store.jobs.get(inst.job_id)
         if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
         self.fail(job.id, f"{error}; start the cluster again (or list other machines) and submit the job again")
@@ -269,8 +269,8 @@ class Scheduler:
         go on with the next one in its list (assigned later in the same tick), or fail the job with `none_left`.
         The instance ends `status` / `closed_as` (CLOSED / STOPPED: a stopped machine that could not start stays
         stopped; CLOSING: one still running, which the tick then terminates)."""
-        self.store.set_instance_state(inst.id, status, closed_as, job_id=None)
-        self.store.update_job(job.id, instance_id=None, machine_id=None)
+        self.store.instances.set_state(inst.id, status, closed_as, job_id=None)
+        self.store.jobs.update(job.id, instance_id=None, machine_id=None)
         machine = inst.machine_id
         self.emit(job.id, v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job.attempt})
         left = [m for m in job.spec["machines"] if m not in self._passed_over(job)]
@@ -292,9 +292,9 @@ class Scheduler:
 
     def _no_capacity(self, inst: InstanceRecord, error: BaseException) -> None:
         """The cloud had no room for this machine now: pass over to the next one in the job's list at once."""
-        job = self.store.job(inst.job_id)
+        job = self.store.jobs.get(inst.job_id)
         if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
-            self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
+            self.store.instances.set_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
             return
         self._pass_over(inst, job, *self._capacity_messages(inst.machine_id, job, error))
 
@@ -312,12 +312,12 @@ class Scheduler:
         """Machines this attempt of the job gave up waiting for, read from its event log so a restart keeps them."""
         return {
             e["data"]["passed_over"]
-            for e in self.store.typed_events(job.id, (v.EV_LOG,))
+            for e in self.store.events.typed(job.id, (v.EV_LOG,))
             if "passed_over" in e["data"] and e["data"].get("attempt") == job.attempt
         }
 
     def _worker_lost(self, inst: InstanceRecord, launch_error: BaseException | None = None) -> None:
-        job = self.store.job(inst.job_id)
+        job = self.store.jobs.get(inst.job_id)
         if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
         if job.cancel_requested:
@@ -328,7 +328,7 @@ class Scheduler:
         if crashes >= self.policy.max_attempts:
             self.fail(job.id, f"the worker was lost {crashes} times; giving up. See the worker log of {inst.id}.")
             return
-        self.store.update_job(job.id, attempt=attempt, instance_id=None)
+        self.store.jobs.update(job.id, attempt=attempt, instance_id=None)
         done = job.epochs_done
         provider = self.providers.get(inst.provider)
         reason = provider.lost_reason(inst) if provider is not None else None
@@ -341,9 +341,9 @@ class Scheduler:
         state, and the job goes on with the next machine in its list, or fails naming both versions."""
         why = f"agent {reported} is not this backend's {expected}"
         log.warning("%s: %s; closing it", inst.id, why)
-        job = self.store.job(inst.job_id) if inst.job_id else None
+        job = self.store.jobs.get(inst.job_id) if inst.job_id else None
         if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
-            self.store.set_instance_state(inst.id, v.CLOSING, why, job_id=None)
+            self.store.instances.set_state(inst.id, v.CLOSING, why, job_id=None)
             return
         message = f"{inst.id} ({inst.machine_id}) refused: {why}"
         fix = f"{message}: install this backend's agent there (GET /worker/agent serves it)"
@@ -354,7 +354,7 @@ class Scheduler:
         (its finished epochs are checkpointed): the machine is terminated, and the job goes back to the queue to
         resume from its last epoch checkpoint on the next machine in its list (the same type again when it lists
         no other). Counted apart from crashes (`max_attempts`), up to MAX_SPOT_INTERRUPTIONS."""
-        self.store.set_instance_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
+        self.store.instances.set_state(inst.id, v.CLOSING, v.TERMINATING, job_id=None)
         provider = self.providers.get(inst.provider)
         if provider is not None:
             provider.terminate(inst)
@@ -379,7 +379,7 @@ class Scheduler:
             )
             return
         attempt = job.attempt + 1
-        self.store.update_job(job.id, attempt=attempt, instance_id=None, machine_id=None)
+        self.store.jobs.update(job.id, attempt=attempt, instance_id=None, machine_id=None)
         others = [m for m in job.spec["machines"] if m != machine]
         if others:  # this machine just went away: the next attempt tries the others first
             self.emit(
@@ -394,26 +394,26 @@ class Scheduler:
 
     def _spot_interruptions(self, job: JobRecord) -> int:
         """How many times this job's machine was reclaimed, read from its event log (a restart keeps it)."""
-        return sum(1 for e in self.store.typed_events(job.id, (v.EV_LOG,)) if v.SPOT_INTERRUPTED in e["data"])
+        return sum(1 for e in self.store.events.typed(job.id, (v.EV_LOG,)) if v.SPOT_INTERRUPTED in e["data"])
 
     def _check_cancels(self) -> None:
         now = time.time()
-        for job in self.store.jobs(statuses=v.JOB_ACTIVE):
+        for job in self.store.jobs.list(statuses=v.JOB_ACTIVE):
             if not job.cancel_requested:
                 continue
             if job.status == v.QUEUING and not job.instance_id:
                 self.set_status(job.id, v.CANCELED, v.SUB_CANCELED, "canceled before it started")
             elif now - job.updated > self.policy.cancel_grace_s and job.instance_id:
-                inst = self.store.instance(job.instance_id)
+                inst = self.store.instances.get(job.instance_id)
                 if inst:
                     if inst.provider in self.providers:
                         self.providers[inst.provider].terminate(inst)
-                    self.store.set_instance_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
+                    self.store.instances.set_state(inst.id, v.CLOSED, v.TERMINATED, job_id=None)
                 self.set_status(job.id, v.CANCELED, v.SUB_CANCELED, "canceled; the worker did not stop in time")
 
     def _assign_queued(self) -> None:
         placement: _Placement | None = None
-        for job in self.store.jobs(statuses=(v.QUEUING,)):
+        for job in self.store.jobs.list(statuses=(v.QUEUING,)):
             if job.instance_id or job.cancel_requested:
                 continue
             placement = placement or _Placement(self)
@@ -443,7 +443,7 @@ class Scheduler:
             ]
             if warm:
                 inst = warm[0]
-                self.store.set_instance_state(
+                self.store.instances.set_state(
                     inst.id, v.EXECUTING, "", job_id=job.id, cool_down_s=spec["cool_down_s"], cooling_until=None
                 )
                 self._waiting.pop(job.id, None)
@@ -504,7 +504,7 @@ class Scheduler:
             return False
         self._ops[inst.id] = fut
         price = self.machine_index().get(inst.machine_id, (None, {}))[1].get("price_per_hour")
-        self.store.set_instance_state(
+        self.store.instances.set_state(
             inst.id,
             v.LAUNCHING,
             "",
@@ -547,7 +547,7 @@ class Scheduler:
         # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
         enroll = new_token("e") if self.providers[provider_name].enrolls else None
         price = float(self.machine_index().get(machine_id, (None, {}))[1].get("price_per_hour") or 0.0)
-        self.store.create_instance(
+        self.store.instances.create(
             instance_id,
             job.user_id,
             provider_name,
@@ -573,13 +573,13 @@ class Scheduler:
                 tensorflow=tensorflow_pin(job.spec.get("versions") or {}),
             )
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
-            self.store.set_instance_state(instance_id, v.CLOSED, v.TERMINATED)
+            self.store.instances.set_state(instance_id, v.CLOSED, v.TERMINATED)
             self.emit(job.id, v.EV_LOG, {"message": f"could not start {machine_id}: {exc}"})
             return
-        self.store.update_instance(instance_id, pid=pid)
-        self.store.set_instance_state(instance_id, v.LAUNCHING, "", job_id=job.id)
+        self.store.instances.update(instance_id, pid=pid)
+        self.store.instances.set_state(instance_id, v.LAUNCHING, "", job_id=job.id)
         self._bind(job, instance_id, machine_id, f"started instance {instance_id}")
 
     def _bind(self, job: JobRecord, instance_id: str, machine_id: str, message: str) -> None:
-        self.store.update_job(job.id, instance_id=instance_id, machine_id=machine_id)
+        self.store.jobs.update(job.id, instance_id=instance_id, machine_id=machine_id)
         self.set_status(job.id, v.QUEUING, v.CONNECTING_SERVER, f"{message} ({machine_id})")

@@ -48,15 +48,15 @@ def add_user(home: Path, name: str, expires_in_s: float | None = None) -> str:
         raise ValidationError(f"--expires-in must be a number of seconds above 0 and at most {MAX_EXPIRES_IN_S:.0f}")
     store = _open_store(home)
     try:
-        uid = store.ensure_user(name)
+        uid = store.users.ensure(name)
         cap = Limits.from_env(Policy.from_env()).max_tokens_per_user
-        live = store.live_tokens(uid)
+        live = store.tokens.live(uid)
         if live >= cap:
             raise ValidationError(
                 f"{name} holds {live} live tokens, the limit: revoke them all with `aibro backend revoke-tokens "
                 f"{name}`, or {name} revokes unused ones (`aibro token list`, `aibro token revoke ID`)"
             )
-        return store.new_token(uid, expires_in_s)
+        return store.tokens.new(uid, expires_in_s)
     finally:
         store.close()
 
@@ -65,10 +65,10 @@ def revoke_tokens(home: Path, name: str) -> int:
     """Revoke every token of user `name` (a lost laptop, a leaver); returns how many there were."""
     store = _open_store(home)
     try:
-        uid = store.user_id(name)
+        uid = store.users.id_of(name)
         if uid is None:
             raise ValidationError(f"no user {name!r} on this backend")
-        return store.revoke_all_tokens(uid)
+        return store.tokens.revoke_all(uid)
     finally:
         store.close()
 

@@ -143,7 +143,7 @@ def sweep(backend: Backend) -> None:
         removed = backend.blobs.sweep_partials(limits.partial_ttl_s)
         if removed:
             log.info("deleted %d partial uploads untouched for %g s", removed, limits.partial_ttl_s)
-        backend.store.drop_expired_tokens()
+        backend.store.tokens.drop_expired()
     except Exception:  # noqa: BLE001 - a sweep that fails tries again next time
         log.exception("sweep failed")
 
@@ -164,7 +164,7 @@ def check_confinement(backend: Backend) -> None:
     sandbox = backend.scheduler.providers["local"].sandbox
     mode = (os.environ.get("AIBRO_SANDBOX") or "auto").lower()
     try:
-        banner = require_confinement(sandbox.kind, backend.store.user_count(), mode)
+        banner = require_confinement(sandbox.kind, backend.store.users.count(), mode)
     except SandboxRequired as exc:
         log.error("%s", exc)
         print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
@@ -180,10 +180,10 @@ def ensure_local_user(backend: Backend) -> None:
     cred = backend.home / "credentials.json"
     if cred.exists():
         token = json.loads(cred.read_text())["token"]
-        if backend.store.user_for_token(token):
+        if backend.store.tokens.user_for(token):
             return
-    uid = backend.store.ensure_user("local")
-    write_private(cred, {"user": "local", "token": backend.store.new_token(uid)})
+    uid = backend.store.users.ensure("local")
+    write_private(cred, {"user": "local", "token": backend.store.tokens.new(uid)})
 
 
 async def serve(
@@ -192,7 +192,7 @@ async def serve(
     backend = build_backend(home, extra_providers)
     ensure_local_user(backend)
     check_confinement(backend)
-    backend.scheduler.providers["local"].prime(backend.store.ensure_user("local"))  # the embedded user's spare
+    backend.scheduler.providers["local"].prime(backend.store.users.ensure("local"))  # the embedded user's spare
     limits = limits_of(backend)
     app = GuardedApplication(
         routes(backend),
@@ -380,7 +380,7 @@ def start_upkeep(backend: Backend) -> PeriodicCallback:
 
 def shutdown_instances(backend: Backend) -> None:
     """A clean stop takes this host's workers with it; a job they ran resumes from its checkpoint next start."""
-    for inst in backend.store.instances(statuses=(*INSTANCE_LIVE, CLOSING)):
+    for inst in backend.store.instances.list(statuses=(*INSTANCE_LIVE, CLOSING)):
         if inst.provider == "local":  # cloud machines stay: the next start adopts them
             backend.scheduler.providers["local"].terminate(inst)
 

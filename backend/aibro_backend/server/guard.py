@@ -59,7 +59,7 @@ def header_refusal(
         if token is None:
             return 401, NO_TOKEN
         if issubclass(handler_class, worker.WorkerHandler):
-            inst = backend.store.instance_for_token(token)
+            inst = backend.store.instances.for_token(token)
             if inst is None:
                 return 401, "unknown worker token"
             request.aibro_instance = inst  # type: ignore[attr-defined]  # WorkerHandler.prepare: one lookup a request

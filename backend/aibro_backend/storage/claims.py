@@ -34,10 +34,10 @@ async def publish(store: Store, s3: S3Backing, sha: str, user_id: int, key: str)
         await IOLoop.current().run_in_executor(s3.pool, s3.publish, key, sha)
     except S3BlobError as exc:
         with store.transaction():
-            if store.blob_s3_key(sha, user_id) == key:
-                store.drop_blob(sha, user_id)
-            store.doom_s3_key(key, time.time() + URL_TTL_S)
-            store.bump(user_id, "blob_claims_refused", 1)
+            if store.blobs.s3_key(sha, user_id) == key:
+                store.blobs.drop(sha, user_id)
+            store.blobs.doom_s3_key(key, time.time() + URL_TTL_S)
+            store.users.bump(user_id, "blob_claims_refused", 1)
         log.warning("user %d's upload %s is not the blob %s it was named (%s): dropped", user_id, key, sha, exc)
         return False
     except Exception as exc:  # noqa: BLE001 - S3 unreachable or refusing: the claim stays, upkeep tries again
@@ -46,42 +46,42 @@ async def publish(store: Store, s3: S3Backing, sha: str, user_id: int, key: str)
     finally:
         _in_flight.discard(claim)
     with store.transaction():  # a reader never sees the move without its key's deletion planned
-        store.set_blob_s3_key(sha, user_id, None, was=key)
-        store.doom_s3_key(key, time.time() + URL_TTL_S)  # a worker may still hold a URL to it
+        store.blobs.set_s3_key(sha, user_id, None, was=key)
+        store.blobs.doom_s3_key(key, time.time() + URL_TTL_S)  # a worker may still hold a URL to it
     return True
 
 
 def drop(store: Store, sha: str, user_id: int) -> bool:
     """Forget the user's `sha` (their own upload's key goes later); True when no user holds it any more."""
     with store.transaction():
-        key = store.blob_s3_key(sha, user_id)
+        key = store.blobs.s3_key(sha, user_id)
         if key is not None:
-            store.doom_s3_key(key, time.time() + URL_TTL_S)
-        return store.drop_blob(sha, user_id)
+            store.blobs.doom_s3_key(key, time.time() + URL_TTL_S)
+        return store.blobs.drop(sha, user_id)
 
 
 def replace(store: Store, sha: str, user_id: int, key: str) -> None:
     """The user uploaded `sha` again while holding it: read their new upload from now on, the old one goes."""
-    old = store.blob_s3_key(sha, user_id)
+    old = store.blobs.s3_key(sha, user_id)
     if old == key:
         return
     with store.transaction():
-        store.set_blob_s3_key(sha, user_id, key, was=old)
+        store.blobs.set_s3_key(sha, user_id, key, was=old)
         if old is not None:
-            store.doom_s3_key(old, time.time() + URL_TTL_S)
+            store.blobs.doom_s3_key(old, time.time() + URL_TTL_S)
 
 
 async def upkeep(store: Store, s3: S3Backing) -> dict[str, Any]:
     """Publish the claims not yet proven and delete the upload keys that are due; what it did, for the log."""
     published = deleted = 0
-    for sha, user_id, key in store.blob_claims():
+    for sha, user_id, key in store.blobs.claims():
         published += await publish(store, s3, sha, user_id, key)
-    for key in store.doomed_s3_keys(time.time()):
+    for key in store.blobs.doomed_s3_keys(time.time()):
         try:
             await IOLoop.current().run_in_executor(s3.pool, s3.delete, key)
         except Exception as exc:  # noqa: BLE001 - tried again at the next upkeep
             log.warning("could not delete %s from the bucket yet: %s", key, exc)
             continue
-        store.forget_doomed(key)
+        store.blobs.forget_doomed(key)
         deleted += 1
     return {"published": published, "deleted": deleted}

@@ -14,7 +14,8 @@ import asyncio
 import logging
 from typing import Any
 
-from .store import EventBatch, NewEvent, Store
+from .events import EventBatch, NewEvent
+from .store import Store
 
 log = logging.getLogger("aibro.backend")
 
@@ -42,7 +43,7 @@ class GroupCommit:
         if not group:
             return
         try:
-            results: list[Any] = self.store.append_batches([batch for batch, _ in group])
+            results: list[Any] = self.store.events.append_batches([batch for batch, _ in group])
         except Exception as exc:  # noqa: BLE001 - the commit failed: every batch of the group hears it
             results = [exc] * len(group)
         else:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from json.encoder import encode_basestring_ascii as quote
 
-from ..server.jsonout import dumps
+from aibro_core.jsonout import dumps
 
 # Per job or user: a watcher is normally one batch behind, but one that fell behind under load must still be
 # answered from here (reading the log costs it more, which would make it fall further behind).

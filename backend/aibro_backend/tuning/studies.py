@@ -56,7 +56,7 @@ def create_study(backend: Backend, uid: int, raw: dict[str, Any], spec: Any) -> 
         "parallel": spec.parallel,
         "executions_per_trial": spec.executions_per_trial,
     }
-    backend.store.create_study(study_id, uid, stored, spec.description)
+    backend.store.studies.create(study_id, uid, stored, spec.description)
     return study_id
 
 
@@ -65,15 +65,15 @@ def cancel_study(backend: Backend, study: StudyRecord) -> None:
     store = backend.store
     if study.status != v.STUDY_RUNNING:
         return
-    store.update_study(study.id, status=v.STUDY_CANCELED, message="cancelled")
-    for trial in store.trials(study.id):
+    store.studies.update(study.id, status=v.STUDY_CANCELED, message="cancelled")
+    for trial in store.studies.trials(study.id):
         if trial.status != v.TRIAL_RUNNING:
             continue
-        job = store.job(trial.job_id)
+        job = store.jobs.get(trial.job_id)
         if job is not None and job.status in v.JOB_ACTIVE and not job.cancel_requested:
-            store.update_job(job.id, cancel_requested=1)
+            store.jobs.update(job.id, cancel_requested=1)
             backend.scheduler.emit(job.id, v.EV_LOG, {"message": f"cancel requested (study {study.id} cancelled)"})
-        store.update_trial(study.id, trial.trial_id, status=v.TRIAL_CANCELED, message="study cancelled")
+        store.studies.update_trial(study.id, trial.trial_id, status=v.TRIAL_CANCELED, message="study cancelled")
     backend.scheduler.tick()
 
 
@@ -86,13 +86,13 @@ def executions_per_trial(study: StudyRecord) -> int:
 
 
 def study_view(backend: Backend, study: StudyRecord) -> Study:
-    trials = backend.store.trials(study.id)
-    executions = backend.store.executions(study.id)
+    trials = backend.store.studies.trials(study.id)
+    executions = backend.store.studies.executions(study.id)
     oracle = OracleSpec.model_validate(study.spec["oracle"])
     sign = 1.0 if score_direction(oracle.objective) == "min" else -1.0
     scored = [t for t in trials if t.status == v.TRIAL_COMPLETED and t.score is not None]
     best = min(scored, key=lambda t: sign * float(t.score or 0.0)).trial_id if scored else None
-    costs = job_costs(backend.store.instances(study.user_id), time.time())
+    costs = job_costs(backend.store.instances.list(study.user_id), time.time())
     return Study(
         study_id=study.id,
         status=study.status,  # type: ignore[arg-type]
@@ -130,7 +130,9 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
             for t in trials
         ],
         best_trial_id=best,
-        cost=sum(costs.get(e.job_id, 0.0) for runs in backend.store.executions(study.id, True).values() for e in runs),
+        cost=sum(
+            costs.get(e.job_id, 0.0) for runs in backend.store.studies.executions(study.id, True).values() for e in runs
+        ),
     )
 
 
@@ -151,7 +153,7 @@ class StudyDriver:
             return
         self.stepping = asyncio.get_running_loop().create_future()
         try:
-            for study in self.backend.store.studies(statuses=(v.STUDY_RUNNING,)):
+            for study in self.backend.store.studies.list(statuses=(v.STUDY_RUNNING,)):
                 try:
                     await self._drive(study)
                 except OracleUnavailable as exc:
@@ -170,7 +172,7 @@ class StudyDriver:
             self.stepping = None
 
     def _final(self, study_id: str) -> bool:
-        study = self.backend.store.study(study_id)
+        study = self.backend.store.studies.get(study_id)
         return study is None or study.status != v.STUDY_RUNNING
 
     def host(self, study: StudyRecord) -> OracleHost:
@@ -178,7 +180,7 @@ class StudyDriver:
             store = self.backend.store
 
             def running() -> dict[str, str]:
-                return {t.trial_id: t.slot for t in store.trials(study.id) if t.status == v.TRIAL_RUNNING}
+                return {t.trial_id: t.slot for t in store.studies.trials(study.id) if t.status == v.TRIAL_RUNNING}
 
             self.hosts[study.id] = OracleHost(study_dir(self.backend, study.id), running)
         return self.hosts[study.id]
@@ -186,13 +188,13 @@ class StudyDriver:
     async def _drive(self, study: StudyRecord) -> None:
         store = self.backend.store
         host = self.host(study)
-        for trial in store.trials(study.id):
-            job = store.job(trial.job_id) if trial.status == v.TRIAL_RUNNING else None
+        for trial in store.studies.trials(study.id):
+            job = store.jobs.get(trial.job_id) if trial.status == v.TRIAL_RUNNING else None
             if job is not None and job.status in v.JOB_FINAL:
                 await self._report(study, host, trial, job)
                 if self._final(study.id):
                     return
-        busy = {t.slot for t in store.trials(study.id) if t.status == v.TRIAL_RUNNING}
+        busy = {t.slot for t in store.studies.trials(study.id) if t.status == v.TRIAL_RUNNING}
         stopped = 0
         for n in range(int(study.spec["parallel"])):
             slot = f"slot-{n}"
@@ -217,7 +219,7 @@ class StudyDriver:
         job_id = self._admit(study, trial_id, self._trial_job(study, trial_id, values, 0))
         if job_id is None:
             return
-        self.backend.store.add_trial(study.id, trial_id, slot, job_id, values)
+        self.backend.store.studies.add_trial(study.id, trial_id, slot, job_id, values)
         log.info("study %s: trial %s runs as %s (%s)", study.id, trial_id, job_id, slot)
 
     def _start_execution(self, study: StudyRecord, trial: TrialRecord, execution: int) -> None:
@@ -228,7 +230,7 @@ class StudyDriver:
         job_id = self._admit(study, trial.trial_id, self._trial_job(study, trial.trial_id, trial.values, execution))
         if job_id is None:
             return
-        self.backend.store.add_execution(study.id, trial.trial_id, execution, job_id)
+        self.backend.store.studies.add_execution(study.id, trial.trial_id, execution, job_id)
         log.info("study %s: trial %s execution %d runs as %s", study.id, trial.trial_id, execution, job_id)
 
     def _trial_job(self, study: StudyRecord, trial_id: str, values: dict[str, Any], execution: int) -> dict[str, Any]:
@@ -258,12 +260,12 @@ class StudyDriver:
         """The job and epoch whose weights are the trial's checkpoint, as KerasTuner's SaveBestEpoch keeps one per
         trial: the epoch with the best objective of all its executions (the first such); None for a trial that
         never ran."""
-        runs = self.backend.store.executions(study.id).get(trial_id, [])
+        runs = self.backend.store.studies.executions(study.id).get(trial_id, [])
         objective = OracleSpec.model_validate(study.spec["oracle"]).objective
         return trial_checkpoint(runs, objective)
 
     def _admit(self, study: StudyRecord, trial_id: str, job: dict[str, Any]) -> str | None:
-        user = self.backend.store.user_name(study.user_id) or ""
+        user = self.backend.store.users.name_of(study.user_id) or ""
         try:
             return admit_job(self.backend, study.user_id, user, job)
         except ApiError as exc:
@@ -278,8 +280,8 @@ class StudyDriver:
         FAILED at once)."""
         store = self.backend.store
         ran = execution_result(store, study, job)
-        store.update_execution(job.id, ran.row_status, ran.metrics, ran.best_step, ran.best_epoch)
-        runs = store.executions(study.id).get(trial.trial_id, [])
+        store.studies.update_execution(job.id, ran.row_status, ran.metrics, ran.best_step, ran.best_epoch)
+        runs = store.studies.executions(study.id).get(trial.trial_id, [])
         wanted = executions_per_trial(study)
         if ran.status == "COMPLETED" and len(runs) < wanted:
             self._start_execution(study, trial, len(runs))
@@ -312,14 +314,14 @@ class StudyDriver:
         }
         if ended is not None:
             fields.update(trial_values=json.dumps(ended.values), hyperparameters=json.dumps(ended.hyperparameters))
-        store.update_trial(study.id, trial.trial_id, **fields)
+        store.studies.update_trial(study.id, trial.trial_id, **fields)
         if not got.ok and "already" not in (got.error or ""):
             self._end_study(study, v.STUDY_FAILED, got.error)
 
     def _end_study(self, study: StudyRecord, status: str, message: str | None) -> None:
         if status == v.STUDY_FAILED:
             cancel_study(self.backend, study)
-        self.backend.store.update_study(study.id, status=status, message=message)
+        self.backend.store.studies.update(study.id, status=status, message=message)
         log.info("study %s %s%s", study.id, status, f": {message}" if message else "")
 
     async def close(self) -> None:
@@ -353,11 +355,11 @@ def execution_result(store: Any, study: StudyRecord, job: JobRecord) -> Executio
     the trial's hyperparameters as its fit left them, or its error."""
     objective = OracleSpec.model_validate(study.spec["oracle"]).objective
     report = next(
-        (e["data"]["trial"] for e in reversed(store.typed_events(job.id, (v.EV_LOG,))) if e["data"].get("trial")), {}
+        (e["data"]["trial"] for e in reversed(store.events.typed(job.id, (v.EV_LOG,))) if e["data"].get("trial")), {}
     )
     hp = report.get("hyperparameters")
     if job.status != v.COMPLETED:
-        errors = store.typed_events(job.id, (v.EV_ERROR,))
+        errors = store.events.typed(job.id, (v.EV_ERROR,))
         if not errors:
             return ExecutionResult("FAILED", message="the job was cancelled", hyperparameters=hp)
         message = str(errors[-1]["data"].get("message") or "the job failed")
@@ -372,7 +374,7 @@ def execution_result(store: Any, study: StudyRecord, job: JobRecord) -> Executio
             why = f"HyperModel.fit returned no {objective_name(objective)!r} (it returned {sorted(metrics)})"
             return ExecutionResult("FAILED", message=why, hyperparameters=hp)
         return ExecutionResult("COMPLETED", metrics, None, hyperparameters=hp)  # no epoch: its step counts as 0
-    picture = JobPicture().apply_all(store.typed_events(job.id, (v.EV_EPOCH,)))
+    picture = JobPicture().apply_all(store.events.typed(job.id, (v.EV_EPOCH,)))
     metrics, best_step, why = best_epoch_metrics(picture.keras_lists(), objective)
     if why is not None or best_step is None:
         return ExecutionResult("FAILED", message=why, hyperparameters=hp)

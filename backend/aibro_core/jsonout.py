@@ -1,4 +1,5 @@
-"""The backend's one JSON encoder for answers: standard JSON only (NaN and Infinity go out as null)."""
+"""The backend's one JSON encoder, for its answers and for the event log it answers from (so it lives below both
+the server and the storage): standard JSON only (NaN and Infinity go out as null)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,68 @@
+"""The jobs: each one's spec as submitted, its state and progress (its events are in events.py)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+from aibro_core import vocabulary as v
+
+from .records import JobRecord
+from .sql import marks, update_row, write
+
+
+class Jobs:
+    """The `jobs` table."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def create(self, job_id: str, user_id: int, spec: dict[str, Any], replay_of: str | None = None) -> None:
+        now = time.time()
+        write(
+            self.db,
+            "INSERT INTO jobs (id, user_id, status, substatus, spec, description, created, updated, replay_of) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                user_id,
+                v.QUEUING,
+                v.REQUESTING_SERVER,
+                json.dumps(spec),
+                spec.get("description", ""),
+                now,
+                now,
+                replay_of,
+            ),
+        )
+
+    def get(self, job_id: str, user_id: int | None = None) -> JobRecord | None:
+        if user_id is None:
+            row = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        else:
+            row = self.db.execute("SELECT * FROM jobs WHERE id=? AND user_id=?", (job_id, user_id)).fetchone()
+        return JobRecord.of(row) if row else None
+
+    def state(self, job_id: str, user_id: int | None = None) -> tuple[str, str] | None:
+        """The job's status and substatus alone (a long-poll asks this at every wake-up), or None when there is
+        no such job (for this user, when one is given)."""
+        row = self.db.execute(
+            "SELECT status, substatus FROM jobs WHERE id=? AND (? IS NULL OR user_id=?)", (job_id, user_id, user_id)
+        ).fetchone()
+        return (row["status"], row["substatus"]) if row else None
+
+    def list(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[JobRecord]:
+        sql, args = "SELECT * FROM jobs WHERE 1=1", []
+        if user_id is not None:
+            sql += " AND user_id=?"
+            args.append(user_id)
+        if statuses:
+            sql += f" AND status IN ({marks(statuses)})"
+            args.extend(statuses)
+        sql += " ORDER BY created"
+        return [JobRecord.of(r) for r in self.db.execute(sql, args).fetchall()]
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        update_row(self.db, "jobs", {"id": job_id}, fields)
