@@ -462,7 +462,7 @@ def test_retry_after_an_ambiguous_failure_launches_once(
 ) -> None:
     """The request reached EC2 but the answer was lost: the retry carries the same ClientToken and first looks
     the instance up by its tag (moto does not honour ClientToken, so this is what keeps it to one instance)."""
-    real = provider.ec2.run_instances
+    real = provider.ec2_launch.run_instances
     tokens: list[str] = []
 
     def lost_answer(**kwargs: Any) -> Any:
@@ -472,7 +472,7 @@ def test_retry_after_an_ambiguous_failure_launches_once(
             raise EndpointConnectionError(endpoint_url="https://ec2.us-east-1.amazonaws.com")
         return out
 
-    monkeypatch.setattr(provider.ec2, "run_instances", lost_answer)
+    monkeypatch.setattr(provider.ec2_launch, "run_instances", lost_answer)
     ec2_id = launched(provider, "inst-lost", "g4dn.2xlarge.od")
     assert tokens == [provider.client_token("inst-lost")]  # found by tag; no second run_instances
     assert [i["InstanceId"] for i in tagged(account["ec2"], provider.config.backend_id)] == [ec2_id]
@@ -489,7 +489,7 @@ def test_capacity_errors_fail_fast_as_capacity_error(
         calls.append(kwargs)
         raise client_error(code)
 
-    monkeypatch.setattr(provider.ec2, "run_instances", no_room)
+    monkeypatch.setattr(provider.ec2_launch, "run_instances", no_room)
     provider.launch("inst-full", "g5.12xlarge", env("inst-full"))
     with pytest.raises(CapacityError) as err:
         provider.launch_future("inst-full").result(timeout=30)
@@ -503,7 +503,7 @@ def test_capacity_errors_fail_fast_as_capacity_error(
 def test_throttling_backs_off_then_succeeds(
     provider: AwsProvider, account: dict[str, Any], monkeypatch: pytest.MonkeyPatch, sleeps: list[float]
 ) -> None:
-    real = provider.ec2.run_instances
+    real = provider.ec2_launch.run_instances
     calls: list[str] = []
 
     def throttled(**kwargs: Any) -> Any:
@@ -512,7 +512,7 @@ def test_throttling_backs_off_then_succeeds(
             raise client_error("RequestLimitExceeded" if len(calls) == 1 else "Throttling")
         return real(**kwargs)
 
-    monkeypatch.setattr(provider.ec2, "run_instances", throttled)
+    monkeypatch.setattr(provider.ec2_launch, "run_instances", throttled)
     ec2_id = launched(provider, "inst-throttled", "g6.xlarge")
     assert len(calls) == 3 and len(set(calls)) == 1  # one attempt, one token
     assert len(sleeps) == 2 and all(0 <= s <= provider.backoff_base_s * 2**n for n, s in enumerate(sleeps))
@@ -528,7 +528,7 @@ def test_throttling_gives_up_after_bounded_retries(
         calls.append(1)
         raise client_error("RequestLimitExceeded")
 
-    monkeypatch.setattr(provider.ec2, "run_instances", always)
+    monkeypatch.setattr(provider.ec2_launch, "run_instances", always)
     provider.launch("inst-never", "g6.xlarge", env("inst-never"))
     with pytest.raises(LaunchError, match="RequestLimitExceeded"):
         provider.launch_future("inst-never").result(timeout=30)
@@ -536,11 +536,19 @@ def test_throttling_gives_up_after_bounded_retries(
     assert all(s <= provider.backoff_cap_s for s in sleeps)
 
 
+def test_botocore_retries_every_call_but_the_two_whose_capacity_errors_must_fail_fast(provider: AwsProvider) -> None:
+    """EC2 answers InsufficientInstanceCapacity with a 500, which botocore's retry modes retry: run_instances and
+    start_instances go through a client with botocore's retries off (retried above on throttling only)."""
+    assert provider.ec2.meta.config.retries == {"mode": "standard", "total_max_attempts": provider.max_retries + 1}
+    assert provider.ssm.meta.config.retries == provider.ec2.meta.config.retries
+    assert provider.ec2_launch.meta.config.retries["total_max_attempts"] == 1  # one try: no retry
+
+
 def test_other_launch_errors_are_not_capacity(provider: AwsProvider, monkeypatch: pytest.MonkeyPatch) -> None:
     def denied(**kwargs: Any) -> Any:
         raise client_error("UnauthorizedOperation")
 
-    monkeypatch.setattr(provider.ec2, "run_instances", denied)
+    monkeypatch.setattr(provider.ec2_launch, "run_instances", denied)
     provider.launch("inst-denied", "g6.xlarge", env("inst-denied"))
     err = provider.launch_future("inst-denied").exception(timeout=30)
     assert isinstance(err, LaunchError) and not isinstance(err, CapacityError)
@@ -582,7 +590,7 @@ def test_start_with_no_capacity_is_a_capacity_error(provider: AwsProvider, monke
     def no_room(**kwargs: Any) -> Any:
         raise client_error("InsufficientInstanceCapacity", "StartInstances")
 
-    monkeypatch.setattr(provider.ec2, "start_instances", no_room)
+    monkeypatch.setattr(provider.ec2_launch, "start_instances", no_room)
     with pytest.raises(CapacityError):
         provider.start(inst).result(timeout=30)
 
@@ -611,13 +619,13 @@ def test_terminate_and_lost_instances_are_not_alive(provider: AwsProvider, accou
 def test_terminate_while_the_launch_is_in_flight(
     provider: AwsProvider, account: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = provider.ec2.run_instances
+    real = provider.ec2_launch.run_instances
 
     def slow(**kwargs: Any) -> Any:
         time.sleep(0.5)
         return real(**kwargs)
 
-    monkeypatch.setattr(provider.ec2, "run_instances", slow)
+    monkeypatch.setattr(provider.ec2_launch, "run_instances", slow)
     provider.launch("inst-early", "g4dn.xlarge", env("inst-early"))
     provider.terminate(record("inst-early")).result(timeout=30)
     assert tagged(account["ec2"], provider.config.backend_id) == []
@@ -741,7 +749,7 @@ def test_a_slow_ec2_call_does_not_block_the_event_loop(
     alive, offers) and a coroutine on the loop must all finish while it is held: if any of them waited on EC2, the
     held call would run out its 60 s and fail the launch instead. Ordering, not timing: a loaded box cannot make
     this fail, a blocking provider always does."""
-    real = provider.ec2.run_instances
+    real = provider.ec2_launch.run_instances
     entered, release = threading.Event(), threading.Event()
 
     def held(**kwargs: Any) -> Any:
@@ -750,7 +758,7 @@ def test_a_slow_ec2_call_does_not_block_the_event_loop(
             raise AssertionError("run_instances was waited on: the caller blocked until EC2 answered")
         return real(**kwargs)
 
-    monkeypatch.setattr(provider.ec2, "run_instances", held)
+    monkeypatch.setattr(provider.ec2_launch, "run_instances", held)
 
     async def scenario() -> str:
         provider.launch("inst-slow", "g4dn.xlarge.od", env("inst-slow"))  # the scheduler's synchronous tick

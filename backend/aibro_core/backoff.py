@@ -1,10 +1,19 @@
-"""The one backoff schedule of every retry (worker calls, event batches, S3 parts, EC2 calls): a delay that doubles
-from `first` up to `cap`, optionally with full jitter (a random share of it, so many retriers do not march in step)."""
+"""The one backoff schedule of every retry (worker calls, event batches, S3 parts, EC2 launches): a delay that doubles
+from `first` up to `cap`, optionally with full jitter (a random share of it, so many retriers do not march in step),
+and `retry`, the one loop that calls something again on the failures worth another try. AWS's own API calls retry
+in botocore (its "standard" mode), not here."""
 
 from __future__ import annotations
 
+import itertools
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+RetryOn = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 
 
 @dataclass(frozen=True)
@@ -21,3 +30,38 @@ class Backoff:
 
 WORKER = Backoff(0.2, 2.0)  # a worker calling its backend, which may be restarting
 S3_PART = Backoff(0.5, 4.0)  # one part of a presigned upload
+
+
+def retry(
+    call: Callable[[], T],
+    *,
+    retry_on: RetryOn,
+    attempts: int | None = None,
+    within_s: float | None = None,
+    backoff: Backoff = WORKER,
+    sleep: Callable[[float], None] = time.sleep,
+    on_retry: Callable[[Exception, int], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """`call()`, called again after each failure `retry_on` accepts (exception types, or a predicate) while fewer
+    than `attempts` tries were made and no more than `within_s` seconds passed since the first (None: no bound);
+    `on_retry(exc, n)` hears of failure n (0 first) before the wait `backoff.delay(n)`. The last failure, or any
+    other, is raised as it is."""
+    start = clock()
+    for attempt in itertools.count():
+        try:
+            return call()
+        except Exception as exc:
+            wanted = retry_on(exc) if _is_predicate(retry_on) else isinstance(exc, retry_on)  # type: ignore[arg-type]
+            if not wanted or (attempts is not None and attempt + 1 >= attempts):
+                raise
+            if within_s is not None and clock() - start > within_s:
+                raise
+            if on_retry is not None:
+                on_retry(exc, attempt)
+            sleep(backoff.delay(attempt))
+    raise AssertionError("unreachable")
+
+
+def _is_predicate(retry_on: RetryOn) -> bool:
+    return not isinstance(retry_on, (type, tuple))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import requests
 
-from .backoff import S3_PART
+from .backoff import S3_PART, retry
 from .errors import ApiError, BackendUnreachable
 from .files import sha256_file
 from .transport import Transport
@@ -108,20 +107,22 @@ class HashAlong:
 
 def _put(s3: requests.Session, part: dict[str, Any], data: bytes | memoryview) -> str:
     """PUT one part, again after a broken connection or a 5xx (S3's 'slow down' included); returns its ETag."""
-    for attempt in range(PUT_TRIES):
+
+    def once() -> str:
         try:
             body = ViewBody(data) if len(data) else b""
             resp = s3.put(part["url"], data=body, headers=part.get("headers") or {}, timeout=PUT_TIMEOUT_S)
         except requests.RequestException as exc:
-            if attempt == PUT_TRIES - 1:
-                raise BackendUnreachable(f"S3 did not take part {part['number']} ({exc}): try again") from None
-        else:
-            if resp.status_code < 300:
-                return resp.headers.get("ETag") or "-"
-            if resp.status_code < 500 or attempt == PUT_TRIES - 1:
-                raise ApiError(resp.status_code, f"S3 refused part {part['number']}: {resp.text[:300]}")
-        time.sleep(S3_PART.delay(attempt))
-    raise AssertionError("unreachable")
+            raise BackendUnreachable(f"S3 did not take part {part['number']} ({exc}): try again") from None
+        if resp.status_code >= 300:
+            raise ApiError(resp.status_code, f"S3 refused part {part['number']}: {resp.text[:300]}")
+        return resp.headers.get("ETag") or "-"
+
+    return retry(once, retry_on=_worth_again, attempts=PUT_TRIES, backoff=S3_PART)
+
+
+def _worth_again(exc: BaseException) -> bool:
+    return isinstance(exc, BackendUnreachable) or (isinstance(exc, ApiError) and exc.status >= 500)
 
 
 def upload_file_via_s3(t: Transport, path: str, source: Path, **extra: Any) -> dict[str, Any]:

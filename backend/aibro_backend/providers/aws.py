@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aibro_core.backoff import Backoff
+from aibro_core.backoff import Backoff, retry
 
 from ..storage.records import InstanceRecord
 from . import aws_catalog, shipping
@@ -116,6 +116,12 @@ def _is_network_error(exc: BaseException) -> bool:
     from botocore.exceptions import HTTPClientError
 
     return isinstance(exc, (BotoConnectionError, HTTPClientError))
+
+
+def _worth_again(exc: BaseException) -> bool:
+    """A launch or start failure that another try may not meet (never a capacity error: the scheduler moves on)."""
+    code = error_code(exc)
+    return code in THROTTLE_CODES or code in TRANSIENT_CODES or _is_network_error(exc)
 
 
 def format_expires(ts: float) -> str:
@@ -283,9 +289,12 @@ class AwsProvider(provider_base.Provider):
     """EC2 machines from the vendored catalog, launched with this backend's tags; see the module docstring.
 
     `session` is a boto3 Session (default: boto3's usual credential chain, in the config's region; the standard
-    AWS_ENDPOINT_URL points it at moto in tests). Botocore's own retries are off: throttling is retried here,
-    `max_retries` times with full-jitter backoff (`backoff_base_s` doubling, capped at `backoff_cap_s`), and capacity
-    errors are not retried at all, so the scheduler can pass over to the next machine at once.
+    AWS_ENDPOINT_URL points it at moto in tests). Calls are retried by botocore's "standard" mode (throttling,
+    5xx, broken connections; `max_retries` times) except `run_instances` and `start_instances`: botocore retries
+    every 5xx, and EC2 answers a capacity error with a 500, which must reach the scheduler at once so it passes
+    over to the next machine. Those two go through `ec2_launch` (botocore's retries off) and are retried here on
+    throttling and transient errors only, with full-jitter backoff (`backoff_base_s` doubling, capped at
+    `backoff_cap_s`).
     """
 
     name = "aws"
@@ -315,13 +324,15 @@ class AwsProvider(provider_base.Provider):
         self.agent = agent or shipping.served(Path(tempfile.gettempdir()) / f"aibro-agent-{os.getuid()}")
         self.session = session or boto3.Session(region_name=config.region)
         boto_config = Config(
-            retries={"total_max_attempts": 1},
+            retries={"mode": "standard", "total_max_attempts": max_retries + 1},
             connect_timeout=5,
             read_timeout=30,
             max_pool_connections=max_workers + 2,
         )
         self.ec2 = self.session.client("ec2", region_name=config.region, config=boto_config)
         self.ssm = self.session.client("ssm", region_name=config.region, config=boto_config)
+        once = boto_config.merge(Config(retries={"total_max_attempts": 1}))
+        self.ec2_launch = self.session.client("ec2", region_name=config.region, config=once)
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aibro-aws")
         self.refresh_interval_s = refresh_interval_s
         self.price_refresh_s = price_refresh_s
@@ -363,7 +374,7 @@ class AwsProvider(provider_base.Provider):
     def _refresh_prices_blocking(self) -> dict[str, float]:
         types = aws_catalog.instance_types(self.config.region)
         try:
-            prices = self._retrying(lambda: aws_catalog.fetch_spot_prices(self.ec2, types, self._subnet_zone()))
+            prices = aws_catalog.fetch_spot_prices(self.ec2, types, self._subnet_zone())
         except Exception as exc:  # noqa: BLE001 - prices are a nicety; offers fall back to marked estimates
             log.warning("could not read spot prices in %s: %s", self.config.region, exc)
             self._prices_at = self.clock()
@@ -375,7 +386,7 @@ class AwsProvider(provider_base.Provider):
     def _subnet_zone(self) -> str | None:
         if self._zone is None:
             try:
-                subnets = self._call(self.ec2.describe_subnets, SubnetIds=[self.config.subnet_id])["Subnets"]
+                subnets = self.ec2.describe_subnets(SubnetIds=[self.config.subnet_id])["Subnets"]
                 self._zone = subnets[0]["AvailabilityZone"] if subnets else ""
             except Exception as exc:  # noqa: BLE001 - without the zone, prices of every zone are read
                 log.warning("could not read subnet %s: %s", self.config.subnet_id, exc)
@@ -383,31 +394,29 @@ class AwsProvider(provider_base.Provider):
         return self._zone or None
 
     # -- calling AWS ---------------------------------------------------------------------------------------
-    def _backoff(self, attempt: int) -> None:
-        self.sleep(Backoff(self.backoff_base_s, self.backoff_cap_s, jitter=True).delay(attempt))
+    def _retrying(self, fn: Callable[[], Any], what: str) -> Any:
+        """Run `fn` (a call on `ec2_launch`), again on throttling and transient errors but never on capacity ones,
+        with full-jitter backoff (bounded)."""
 
-    def _retrying(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn`, retrying throttling and transient server errors with full-jitter backoff (bounded)."""
-        for attempt in range(self.max_retries + 1):
-            try:
-                return fn()
-            except Exception as exc:
-                code = error_code(exc)
-                retryable = code in THROTTLE_CODES or code in TRANSIENT_CODES or _is_network_error(exc)
-                if not retryable or attempt == self.max_retries:
-                    raise
-                log.info("EC2 said %s; retrying (%d/%d)", code or type(exc).__name__, attempt + 1, self.max_retries)
-                self._backoff(attempt)
-        raise AssertionError("unreachable")
+        def said(exc: Exception, attempt: int) -> None:
+            log.info(
+                "%s: %s; retrying (%d/%d)", what, error_code(exc) or type(exc).__name__, attempt + 1, self.max_retries
+            )
 
-    def _call(self, method: Callable[..., Any], **kwargs: Any) -> Any:
-        return self._retrying(lambda: method(**kwargs))
+        return retry(
+            fn,
+            retry_on=_worth_again,
+            attempts=self.max_retries + 1,
+            backoff=Backoff(self.backoff_base_s, self.backoff_cap_s, jitter=True),
+            sleep=self.sleep,
+            on_retry=said,
+        )
 
     def _resolve_ami(self) -> str:
         """The AMI to boot, resolved through SSM at most once an hour (blocking; pool threads only)."""
         now = self.clock()
         if self._ami is None or now - self._ami[1] > 3600:
-            ami = self._retrying(lambda: resolve_ami(self.config, self.ssm))
+            ami = resolve_ami(self.config, self.ssm)
             self._ami = (ami, now)
         return self._ami[0]
 
@@ -425,14 +434,11 @@ class AwsProvider(provider_base.Provider):
         if instance_id:
             filters.append({"Name": "tag:aibro:instance", "Values": [instance_id]})
 
-        def pages() -> list[dict[str, Any]]:
-            found = []
-            for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
-                for reservation in page.get("Reservations", []):
-                    found.extend(reservation.get("Instances", []))
-            return found
-
-        return self._retrying(pages)
+        found = []
+        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
+            for reservation in page.get("Reservations", []):
+                found.extend(reservation.get("Instances", []))
+        return found
 
     # -- launching -----------------------------------------------------------------------------------------
     def launch(
@@ -547,24 +553,21 @@ class AwsProvider(provider_base.Provider):
     def _run_idempotent(self, t: _Tracked, params: dict[str, Any]) -> dict[str, Any]:
         """run_instances with bounded retries; after an ambiguous failure, look for the instance before retrying."""
         ambiguous = False
-        for n in range(self.max_retries + 1):
+
+        def run() -> dict[str, Any]:
+            nonlocal ambiguous
             if ambiguous:
                 found = self._list(LIVE_STATES, t.instance_id)
                 if found:
                     log.info("%s was launched by an earlier try (%s)", t.instance_id, found[0]["InstanceId"])
                     return found[0]
             try:
-                return self.ec2.run_instances(**params)["Instances"][0]
+                return self.ec2_launch.run_instances(**params)["Instances"][0]
             except Exception as exc:
-                code = error_code(exc)
-                if code in CAPACITY_CODES:
-                    raise
-                ambiguous = code in TRANSIENT_CODES or _is_network_error(exc)
-                if not (ambiguous or code in THROTTLE_CODES) or n == self.max_retries:
-                    raise
-                log.info("run_instances for %s: %s; retrying", t.instance_id, code or type(exc).__name__)
-                self._backoff(n)
-        raise AssertionError("unreachable")
+                ambiguous = error_code(exc) in TRANSIENT_CODES or _is_network_error(exc)
+                raise
+
+        return self._retrying(run, f"run_instances for {t.instance_id}")
 
     def _launch_failure(self, t: _Tracked, exc: Exception) -> AwsError:
         code = error_code(exc)
@@ -668,7 +671,7 @@ class AwsProvider(provider_base.Provider):
         if self._ec2_id(t) is None:
             self._moved(t, "terminated" if t.state != "failed" else t.state)
             return t.state
-        out = self._call(self.ec2.terminate_instances, InstanceIds=[t.ec2_id])
+        out = self.ec2.terminate_instances(InstanceIds=[t.ec2_id])
         self._moved(t, out["TerminatingInstances"][0]["CurrentState"]["Name"])
         log.info("terminating %s (%s)", t.instance_id, t.ec2_id)
         return t.state
@@ -686,7 +689,7 @@ class AwsProvider(provider_base.Provider):
     def _stop_blocking(self, t: _Tracked) -> str:
         if self._ec2_id(t) is None:
             raise AwsError(f"{t.instance_id} has no EC2 instance to stop", "NotFound")
-        out = self._call(self.ec2.stop_instances, InstanceIds=[t.ec2_id])
+        out = self.ec2.stop_instances(InstanceIds=[t.ec2_id])
         self._moved(t, out["StoppingInstances"][0]["CurrentState"]["Name"])
         return t.state
 
@@ -705,13 +708,12 @@ class AwsProvider(provider_base.Provider):
             found = self._list(LIVE_STATES, t.instance_id)
             self._moved(t, found[0]["State"]["Name"] if found else "terminated")
         t.expires_at = self.clock() + self.config.max_instance_hours * 3600
-        self._call(
-            self.ec2.create_tags,
+        self.ec2.create_tags(
             Resources=[t.ec2_id],
             Tags=[{"Key": "aibro:expires-at", "Value": format_expires(t.expires_at)}],
         )
         try:
-            out = self._call(self.ec2.start_instances, InstanceIds=[t.ec2_id])
+            out = self._retrying(lambda: self.ec2_launch.start_instances(InstanceIds=[t.ec2_id]), "start_instances")
         except Exception as exc:
             if error_code(exc) in CAPACITY_CODES:
                 raise self._launch_failure(t, exc) from exc
@@ -796,7 +798,7 @@ class AwsProvider(provider_base.Provider):
                 victims.append((inst["InstanceId"], iid, f"expired ({tags.get('aibro:expires-at')})"))
         ids = [v[0] for v in victims]
         for i in range(0, len(ids), 100):
-            self._call(self.ec2.terminate_instances, InstanceIds=ids[i : i + 100])
+            self.ec2.terminate_instances(InstanceIds=ids[i : i + 100])
         for ec2_id, iid, why in victims:
             log.warning("reconcile: terminated %s (%s): %s", ec2_id, iid or "no aibro:instance tag", why)
             t = self._tracked.get(iid)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-import itertools
 import logging
 import os
 import re
@@ -52,19 +51,15 @@ GLOBALS_MODULE = "__aibro_globals__"  # the notebook's arrays its travelling def
 
 def retrying(fn: Callable[[], Any], what: str) -> Any:
     """Call `fn` until the backend answers; the backend may be restarting."""
-    start = time.monotonic()
     said = False
-    for attempt in itertools.count():
-        try:
-            return fn()
-        except BackendUnreachable as exc:
-            if time.monotonic() - start > BACKEND_GONE_S:
-                raise
-            if isinstance(exc, UntrustedCertificate) and not said:  # no fault of the network: say why, once
-                log.error("%s: %s", what, exc)
-                said = True
-            time.sleep(backoff.WORKER.delay(attempt))
-    raise AssertionError("unreachable")
+
+    def say_why_once(exc: Exception, attempt: int) -> None:
+        nonlocal said
+        if isinstance(exc, UntrustedCertificate) and not said:  # no fault of the network: say why, once
+            log.error("%s: %s", what, exc)
+            said = True
+
+    return backoff.retry(fn, retry_on=BackendUnreachable, within_s=BACKEND_GONE_S, on_retry=say_why_once)
 
 
 class Worker:
@@ -450,21 +445,23 @@ class Worker:
     def _download(self, path: str, dest: Path, what: str) -> str:
         """Stream `path` into `dest` piece by piece (never whole in memory); a connection that breaks mid-way is
         tried again from the start, a few times. Returns the sha256 of what was written."""
-        for attempt in range(DOWNLOAD_TRIES):
+
+        def once() -> str:
             resp = retrying(lambda: self.t.request("GET", path, stream=True), what)
             h = hashlib.sha256()
-            try:
-                with resp, open(dest, "wb") as f:
-                    for chunk in resp.iter_content(1 << 20):
-                        h.update(chunk)
-                        f.write(chunk)
-                return h.hexdigest()
-            except requests.RequestException as exc:
-                if attempt == DOWNLOAD_TRIES - 1:
-                    raise BackendUnreachable(f"the {what} download broke off {DOWNLOAD_TRIES} times: {exc}") from None
-                log.info("%s download broke off (%s); starting it again", what, exc)
-                time.sleep(backoff.WORKER.delay(attempt))
-        raise AssertionError("unreachable")
+            with resp, open(dest, "wb") as f:
+                for chunk in resp.iter_content(1 << 20):
+                    h.update(chunk)
+                    f.write(chunk)
+            return h.hexdigest()
+
+        def again(exc: Exception, attempt: int) -> None:
+            log.info("%s download broke off (%s); starting it again", what, exc)
+
+        try:
+            return backoff.retry(once, retry_on=requests.RequestException, attempts=DOWNLOAD_TRIES, on_retry=again)
+        except requests.RequestException as exc:
+            raise BackendUnreachable(f"the {what} download broke off {DOWNLOAD_TRIES} times: {exc}") from None
 
     def _upload_model(self, model: Any, job_id: str, attempt: int, name: str, objects: dict[str, Any]) -> None:
         """The trained model as a .keras file that says which weights each optimizer steps and what the model
@@ -493,28 +490,32 @@ class Worker:
             retrying(lambda: upload_file_via_s3(self.t, to, source, attempt=attempt), "upload")
             return
         total = source.stat().st_size
-        offset, failures = 0, 0
+        offset = 0
         with open(source, "rb") as f:
-            while True:
+
+            def send() -> dict[str, Any]:
                 f.seek(offset)
                 chunk = f.read(UPLOAD_CHUNK)
                 params = {"attempt": attempt, "offset": offset, "total": total}
-                try:
-                    reply = self.t.json("PUT", url, params=params, data=chunk)
-                except (BackendUnreachable, ApiError) as exc:
-                    resumable = isinstance(exc, BackendUnreachable) or (
-                        exc.status == 409 and ("resume from" in str(exc) or "in progress" in str(exc))
-                    )
-                    failures += 1
-                    if not resumable or failures > UPLOAD_TRIES:
-                        raise
-                    time.sleep(backoff.WORKER.delay(failures))
-                    head = retrying(lambda: self.t.request("HEAD", url, params={"attempt": attempt}), "upload")
-                    offset = int(head.headers.get("X-Received", "0"))
-                    continue
+                return self.t.json("PUT", url, params=params, data=chunk)
+
+            def failed(exc: Exception, n: int) -> None:
+                nonlocal offset  # the next try goes on from what the backend holds
+                head = retrying(lambda: self.t.request("HEAD", url, params={"attempt": attempt}), "upload")
+                offset = int(head.headers.get("X-Received", "0"))
+
+            while True:
+                reply = backoff.retry(send, retry_on=_resumable, attempts=UPLOAD_TRIES + 1, on_retry=failed)
                 if reply.get("complete"):
                     return
-                offset, failures = int(reply["received"]), 0
+                offset = int(reply["received"])
+
+
+def _resumable(exc: BaseException) -> bool:
+    """An artifact chunk's failure after which the upload goes on from what the backend holds."""
+    return isinstance(exc, BackendUnreachable) or (
+        isinstance(exc, ApiError) and exc.status == 409 and ("resume from" in str(exc) or "in progress" in str(exc))
+    )
 
 
 class _SharedEnvs:
