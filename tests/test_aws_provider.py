@@ -48,6 +48,7 @@ from aibro_backend.providers.aws_config import (  # noqa: E402
     main,
     validate,
 )
+from aibro_backend.providers.base import LaunchRequest  # noqa: E402
 
 pytestmark = pytest.mark.fast
 
@@ -160,7 +161,7 @@ def env(instance_id: str) -> dict[str, str]:
 
 
 def launched(p: AwsProvider, instance_id: str, machine_id: str, **kw: Any) -> str:
-    p.launch(instance_id, machine_id, env(instance_id), user_id=kw.pop("user_id", 7), **kw)
+    p.launch(LaunchRequest(instance_id, machine_id, env(instance_id), user_id=kw.pop("user_id", 7), **kw))
     fut = p.launch_future(instance_id)
     assert fut is not None
     return fut.result(timeout=30)
@@ -384,7 +385,7 @@ def test_least_policy_is_scoped_to_this_backend(account: dict[str, Any], tmp_pat
 # -- launching -------------------------------------------------------------------------------------------------
 def test_launch_tags_market_options_and_user_data(provider: AwsProvider, account: dict[str, Any]) -> None:
     ec2 = account["ec2"]
-    provider.launch("inst-spot1", "g4dn.xlarge", env("inst-spot1"), user_id=7, job_id="job-1")
+    provider.launch(LaunchRequest("inst-spot1", "g4dn.xlarge", env("inst-spot1"), user_id=7, job_id="job-1"))
     assert provider.alive(record("inst-spot1"))  # in flight counts as alive
     spot_id = provider.launch_future("inst-spot1").result(timeout=30)
     od_id = launched(provider, "inst-od1", "g4dn.xlarge.od")
@@ -442,17 +443,17 @@ def test_launch_tags_market_options_and_user_data(provider: AwsProvider, account
 
 def test_launch_refuses_bad_input_before_any_call(provider: AwsProvider) -> None:
     with pytest.raises(ValueError, match="not an AWS machine offered in us-east-1"):
-        provider.launch("inst-x", "local-cpu", env("inst-x"))
+        provider.launch(LaunchRequest("inst-x", "local-cpu", env("inst-x")))
     with pytest.raises(ValueError, match="AIBRO_ENROLL_TOKEN"):
-        provider.launch("inst-x", "g4dn.xlarge", {"AIBRO_WORKER_TOKEN": WORKER_TOKEN})
+        provider.launch(LaunchRequest("inst-x", "g4dn.xlarge", {"AIBRO_WORKER_TOKEN": WORKER_TOKEN}))
     with pytest.raises(ValueError, match="instance id"):
-        provider.launch("inst x; rm -rf /", "g4dn.xlarge", env("inst-x"))
+        provider.launch(LaunchRequest("inst x; rm -rf /", "g4dn.xlarge", env("inst-x")))
     assert provider.poll("inst-x") is None
 
 
 def test_same_instance_launched_twice_is_one_instance(provider: AwsProvider, account: dict[str, Any]) -> None:
     first = launched(provider, "inst-twice", "g5.xlarge.od")
-    provider.launch("inst-twice", "g5.xlarge.od", env("inst-twice"))
+    provider.launch(LaunchRequest("inst-twice", "g5.xlarge.od", env("inst-twice")))
     assert provider.launch_future("inst-twice").result(timeout=30) == first
     assert [i["InstanceId"] for i in tagged(account["ec2"], provider.config.backend_id)] == [first]
 
@@ -490,7 +491,7 @@ def test_capacity_errors_fail_fast_as_capacity_error(
         raise client_error(code)
 
     monkeypatch.setattr(provider.ec2_launch, "run_instances", no_room)
-    provider.launch("inst-full", "g5.12xlarge", env("inst-full"))
+    provider.launch(LaunchRequest("inst-full", "g5.12xlarge", env("inst-full")))
     with pytest.raises(CapacityError) as err:
         provider.launch_future("inst-full").result(timeout=30)
     assert err.value.code == code and err.value.machine_id == "g5.12xlarge"
@@ -529,7 +530,7 @@ def test_throttling_gives_up_after_bounded_retries(
         raise client_error("RequestLimitExceeded")
 
     monkeypatch.setattr(provider.ec2_launch, "run_instances", always)
-    provider.launch("inst-never", "g6.xlarge", env("inst-never"))
+    provider.launch(LaunchRequest("inst-never", "g6.xlarge", env("inst-never")))
     with pytest.raises(LaunchError, match="RequestLimitExceeded"):
         provider.launch_future("inst-never").result(timeout=30)
     assert len(calls) == provider.max_retries + 1 and len(sleeps) == provider.max_retries
@@ -549,7 +550,7 @@ def test_other_launch_errors_are_not_capacity(provider: AwsProvider, monkeypatch
         raise client_error("UnauthorizedOperation")
 
     monkeypatch.setattr(provider.ec2_launch, "run_instances", denied)
-    provider.launch("inst-denied", "g6.xlarge", env("inst-denied"))
+    provider.launch(LaunchRequest("inst-denied", "g6.xlarge", env("inst-denied")))
     err = provider.launch_future("inst-denied").exception(timeout=30)
     assert isinstance(err, LaunchError) and not isinstance(err, CapacityError)
     assert err.code == "UnauthorizedOperation"
@@ -626,7 +627,7 @@ def test_terminate_while_the_launch_is_in_flight(
         return real(**kwargs)
 
     monkeypatch.setattr(provider.ec2_launch, "run_instances", slow)
-    provider.launch("inst-early", "g4dn.xlarge", env("inst-early"))
+    provider.launch(LaunchRequest("inst-early", "g4dn.xlarge", env("inst-early")))
     provider.terminate(record("inst-early")).result(timeout=30)
     assert tagged(account["ec2"], provider.config.backend_id) == []
     assert not provider.alive(record("inst-early"))
@@ -761,7 +762,7 @@ def test_a_slow_ec2_call_does_not_block_the_event_loop(
     monkeypatch.setattr(provider.ec2_launch, "run_instances", held)
 
     async def scenario() -> str:
-        provider.launch("inst-slow", "g4dn.xlarge.od", env("inst-slow"))  # the scheduler's synchronous tick
+        provider.launch(LaunchRequest("inst-slow", "g4dn.xlarge.od", env("inst-slow")))  # as the scheduler's tick
         provider.reap()
         assert provider.alive(record("inst-slow"))
         assert provider.offers()

@@ -24,6 +24,7 @@ import pytest
 from ray_cluster import POOL, SECRET, RayCluster, free_port, ray_available, start_cluster
 from records import record
 
+from aibro_backend.providers.base import LaunchRequest
 from aibro_backend.providers.ray import (
     RayClusterError,
     RayProvider,
@@ -160,7 +161,7 @@ def test_unreachable_address_is_named(tmp_path: Path) -> None:
         assert not p.wait_ready(30)
         assert address in (p.cluster_error() or "")
         with pytest.raises(RayClusterError, match=address.replace(".", r"\.")):
-            p.launch("inst-x", "ray-cpu1", env_for("inst-x"))
+            p.launch(LaunchRequest("inst-x", "ray-cpu1", env_for("inst-x")))
         assert p.offers() == [] and not p.alive(record("inst-x"))
     finally:
         p.close()
@@ -190,7 +191,7 @@ def test_offers_from_the_cluster_nodes(cluster: RayCluster, provider: RayProvide
         assert o["provider"] == "ray" and o["price_per_hour"] == 0.0 and o["on_demand_price_per_hour"] == 0.0
         assert o["memory_gib"] > 0 and o["availability"] == "available" and o["ray_address"] == cluster.address
     with pytest.raises(ValueError, match="ray-cpu2 is not a machine of the Ray cluster"):
-        provider.launch("inst-big", "ray-cpu2", env_for("inst-big"))
+        provider.launch(LaunchRequest("inst-big", "ray-cpu2", env_for("inst-big")))
     # Without a pool, the head's CPU counts too.
     whole = RayProvider(cluster.address, tmp_path, worker_command=FAKE_AGENT, sandbox="none", refresh_s=1.0)
     try:
@@ -204,7 +205,7 @@ def test_instance_runs_the_agent_with_its_env_on_a_node_holding_the_reservation(
     cluster: RayCluster, provider: RayProvider
 ) -> None:
     inst = record("inst-gpu")
-    provider.launch("inst-gpu", "ray-gpu1", env_for("inst-gpu"), user_id=3)
+    provider.launch(LaunchRequest("inst-gpu", "ray-gpu1", env_for("inst-gpu"), user_id=3))
     assert provider.alive(inst)
     wait_for("the GPU instance running", lambda: state(provider, "inst-gpu") == "running")
     info = provider.info(inst)
@@ -231,12 +232,12 @@ def test_instance_runs_the_agent_with_its_env_on_a_node_holding_the_reservation(
 def test_instances_spread_over_nodes_and_a_third_waits(cluster: RayCluster, provider: RayProvider) -> None:
     ids = ["inst-c1", "inst-c2", "inst-c3"]
     for i in ids[:2]:
-        provider.launch(i, "ray-cpu1", env_for(i), user_id=1)
+        provider.launch(LaunchRequest(i, "ray-cpu1", env_for(i), user_id=1))
     wait_for("two CPU instances running", lambda: all(state(provider, i) == "running" for i in ids[:2]))
     nodes = {provider.info(record(i))["node_id"] for i in ids[:2]}
     assert nodes == {node_id(provider, "a"), node_id(provider, "b")}  # one per node, each node has 1 CPU
     wait_for("nothing free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 0)
-    provider.launch("inst-c3", "ray-cpu1", env_for("inst-c3"), user_id=1)
+    provider.launch(LaunchRequest("inst-c3", "ray-cpu1", env_for("inst-c3"), user_id=1))
     waiting = f"waiting for 1 CPU on the Ray cluster ({cluster.address})"
     wait_for("the third waiting", lambda: provider.pending(record("inst-c3")) == waiting)
     time.sleep(2)  # it stays waiting, alive, not failed
@@ -286,7 +287,7 @@ def test_the_real_agent_reaches_the_backend_over_http(cluster: RayCluster, tmp_p
     )
     try:
         assert p.wait_ready(60), p.cluster_error()
-        p.launch("inst-real", "ray-cpu1", env_for("inst-real"), user_id=2)
+        p.launch(LaunchRequest("inst-real", "ray-cpu1", env_for("inst-real"), user_id=2))
         wait_for("the agent's exit", lambda: not p.alive(record("inst-real")), timeout=90, every=0.3)
         log = (tmp_path / "workers" / "workers" / "inst-real" / "worker.log").read_text()
         assert p.lost_reason(record("inst-real")) == "the worker exited with code 0", log
@@ -314,7 +315,7 @@ def test_a_restarted_backend_adopts_its_running_instances(cluster: RayCluster, t
         return p
 
     first = make()
-    first.launch("inst-kept", "ray-cpu1", env_for("inst-kept"), user_id=1)
+    first.launch(LaunchRequest("inst-kept", "ray-cpu1", env_for("inst-kept"), user_id=1))
     wait_for("the instance running", lambda: state(first, "inst-kept") == "running")
     before = first.info(record("inst-kept"))
     first.close()  # the backend goes away; its detached actor and agent stay
@@ -343,7 +344,7 @@ def test_offers_follow_a_node_joining(cluster: RayCluster, provider: RayProvider
 
 def test_killing_a_node_loses_its_instance_within_seconds(cluster: RayCluster, provider: RayProvider) -> None:
     inst = record("inst-doomed")
-    provider.launch("inst-doomed", "ray-gpu1", env_for("inst-doomed"), user_id=1)
+    provider.launch(LaunchRequest("inst-doomed", "ray-gpu1", env_for("inst-doomed"), user_id=1))
     wait_for("the GPU instance running", lambda: state(provider, "inst-doomed") == "running")
     info = provider.info(inst)
     assert info["node_id"] == node_id(provider, "b")
@@ -361,7 +362,7 @@ def test_killing_a_node_loses_its_instance_within_seconds(cluster: RayCluster, p
 
 def test_stopping_the_whole_cluster_is_reported_with_its_address(cluster: RayCluster, provider: RayProvider) -> None:
     inst = record("inst-last")
-    provider.launch("inst-last", "ray-cpu1", env_for("inst-last"), user_id=1)
+    provider.launch(LaunchRequest("inst-last", "ray-cpu1", env_for("inst-last"), user_id=1))
     wait_for("the instance running", lambda: state(provider, "inst-last") == "running")
     for name in ("a", "c", "head"):  # what `ray stop` does on each host: SIGTERM to every Ray process
         cluster.kill(name, signal.SIGTERM)
@@ -374,6 +375,6 @@ def test_stopping_the_whole_cluster_is_reported_with_its_address(cluster: RayClu
     assert f"the Ray cluster at {cluster.address}" in error
     assert provider.lost_reason(inst) == error
     with pytest.raises(RayClusterError) as exc:
-        provider.launch("inst-after", "ray-cpu1", env_for("inst-after"))
+        provider.launch(LaunchRequest("inst-after", "ray-cpu1", env_for("inst-after")))
     assert exc.value.address == cluster.address and cluster.address in str(exc.value)
     assert all(o["availability"] == "unreachable" and o["available"] == 0 for o in provider.offers())

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aibro_backend.providers.base import CapacityError, Provider
+from aibro_backend.providers.base import CapacityError, LaunchRequest, Provider
 from aibro_backend.scheduling.policy import Policy
 from aibro_backend.scheduling.scheduler import Scheduler
 from aibro_backend.storage.records import InstanceRecord
@@ -33,18 +33,8 @@ class ScriptedProvider(Provider):
     def offers(self) -> list[dict[str, Any]]:
         return [{"machine_id": m, "provider": self.name, "capacity": 2} for m in ("spot-a", "spot-b")]
 
-    def launch(
-        self,
-        instance_id: str,
-        machine_id: str,
-        env: dict[str, str],
-        user_id: int | None = None,
-        *,
-        job_id: str | None = None,
-        attempt: int = 0,
-        tensorflow: str | None = None,
-    ) -> int | None:
-        self.launched.append(machine_id)
+    def launch(self, request: LaunchRequest) -> int | None:
+        self.launched.append(request.machine_id)
         return None
 
     def alive(self, instance: InstanceRecord) -> bool:
@@ -135,21 +125,13 @@ class AsyncScriptedProvider(ScriptedProvider):
         self.envs: list[dict[str, str]] = []
         self.launch_kwargs: list[dict[str, Any]] = []
 
-    def launch(
-        self,
-        instance_id: str,
-        machine_id: str,
-        env: dict[str, str],
-        user_id: int | None = None,
-        *,
-        job_id: str | None = None,
-        attempt: int = 0,
-        tensorflow: str | None = None,
-    ) -> None:
-        self.launched.append(machine_id)
-        self.envs.append(dict(env))
-        self.launch_kwargs.append({"job_id": job_id, "attempt": attempt, "tensorflow": tensorflow})
-        self.state[instance_id] = "launching"
+    def launch(self, request: LaunchRequest) -> None:
+        self.launched.append(request.machine_id)
+        self.envs.append(dict(request.env))
+        self.launch_kwargs.append(
+            {"job_id": request.job_id, "attempt": request.attempt, "tensorflow": request.tensorflow}
+        )
+        self.state[request.instance_id] = "launching"
 
     def poll(self, instance_id: str) -> dict[str, Any] | None:
         return {"state": self.state[instance_id]} if instance_id in self.state else None

@@ -441,34 +441,25 @@ class AwsProvider(provider_base.Provider):
         return found
 
     # -- launching -----------------------------------------------------------------------------------------
-    def launch(
-        self,
-        instance_id: str,
-        machine_id: str,
-        env: dict[str, str],
-        user_id: int | None = None,
-        *,
-        job_id: str | None = None,
-        attempt: int = 0,
-        tensorflow: str | None = None,
-    ) -> None:
+    def launch(self, request: provider_base.LaunchRequest) -> None:
         """Request the machine and return at once (no pid: the instance is found by its tag).
 
         `env` must hold `AIBRO_ENROLL_TOKEN`, a one-time token; `AIBRO_WORKER_TOKEN` (long-lived) is never put in
         the user data. Bad input raises ValueError here; EC2's answer comes later through `poll`/`alive`/
         `launch_error`/`launch_future`. Launching an instance id already launched (and not failed) does nothing.
         """
+        instance_id, machine_id, attempt = request.instance_id, request.machine_id, request.attempt
         instance_type, spot = aws_catalog.parse_machine_id(machine_id)
         if aws_catalog.row(self.config.region, instance_type) is None:
             raise ValueError(f"{machine_id} is not an AWS machine offered in {self.config.region}")
-        token = env.get("AIBRO_ENROLL_TOKEN")
+        token = request.env.get("AIBRO_ENROLL_TOKEN")
         if not token:
             raise ValueError(
                 "the AWS provider needs a one-time enrollment token in env AIBRO_ENROLL_TOKEN (the long-lived "
                 "AIBRO_WORKER_TOKEN never goes into user data)"
             )
         user_data = build_user_data(
-            self.config, instance_id, token, self.agent, spot=spot, ca_pem=_backend_ca(), tensorflow=tensorflow
+            self.config, instance_id, token, self.agent, spot=spot, ca_pem=_backend_ca(), tensorflow=request.tensorflow
         )
         with self._lock:
             known = self._tracked.get(instance_id)
@@ -479,8 +470,8 @@ class AwsProvider(provider_base.Provider):
                 instance_id=instance_id,
                 machine_id=machine_id,
                 spot=spot,
-                user_id=user_id,
-                job_id=job_id,
+                user_id=request.user_id,
+                job_id=request.job_id,
                 requested_at=now,
                 expires_at=now + self.config.max_instance_hours * 3600,
             )

@@ -9,8 +9,9 @@ that talk to a cloud return a Future and must not block the scheduler's tick."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..storage.records import InstanceRecord
@@ -20,6 +21,25 @@ class CapacityError(RuntimeError):
     """The provider has no room for this machine now (cloud capacity, spot price, quota). A provider whose launches
     finish later reports it through `launch_error(instance_id)`; the scheduler then passes over to the next machine
     in the job's list at once instead of treating the instance as a lost worker."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One instance the scheduler asks a provider to start, for one attempt of one job."""
+
+    instance_id: str
+    machine_id: str
+    env: Mapping[str, str]
+    """What the worker agent runs with (its backend URL, instance id, worker or enrollment token)."""
+    user_id: int | None = None
+    """The backend user it serves: an instance serves one user only, so a provider may confine it per user."""
+    job_id: str | None = None
+    """The job it starts for (a cloud tags its machine with it)."""
+    attempt: int = 0
+    """That job's attempt (a cloud's launch idempotency token differs per attempt)."""
+    tensorflow: str | None = None
+    """The job's kernel's TensorFlow (major.minor), which a provider that installs the agent on a machine with no
+    TensorFlow installs (shipping.install_script)."""
 
 
 class Provider(ABC):
@@ -39,23 +59,9 @@ class Provider(ABC):
         """The marketplace: one dict per machine_id this provider can start (aibro_core/models.py: Machine)."""
 
     @abstractmethod
-    def launch(
-        self,
-        instance_id: str,
-        machine_id: str,
-        env: dict[str, str],
-        user_id: int | None = None,
-        *,
-        job_id: str | None = None,
-        attempt: int = 0,
-        tensorflow: str | None = None,
-    ) -> int | None:
-        """Start an instance that runs the worker agent with `env` for backend user `user_id` (an instance serves
-        one user only, so a provider may confine it per user); `job_id`/`attempt` name the job it starts for (a
-        cloud tags its machine with them); `tensorflow` is that job's kernel's TensorFlow (major.minor), which a
-        provider that installs the agent on a machine with no TensorFlow installs (shipping.install_script).
-        Return a handle (a pid) if there is one. Raising fails this machine and the job moves on to the next in
-        its list."""
+    def launch(self, request: LaunchRequest) -> int | None:
+        """Start an instance that runs the worker agent as `request` says (LaunchRequest). Return a handle (a pid)
+        if there is one. Raising fails this machine and the job moves on to the next in its list."""
 
     @abstractmethod
     def alive(self, instance: InstanceRecord) -> bool:

@@ -18,7 +18,7 @@ from ..storage.records import InstanceRecord
 from ..worker.jobprocs import descendants
 from ..worker.netbridge import BRIDGE_ENV
 from . import jobnet
-from .base import Provider
+from .base import LaunchRequest, Provider
 from .sandbox import Sandbox
 from .spare import MODULE as SPARE_MODULE
 from .spare import SPARE_DELAY_S, SPARE_MACHINE, Spare, SpareCrashes
@@ -204,7 +204,12 @@ class LocalProvider(Provider):
         return uid, workdir, envs
 
     def _spawn(
-        self, module: str, machine_id: str, scheduled: dict[str, str], dirs: tuple[int | None, Path, Path], stdin: int
+        self,
+        module: str,
+        machine_id: str,
+        scheduled: Mapping[str, str],
+        dirs: tuple[int | None, Path, Path],
+        stdin: int,
     ) -> subprocess.Popen:
         uid, workdir, envs = dirs
         full_env = worker_env(
@@ -228,17 +233,8 @@ class LocalProvider(Provider):
         log.close()
         return proc
 
-    def launch(
-        self,
-        instance_id: str,
-        machine_id: str,
-        env: dict[str, str],
-        user_id: int | None = None,
-        *,
-        job_id: str | None = None,
-        attempt: int = 0,
-        tensorflow: str | None = None,
-    ) -> int:
+    def launch(self, request: LaunchRequest) -> int:
+        instance_id, machine_id, user_id, env = request.instance_id, request.machine_id, request.user_id, request.env
         spare = self._take_spare(machine_id, int(user_id or 0))
         proc = self._hand_over(spare, instance_id, env) if spare is not None else None
         if proc is None:
@@ -252,7 +248,7 @@ class LocalProvider(Provider):
         return proc.pid
 
     # -- the spare worker ------------------------------------------------------------------------------------
-    def _hand_over(self, spare: Spare, instance_id: str, env: dict[str, str]) -> subprocess.Popen | None:
+    def _hand_over(self, spare: Spare, instance_id: str, env: Mapping[str, str]) -> subprocess.Popen | None:
         """The spare becomes this instance's worker; None if it died meanwhile (a fresh worker starts instead)."""
         scheduled = {k: val for k, val in env.items() if k in FROM_SCHEDULER or k.startswith(FROM_SCHEDULER_PREFIXES)}
         try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..storage.records import InstanceRecord
-from .base import Provider
+from .base import LaunchRequest, Provider
 from .ray_bridge import INSTALL_HINT, LIVE, NAMESPACE, gcs_refusal
 from .ray_machines import build_machines, fits, need_text
 
@@ -304,19 +304,10 @@ class RayProvider(Provider):
             found = self._machines.get(machine_id)
             return dict(found[1]) if found else None
 
-    def launch(
-        self,
-        instance_id: str,
-        machine_id: str,
-        env: dict[str, str],
-        user_id: int | None = None,
-        *,
-        job_id: str | None = None,
-        attempt: int = 0,
-        tensorflow: str | None = None,
-    ) -> None:
+    def launch(self, request: LaunchRequest) -> None:
         """Ask the cluster for the machine's resources and start the agent there; returns at once (no pid: the
         instance lives on a node). A machine busy now stays pending until Ray can place it (see `pending`)."""
+        instance_id, machine_id = request.instance_id, request.machine_id
         self._ensure_bridge()
         with self._lock:
             if self._cluster_error:
@@ -328,13 +319,13 @@ class RayProvider(Provider):
                     f"{machine_id} is not a machine of the Ray cluster at {self.address} (no live node can hold it; "
                     f"offered: {offered})"
                 )
-            env = dict(env)
+            env = dict(request.env)
             if self.backend_url:
                 env["AIBRO_WORKER_URL"] = self.backend_url
             spec = {
                 "instance_id": instance_id,
                 "env": env,
-                "user_id": user_id,
+                "user_id": request.user_id,
                 "argv": self.worker_command,
                 "worker_root": self.worker_root,
                 "sandbox": self.sandbox,

@@ -27,7 +27,7 @@ from typing import Any
 from aibro_core.files import private_dir, write_private
 
 from ..storage.records import InstanceRecord
-from .base import CapacityError, Provider
+from .base import CapacityError, LaunchRequest, Provider
 from .shipping import AgentWheel, install_script
 from .ssh_hosts import Host
 
@@ -172,17 +172,8 @@ class SshProvider(Provider):
                 out.append({**base, "machine_id": f"ssh:{name}-gpu{n}", "gpu_type": facts["gpus"][0], "gpu_count": n})
         return out
 
-    def launch(
-        self,
-        instance_id: str,
-        machine_id: str,
-        env: dict[str, str],
-        user_id: int | None = None,
-        *,
-        job_id: str | None = None,
-        attempt: int = 0,
-        tensorflow: str | None = None,
-    ) -> int | None:
+    def launch(self, request: LaunchRequest) -> int | None:
+        instance_id, machine_id = request.instance_id, request.machine_id
         name, _, gpu = machine_id.removeprefix("ssh:").partition("-gpu")
         host = self.hosts.get(name)
         if host is None:
@@ -199,7 +190,7 @@ class SshProvider(Provider):
             remote = Remote(name, machine_id, free[:want])
             self._remotes[instance_id] = remote
             self._save()
-        self._pool.submit(self._start, instance_id, host, remote, dict(env), tensorflow)
+        self._pool.submit(self._start, instance_id, host, remote, dict(request.env), request.tensorflow)
         return None
 
     def alive(self, instance: InstanceRecord) -> bool:

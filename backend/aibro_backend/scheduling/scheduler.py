@@ -13,7 +13,7 @@ from typing import Any
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
-from ..providers.base import CapacityError, Provider
+from ..providers.base import CapacityError, LaunchRequest, Provider
 from ..providers.shipping import tensorflow_pin
 from ..storage.records import InstanceRecord, JobRecord
 from ..storage.store import Store
@@ -564,13 +564,15 @@ class Scheduler:
         provider = self.providers[provider_name]
         try:
             pid = provider.launch(
-                instance_id,
-                machine_id,
-                env,
-                user_id=job.user_id,
-                job_id=job.id,
-                attempt=job.attempt,
-                tensorflow=tensorflow_pin(job.spec.get("versions") or {}),
+                LaunchRequest(
+                    instance_id,
+                    machine_id,
+                    env,
+                    user_id=job.user_id,
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    tensorflow=tensorflow_pin(job.spec.get("versions") or {}),
+                )
             )
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick
             self.store.instances.set_state(instance_id, v.CLOSED, v.TERMINATED)
