@@ -18,7 +18,8 @@ from aibro_backend.providers.ssh import SshProvider
 
 pytestmark = pytest.mark.fast
 BACKEND = Path(__file__).resolve().parents[1] / "backend" / "aibro_backend"
-CALLERS = [BACKEND / "scheduling" / "scheduler.py", BACKEND / "server" / "app.py", BACKEND / "api" / "user.py"]
+SERVER = sorted((BACKEND / "server").glob("*.py"))
+CALLERS = [BACKEND / "scheduling" / "scheduler.py", *SERVER, BACKEND / "api" / "user.py"]
 PROVIDERS = [LocalProvider, AwsProvider, RayProvider, SshProvider]
 
 
@@ -51,15 +52,23 @@ def test_every_operation_used_is_declared_with_a_docstring() -> None:
                 used.add(node.attr)
     used -= {"values", "items", "get"}  # the dict of providers itself
     assert {"launch", "alive", "terminate", "reap", "adopt", "reconcile", "poll", "can_stop"} <= used, used
-    # asked of one concrete provider where app.py holds it as its own type: the local one (by name), Ray's and
-    # SSH's at load (wait_ready, check)
-    local_only = {"prime", "net_dir", "sandbox", "wait_ready", "check"}
+    # asked of Ray's and SSH's own provider where loaders.py holds it as its own type, at load
+    local_only = {"wait_ready", "check"}
     undeclared = sorted(name for name in used - local_only if not hasattr(Provider, name))
     assert not undeclared, f"used on providers but not declared in providers/base.py: {undeclared}"
     for name in used - local_only:
         member = getattr(Provider, name)
         if callable(member):
             assert inspect.getdoc(member), f"Provider.{name} says what it means"
+
+
+def test_what_only_the_local_provider_has_is_read_from_its_typed_field() -> None:
+    """`Backend.local` is the LocalProvider; the provider table (`dict[str, Provider]`) is never indexed by name for
+    it, so nothing reads an attribute the contract does not declare."""
+    for path in CALLERS:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and ast.unparse(node).endswith('providers["local"]'):
+                pytest.fail(f"{path.name}:{node.lineno}: {ast.unparse(node)} (use backend.local)")
 
 
 @pytest.mark.parametrize("cls", PROVIDERS, ids=lambda c: c.__name__)

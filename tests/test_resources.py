@@ -438,10 +438,10 @@ def test_start_and_serve_make_everything_private_and_serve_warns_off_loopback(tm
 
 
 def test_no_warning_on_loopback() -> None:
-    from aibro_backend.server import app
+    from aibro_backend.server.tls import is_loopback
 
-    assert all(app.is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
-    assert not any(app.is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "example.com"))
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "example.com"))
 
 
 # -- tokens never reach a log ----------------------------------------------------------------------------------

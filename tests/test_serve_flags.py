@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aibro_backend.server.app import build_parser as backend_parser
+from aibro_backend.server.cli import build_parser as backend_parser
 from aibro_core.errors import AibroError
 from aibro_core.serveflags import SERVE_FLAGS, dest, serve_argv
 from aibro_jupyter.cli import build_parser as cli_parser

@@ -1,3 +1,3 @@
-from .server.app import main
+from .server.cli import main
 
 main()

@@ -1,4 +1,4 @@
-"""The flags of `aibro backend serve`, defined once: the backend's own command line (aibro_backend.server.app) and the
+"""The flags of `aibro backend serve`, defined once: the backend's own command line (aibro_backend.server.cli) and the
 `aibro backend` CLI of the notebook package (which hands them on to it) both add them from here."""
 
 from __future__ import annotations

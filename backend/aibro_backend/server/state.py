@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..scheduling.policy import Policy
 from ..scheduling.scheduler import Scheduler
@@ -12,6 +12,9 @@ from ..storage.blobs import BlobStore
 from ..storage.bus import EventBus
 from ..storage.groupcommit import GroupCommit
 from ..storage.store import Store
+
+if TYPE_CHECKING:
+    from ..providers.local import LocalProvider
 
 
 @dataclass
@@ -22,6 +25,7 @@ class Backend:
     policy: Policy
     bus: EventBus
     scheduler: Scheduler
+    local: LocalProvider  # also in scheduler.providers; what only it has (its sandbox, spare, job network)
     url: str = ""
     events_port: int | None = None  # the event port (api/eventport.py), announced by /health
     extra: dict[str, Any] = field(default_factory=dict)
