@@ -24,6 +24,10 @@ class ApiError(AibroError):
         self.body = body or {}
 
 
+class SettingsError(ValueError):
+    """One or more AIBRO_* variables hold a value the setting cannot take; the message names each."""
+
+
 class ValidationError(AibroError):
     """Bad input caught before anything is uploaded."""
 

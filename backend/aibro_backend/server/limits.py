@@ -1,34 +1,16 @@
 """Resource bounds of the service itself (connections, bodies, timeouts, uploads, stored blobs, tokens): what one
-client, with or without a token, can hold of the backend. Each has an AIBRO_* override for a shared backend."""
+client, with or without a token, can hold of the backend. Most have an AIBRO_* override for a shared backend
+(settings.py: their bounds and defaults)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Annotated
-
-from pydantic import Field
-
-from aibro_core.envsettings import read_env
+from dataclasses import dataclass, fields
 
 from ..scheduling.policy import Policy
+from ..settings import DEFAULTS, BackendSettings
 
 MiB = 1024 * 1024
-Size = Annotated[int, Field(ge=0)]  # 0 where a field says "0: derived from the policy"
-Positive = Annotated[int, Field(ge=1)]
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-ENV = {
-    "max_connections": "AIBRO_MAX_CONNECTIONS",
-    "idle_timeout_s": "AIBRO_IDLE_TIMEOUT_S",
-    "body_timeout_s": "AIBRO_BODY_TIMEOUT_S",
-    "max_partial_bytes": "AIBRO_MAX_PARTIAL_BYTES",
-    "max_partial_uploads": "AIBRO_MAX_PARTIAL_UPLOADS",
-    "max_stored_bytes": "AIBRO_MAX_STORED_BYTES",
-    "partial_ttl_s": "AIBRO_PARTIAL_TTL_S",
-    "max_tokens_per_user": "AIBRO_MAX_TOKENS_PER_USER",
-    "chunk_max_body": "AIBRO_CHUNK_MAX_BODY",
-}
 
 
 @dataclass(frozen=True)
@@ -37,14 +19,14 @@ class Limits:
     # below the process's descriptor limit (see listener.connection_cap), so accept() never meets EMFILE from sockets.
     # A team's backend holds a long-poll per kernel, sidebar and script watching, plus workers and uploads: 4096
     # leaves room for a thousand watchers (benchmarks/bench_load.py) at about 10 kB of memory each.
-    max_connections: Positive = 4096
+    max_connections: int = DEFAULTS.max_connections
     # A connection may wait this long for a request's headers (slow or idle clients, keep-alive included), and an
     # answer its client does not take (stops reading) may sit unsent this long before the connection is dropped.
-    idle_timeout_s: Seconds = 60.0
+    idle_timeout_s: float = DEFAULTS.idle_timeout_s
     # A request body must arrive within this, plus 1 s per `min_body_rate` bytes it declares (a 64 MiB chunk gets
     # 30 s + 256 s); a refused body that is read and dropped (app._Guard), so the client reads the answer, gets
     # `linger_s` plus the same 1 s per `min_body_rate` bytes.
-    body_timeout_s: Seconds = 30.0
+    body_timeout_s: float = DEFAULTS.body_timeout_s
     min_body_rate: int = 256 * 1024
     linger_s: float = 5.0
     # Bodies: JSON routes 1 MiB (a job spec is a few kB), worker event batches 16 MiB (500 events of up to 4 kB
@@ -53,28 +35,35 @@ class Limits:
     # artifact chunk), behind a proxy that caps bodies).
     json_max_body: int = 1 * MiB
     events_max_body: int = 16 * MiB
-    chunk_max_body: Annotated[int, Field(ge=8 * MiB)] = 64 * MiB
+    chunk_max_body: int = DEFAULTS.chunk_max_body
     # Unfinished uploads a user may hold at once: bytes received (0: twice the per-job data limit; what an upload
     # declares as its total takes no disk until it arrives) and uploads (each a file the quota check reads), and
     # how long one may sit untouched before the sweep deletes it.
-    max_partial_bytes: Size = 0
-    max_partial_uploads: Positive = 64
-    partial_ttl_s: Seconds = 24 * 3600.0
+    max_partial_bytes: int = DEFAULTS.max_partial_bytes
+    max_partial_uploads: int = DEFAULTS.max_partial_uploads
+    partial_ttl_s: float = DEFAULTS.partial_ttl_s
     # Bytes of finished blobs a user holds (0: ten times the per-job data limit). A new blob makes room by dropping
     # the user's least recently used ones that no active job reads (clients upload a blob again when they find
     # it gone); when those jobs' blobs leave no room, the upload is refused.
-    max_stored_bytes: Size = 0
+    max_stored_bytes: int = DEFAULTS.max_stored_bytes
     # Live (unexpired) tokens per user; minting more is refused until one is revoked or expires.
-    max_tokens_per_user: Positive = 20
+    max_tokens_per_user: int = DEFAULTS.max_tokens_per_user
 
     @classmethod
     def from_env(cls, policy: Policy, env: Mapping[str, str] | None = None) -> Limits:
-        """The limits from AIBRO_* variables (ENV); SettingsError names every wrong one at once."""
-        limits = read_env(cls, ENV, os.environ if env is None else env)
-        return replace(
-            limits,
-            max_partial_bytes=limits.max_partial_bytes or 2 * policy.max_job_bytes,
-            max_stored_bytes=limits.max_stored_bytes or 10 * policy.max_job_bytes,
+        """The limits from AIBRO_* variables; SettingsError names every wrong one at once."""
+        return cls.of(BackendSettings.from_env(env), policy)
+
+    @classmethod
+    def of(cls, settings: BackendSettings, policy: Policy) -> Limits:
+        """The limits `settings` set, the ones derived from the policy where they say 0."""
+        given = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name in BackendSettings.model_fields}
+        return cls(
+            **{
+                **given,
+                "max_partial_bytes": settings.max_partial_bytes or 2 * policy.max_job_bytes,
+                "max_stored_bytes": settings.max_stored_bytes or 10 * policy.max_job_bytes,
+            }
         )
 
 
