@@ -18,6 +18,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from aibro_core import vocabulary as v
+
 from .cellfits import CellFits
 from .cellsplit import FitInBlock, SplitCell, fit_cell, split_cell
 from .cellwait import awaitable_magics, run_async, run_sync, until
@@ -344,7 +346,7 @@ class CloudMagics(Magics):
                 else f"no trial completed: {into} is None{told}"
             )
             failed = failures(study)
-            ended = f"study failed: {study.get('message') or ''}" if study["status"] == "FAILED" else ""
+            ended = f"study failed: {study.get('message') or ''}" if study["status"] == v.STUDY_FAILED else ""
             panel.cell_done(bound + (f". {failed}" if failed else ""), ended + (f". {bound}" if ended else ""))
         check_ended(study)
 

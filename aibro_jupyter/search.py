@@ -47,7 +47,6 @@ ORACLE_ARGS = (
     "alpha",
     "beta",
 )
-STUDY_FINAL = ("COMPLETED", "CANCELED", "FAILED")
 POLL_S = 1.0
 EVENT_PAGES_PER_POLL = 20
 
@@ -221,7 +220,7 @@ def finish(training: Any, tuner: Any, study: dict[str, Any]) -> Any:
 
 def failures(study: dict[str, Any]) -> str | None:
     """What the user must hear of the trials that failed (each named with its error), or None when none did."""
-    failed = [t for t in study["trials"] if t["status"] == "FAILED"]
+    failed = [t for t in study["trials"] if t["status"] == v.TRIAL_FAILED]
     if not failed:
         return None
     named = "; ".join(f"trial {t['trial_id']}: {_first_line(t.get('message'))}" for t in failed)
@@ -231,7 +230,7 @@ def failures(study: dict[str, Any]) -> str | None:
 def check_ended(study: dict[str, Any]) -> None:
     """Raise StudyFailed for a study that ended FAILED, as KerasTuner's search raises once too many trials failed
     in a row (call it after the results are in the tuner: they are kept, as a local search keeps them)."""
-    if study["status"] == "FAILED":
+    if study["status"] == v.STUDY_FAILED:
         why = study.get("message") or "it failed"
         told = failures(study)
         raise StudyFailed(f"study {study['study_id']} failed: {_first_line(why)}" + (f"; {told}" if told else ""))
@@ -271,7 +270,7 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
         for order in (oracle.start_order, oracle.end_order):
             if trial.trial_id not in order:
                 order.append(trial.trial_id)
-        if t["status"] == "COMPLETED":
+        if t["status"] == v.TRIAL_COMPLETED:
             _weights_into(training, tuner, t, hp)
         oracle._save_trial(trial)
     oracle.save()
@@ -344,7 +343,7 @@ def follow(
                 print(trial_line(study, trial), flush=True)
         if on_poll is not None:
             on_poll(study, trained.since_last(study))
-        if study["status"] in STUDY_FINAL:
+        if study["status"] in v.STUDY_FINAL:
             if verbose:
                 best = study.get("best_trial_id")
                 why = f": {study['message']}" if study.get("message") else ""
@@ -405,10 +404,10 @@ def trial_line(study: dict[str, Any], trial: dict[str, Any]) -> str:
     values = ", ".join(f"{k}={v}" for k, v in trial["values"].items() if not k.startswith("tuner/"))
     objective = study["objective"][0]["name"] if len(study["objective"]) == 1 else "multi_objective"
     runs = trial.get("executions") or []
-    if trial["status"] == "COMPLETED":
+    if trial["status"] == v.TRIAL_COMPLETED:
         mean = f" (mean of {len(runs)} executions)" if len(runs) > 1 else ""
         return f"  trial {trial['trial_id']} COMPLETED {objective}={trial['score']:.4g}{mean} ({values})"
-    if trial["status"] == "FAILED":
+    if trial["status"] == v.TRIAL_FAILED:
         return f"  trial {trial['trial_id']} FAILED: {_first_line(trial['message'])} ({values})"
     wanted = int(study.get("executions_per_trial") or 1)
     execution = f" (execution {len(runs)} of {wanted})" if wanted > 1 and runs else ""

@@ -12,11 +12,12 @@ from typing import Any
 
 import ipywidgets as w
 
+from aibro_core import vocabulary as v
+
 from .followcontrols import FollowControls
 from .progress_panel import whole_ticks
 from .style import STYLE
 
-FINAL = ("COMPLETED", "CANCELED", "FAILED")
 RUNNING_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 ENDED_COLOR = "#9e9e9e"
 RULE_COLOR = "#bdbdbd"  # the parallel coordinates' axes
@@ -52,7 +53,7 @@ def best_so_far(study: dict[str, Any]) -> list[tuple[int, float]]:
     out: list[tuple[int, float]] = []
     best: float | None = None
     for n, trial in zip(trial_numbers(study), study["trials"], strict=True):
-        if trial.get("score") is None or trial["status"] != "COMPLETED":
+        if trial.get("score") is None or trial["status"] != v.TRIAL_COMPLETED:
             continue
         best = float(trial["score"]) if best is None else pick(best, float(trial["score"]))
         out.append((n, best))
@@ -168,7 +169,7 @@ class StudyPanel(FollowControls, w.VBox):
             if list(self.sort_by.options) != options:
                 keep = self.sort_by.value if self.sort_by.value in options else "trial"
                 self.sort_by.options, self.sort_by.value = options, keep
-            done = sum(t["status"] != "RUNNING" for t in study["trials"])
+            done = sum(t["status"] != v.TRIAL_RUNNING for t in study["trials"])
             of = f"/{study['max_trials']}" if study.get("max_trials") else ""
             best = next((t for t in study["trials"] if t["trial_id"] == study.get("best_trial_id")), None)
             best_text = (
@@ -185,7 +186,7 @@ class StudyPanel(FollowControls, w.VBox):
             self._render_best(study)
             self._render_loss(study)
             self._render_coords(study)
-            final = study["status"] in FINAL
+            final = study["status"] in v.STUDY_FINAL
             if final:
                 self.hide_controls()
             end = study["updated"] if final else time.time()
@@ -248,7 +249,7 @@ class StudyPanel(FollowControls, w.VBox):
         scored = [
             (n, float(t["score"]))
             for n, t in zip(numbers, study["trials"], strict=True)
-            if t["status"] == "COMPLETED" and t.get("score") is not None
+            if t["status"] == v.TRIAL_COMPLETED and t.get("score") is not None
         ]
         axis.tick_values = whole_ticks(min(numbers, default=0), max(numbers, default=0))
         xs, ys = curve.scales["x"], curve.scales["y"]
@@ -271,7 +272,7 @@ class StudyPanel(FollowControls, w.VBox):
         import bqplot as bq
 
         marks, legend = [], []
-        running = [t for t in study["trials"] if t["status"] == "RUNNING"]
+        running = [t for t in study["trials"] if t["status"] == v.TRIAL_RUNNING]
         for t in study["trials"]:
             history = self._histories.get(t["trial_id"]) or []
             xs = [int(h["epoch"]) for h in history if h.get("loss") is not None]
@@ -308,7 +309,7 @@ class StudyPanel(FollowControls, w.VBox):
             return
         lines, ticks, labels = self._coords
         name, direction = _objective(study)
-        trials = [t for t in study["trials"] if t["status"] == "COMPLETED" and t.get("score") is not None]
+        trials = [t for t in study["trials"] if t["status"] == v.TRIAL_COMPLETED and t.get("score") is not None]
         if not trials:
             return
         self.coords_caption.value = _caption(f"hyperparameters against {name}, one line per completed trial")
@@ -339,7 +340,7 @@ class StudyPanel(FollowControls, w.VBox):
 
     def _render_state(self) -> None:
         study = html.escape(self.study_id)
-        status = html.escape(self._study["status"]) if self._study else "RUNNING"
+        status = html.escape(self._study["status"]) if self._study else v.STUDY_RUNNING
         if self.cell_state == "detached":
             kind, text = (
                 "warn",

@@ -1012,7 +1012,7 @@ def _worker_event(value: Any, handler: Any) -> Any:
             if type_ == v.EV_STATUS and "substatus" in fields:
                 raise _fail(
                     f"a worker may not set substatus {show(data.get('substatus'))}; "
-                    f"it sets {list(v.WORKER_SUBSTATUSES)}"
+                    f"it sets {[str(s) for s in v.WORKER_SUBSTATUSES]}"
                 ) from None
             raise _fail(f"a {type_} event's {explain(inner, 'data')}") from None
         raise

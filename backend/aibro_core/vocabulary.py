@@ -1,37 +1,101 @@
-"""The one event and state vocabulary shared by the backend, the worker and every client."""
+"""The one event and state vocabulary shared by the backend, the worker and every client.
+
+Each kind of status is a `StrEnum`: its members are the strings that travel and are stored (a member equals its
+string, so the wire and the database are unchanged); code names a status only through these.
+"""
 
 from __future__ import annotations
 
-# Job states (seed vocabulary).
-QUEUING = "QUEUING"
-TRAINING = "TRAINING"
-COMPLETED = "COMPLETED"
-CANCELED = "CANCELED"
-JOB_STATUSES = (QUEUING, TRAINING, COMPLETED, CANCELED)
+import sys
+from enum import Enum
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10 (a worker's machine may have it): the same behaviour, str() and format() give the value
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return str(self.value).__format__(spec)
+
+
+class JobStatus(StrEnum):
+    """Where a job is: QUEUING -> TRAINING -> COMPLETED, or CANCELED (by the user or by a failure)."""
+
+    QUEUING = "QUEUING"
+    TRAINING = "TRAINING"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+
+
+QUEUING, TRAINING, COMPLETED, CANCELED = JobStatus
+JOB_STATUSES = tuple(JobStatus)
 JOB_ACTIVE = (QUEUING, TRAINING)
 JOB_FINAL = (COMPLETED, CANCELED)
 
-# Hyperparameter studies (issue 27) and their trials: each trial runs as one job.
-STUDY_RUNNING = "RUNNING"
-STUDY_COMPLETED = "COMPLETED"
-STUDY_CANCELED = "CANCELED"
-STUDY_FAILED = "FAILED"
-STUDY_STATUSES = (STUDY_RUNNING, STUDY_COMPLETED, STUDY_CANCELED, STUDY_FAILED)
-TRIAL_RUNNING = "RUNNING"
-TRIAL_COMPLETED = "COMPLETED"
-TRIAL_FAILED = "FAILED"
-TRIAL_CANCELED = "CANCELED"
-TRIAL_STATUSES = (TRIAL_RUNNING, TRIAL_COMPLETED, TRIAL_FAILED, TRIAL_CANCELED)
 
-# Job substatuses, in the order a job normally walks through them.
-REQUESTING_SERVER = "REQUESTING SERVER"
-CONNECTING_SERVER = "CONNECTING SERVER"
-GEARING_UP_ENV = "GEARING UP ENV"
-SENDING_MODEL_DATA = "SENDING MODEL & DATA"
-SUB_TRAINING = "TRAINING"
-RETURNING = "RETURNING"
-SUB_COMPLETED = "COMPLETED"
-SUB_CANCELED = "CANCELED"
+class StudyStatus(StrEnum):
+    """A hyperparameter study (issue 27): RUNNING until its oracle is done, it is cancelled or it fails."""
+
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    FAILED = "FAILED"
+
+
+STUDY_RUNNING, STUDY_COMPLETED, STUDY_CANCELED, STUDY_FAILED = StudyStatus
+STUDY_STATUSES = tuple(StudyStatus)
+STUDY_FINAL = (STUDY_COMPLETED, STUDY_CANCELED, STUDY_FAILED)
+
+
+class TrialStatus(StrEnum):
+    """A study's trial (and each of its executions), each run as one job."""
+
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+TRIAL_RUNNING, TRIAL_COMPLETED, TRIAL_FAILED, TRIAL_CANCELED = TrialStatus
+TRIAL_STATUSES = tuple(TrialStatus)
+
+
+class TunerTrialStatus(StrEnum):
+    """KerasTuner's own trial statuses (`keras_tuner.engine.trial.TrialStatus`): what the oracle host reports to
+    its oracle and reads back, apart from the study's `TrialStatus` that clients see."""
+
+    RUNNING = "RUNNING"
+    IDLE = "IDLE"
+    INVALID = "INVALID"
+    STOPPED = "STOPPED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class JobSubstatus(StrEnum):
+    """A job's step, in the order a job normally walks through them; CANCELED ends it anywhere."""
+
+    REQUESTING_SERVER = "REQUESTING SERVER"
+    CONNECTING_SERVER = "CONNECTING SERVER"
+    GEARING_UP_ENV = "GEARING UP ENV"
+    SENDING_MODEL_DATA = "SENDING MODEL & DATA"
+    TRAINING = "TRAINING"
+    RETURNING = "RETURNING"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+
+
+REQUESTING_SERVER = JobSubstatus.REQUESTING_SERVER
+CONNECTING_SERVER = JobSubstatus.CONNECTING_SERVER
+GEARING_UP_ENV = JobSubstatus.GEARING_UP_ENV
+SENDING_MODEL_DATA = JobSubstatus.SENDING_MODEL_DATA
+SUB_TRAINING = JobSubstatus.TRAINING
+RETURNING = JobSubstatus.RETURNING
+SUB_COMPLETED = JobSubstatus.COMPLETED
+SUB_CANCELED = JobSubstatus.CANCELED
 SUBSTATUS_ORDER = (
     REQUESTING_SERVER,
     CONNECTING_SERVER,
@@ -41,19 +105,35 @@ SUBSTATUS_ORDER = (
     RETURNING,
     SUB_COMPLETED,
 )
-JOB_SUBSTATUSES = (*SUBSTATUS_ORDER, SUB_CANCELED)
+JOB_SUBSTATUSES = tuple(JobSubstatus)
 WORKER_SUBSTATUSES = (GEARING_UP_ENV, SENDING_MODEL_DATA, SUB_TRAINING, RETURNING)  # the ones a worker may set
 
-# Instance states.
-LAUNCHING = "LAUNCHING"
-EXECUTING = "EXECUTING"
-COOLING = "COOLING"
-CLOSING = "CLOSING"
-CLOSED = "CLOSED"
-INSTANCE_STATUSES = (LAUNCHING, EXECUTING, COOLING, CLOSING, CLOSED)
+
+class InstanceStatus(StrEnum):
+    """A machine held for one user: LAUNCHING -> EXECUTING <-> COOLING -> CLOSING -> CLOSED."""
+
+    LAUNCHING = "LAUNCHING"
+    EXECUTING = "EXECUTING"
+    COOLING = "COOLING"
+    CLOSING = "CLOSING"
+    CLOSED = "CLOSED"
+
+
+LAUNCHING, EXECUTING, COOLING, CLOSING, CLOSED = InstanceStatus
+INSTANCE_STATUSES = tuple(InstanceStatus)
 INSTANCE_LIVE = (LAUNCHING, EXECUTING, COOLING)
-STOPPING, STOPPED = "STOPPING", "STOPPED"
-TERMINATING, TERMINATED = "TERMINATING", "TERMINATED"
+
+
+class InstanceEnding(StrEnum):
+    """The substatus of a CLOSING or CLOSED instance: stopped (kept for a fast restart) or terminated."""
+
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+
+
+STOPPING, STOPPED, TERMINATING, TERMINATED = InstanceEnding
 
 # Event types.
 EV_STATUS = "status"

@@ -30,8 +30,6 @@ export type IEvent = Answer<'/events'>['events'][number];
 export type IInstance = Answer<'/instances'>['instances'][number];
 export type IMachine = Answer<'/machines'>['machines'][number];
 export type IStudy = Answer<'/studies/{study_id}'>;
-export type JobStatus = IJob['status'];
-export type JobSubstatus = IJob['substatus'];
 /** One epoch of a job's history: `epoch` (from 1) and every Keras log of it (null where it was not finite). */
 export type HistoryRow = IJob['history'][number];
 export type TimelineEntry = IJob['timeline'][number];

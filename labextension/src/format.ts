@@ -1,8 +1,9 @@
 /** Small formatters shared by the sidebar and the status bar. */
-import { HistoryRow, IJob, JobStatus } from './api';
+import { HistoryRow, IJob } from './api';
+import { JobStatus } from './statuses';
 
 /** The statuses a job never leaves. */
-export const FINAL: ReadonlySet<JobStatus> = new Set<JobStatus>(['COMPLETED', 'CANCELED']);
+export const FINAL: ReadonlySet<JobStatus> = new Set<JobStatus>([JobStatus.COMPLETED, JobStatus.CANCELED]);
 
 export function isActive(job: IJob): boolean {
   return !FINAL.has(job.status);

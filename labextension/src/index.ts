@@ -9,6 +9,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IJob } from './api';
 import { metrics } from './format';
+import { JobStatus } from './statuses';
 import { JobsModel } from './model';
 import { CloudSidebar } from './sidebar';
 import { ActiveJobsItem } from './statusbar';
@@ -24,7 +25,7 @@ const cloudIcon = new LabIcon({ name: 'aibro-jupyter:cloud', svgstr: CLOUD_SVG }
 function announce(job: IJob): void {
   const name = job.description || job.job_id;
   const id = job.description ? `\n${job.job_id}` : '';
-  if (job.status === 'COMPLETED') {
+  if (job.status === JobStatus.COMPLETED) {
     const last = job.history.length ? job.history[job.history.length - 1] : undefined;
     Notification.success(`${name} completed · ${metrics(last)}${id}`, { autoClose: 8000 });
   } else if (job.error) {

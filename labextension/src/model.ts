@@ -9,6 +9,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { api, IEvent, IInstance, IJob, IMachine, IStudy } from './api';
 import { FINAL } from './format';
+import { StudyStatus } from './statuses';
 import { applyEvent } from './jobpicture';
 
 export type Connection = 'connecting' | 'live' | 'reconnecting';
@@ -60,7 +61,7 @@ export class JobsModel {
     this.instanceTimer = window.setInterval(() => {
       if (this.connection === 'live') {
         void this.refreshInstances();
-        if (Array.from(this.studies.values()).some(s => s.status === 'RUNNING')) {
+        if (Array.from(this.studies.values()).some(s => s.status === StudyStatus.RUNNING)) {
           void this.refreshStudies(); // a study ends a step after its last trial: no job event says so
         }
         if (Date.now() - this.machinesFetched > MACHINE_REFRESH_MS) {

@@ -14,6 +14,7 @@ import { IInstance, IJob, IMachine, IStudy } from './api';
 import { clock, duration, elapsed, FINAL, isActive, metrics, money, price } from './format';
 import { JobsModel } from './model';
 import { Sparkline } from './sparkline';
+import { InstanceEnding, InstanceStatus, StudyStatus, TrialStatus } from './statuses';
 
 type Tab = 'jobs' | 'instances' | 'machines';
 const SORT_HINT = 'Click a column to sort; prices are per hour.';
@@ -217,10 +218,10 @@ class StudyGroup {
 
   update(jobs: IJob[]): void {
     const study = this.model.studies.get(this.studyId);
-    const running = study ? study.status === 'RUNNING' : jobs.some(isActive);
-    this.node.dataset.status = study?.status ?? 'RUNNING';
+    const running = study ? study.status === StudyStatus.RUNNING : jobs.some(isActive);
+    this.node.dataset.status = study?.status ?? StudyStatus.RUNNING;
     this.title.textContent = this.title.title = study?.description || this.studyId;
-    const done = study ? study.trials.filter(t => t.status !== 'RUNNING').length : 0;
+    const done = study ? study.trials.filter(t => t.status !== TrialStatus.RUNNING).length : 0;
     const of = study?.max_trials ? `/${study.max_trials}` : '';
     this.state.textContent = study ? `${study.status} · ${done}${of} trials · ${study.kind}` : '';
     this.state.title = study ? `${study.parallel} trials at once` : '';
@@ -248,13 +249,13 @@ function steps(inst: IInstance): [string, number][] {
 }
 
 /** The substatuses that only say how a machine went away, not why. */
-const PLAIN_ENDINGS = new Set(['', 'STOPPING', 'STOPPED', 'TERMINATING', 'TERMINATED']);
+const PLAIN_ENDINGS = new Set<string>(['', ...Object.values(InstanceEnding)]);
 
 /** Why a closing or closed instance closed, when its last transitions say more than how (an agent refused). */
 function closedBecause(inst: IInstance): string | undefined {
   for (let i = inst.history.length - 1; i >= 0; i--) {
     const [status, sub] = inst.history[i] as [string, string];
-    if (status !== 'CLOSING' && status !== 'CLOSED') {
+    if (status !== InstanceStatus.CLOSING && status !== InstanceStatus.CLOSED) {
       return undefined;
     }
     if (typeof sub === 'string' && !PLAIN_ENDINGS.has(sub)) {
@@ -421,8 +422,8 @@ export class CloudSidebar extends Widget {
   /** Live instances first, then the five most recently closed ones (their history says how they ended). */
   private renderInstances(): void {
     const all = [...this.model.instances].sort((a, b) => b.updated - a.updated);
-    const live = all.filter(i => i.status !== 'CLOSED');
-    const closed = all.filter(i => i.status === 'CLOSED').slice(0, 5);
+    const live = all.filter(i => i.status !== InstanceStatus.CLOSED);
+    const closed = all.filter(i => i.status === InstanceStatus.CLOSED).slice(0, 5);
     const pane = this.panes.instances;
     const nodes: HTMLElement[] = live.length
       ? live.map(i => this.instanceRow(i))
@@ -468,7 +469,7 @@ export class CloudSidebar extends Widget {
       const text = `${verb} ${job.description || job.job_id} · ${jobCost(job, this.model)}`;
       row.appendChild(line('aibro-instance-job', text));
     }
-    if (inst.status === 'COOLING' || inst.status === 'LAUNCHING') {
+    if (inst.status === InstanceStatus.COOLING || inst.status === InstanceStatus.LAUNCHING) {
       const term = el('button', 'jp-Button jp-mod-styled jp-mod-warn aibro-terminate', 'Terminate');
       term.onclick = () => {
         term.disabled = true;
@@ -504,15 +505,15 @@ export class CloudSidebar extends Widget {
     if (since) {
       const t = Number(since.dataset.since);
       since.textContent =
-        status === 'CLOSED'
+        status === InstanceStatus.CLOSED
           ? `closed at ${clock(t)}`
           : `${status.toLowerCase()} since ${clock(t)} (${duration(Date.now() / 1000 - t)})`;
     }
     const countdown = row.querySelector<HTMLElement>('.aibro-countdown');
     if (countdown && !countdown.textContent?.startsWith('terminate failed')) {
       const left = Math.max(0, Number(countdown.dataset.until) - Date.now() / 1000);
-      countdown.textContent = status === 'COOLING' ? `closes in ${duration(left)} unless a job comes` : '';
-      countdown.hidden = status !== 'COOLING';
+      countdown.textContent = status === InstanceStatus.COOLING ? `closes in ${duration(left)} unless a job comes` : '';
+      countdown.hidden = status !== InstanceStatus.COOLING;
     }
   }
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from aibro_core.models import BoundedJson, OracleSpec, hyperparameters_config
+from aibro_core.vocabulary import TunerTrialStatus
 
 MAX_LINE = 1 << 20
 SLOT_PATTERN = r"^slot-[0-9]{1,3}$"
@@ -32,7 +33,7 @@ class OracleRequest(BaseModel):
     op: Literal["resume", "create_trial", "end_trial", "trials"]
     slot: Slot | None = None
     trial_id: TrialId | None = None
-    status: Literal["COMPLETED", "INVALID", "FAILED"] | None = None
+    status: Literal[TunerTrialStatus.COMPLETED, TunerTrialStatus.INVALID, TunerTrialStatus.FAILED] | None = None
     metrics: Annotated[dict[str, MetricValue], Field(max_length=200)] = {}
     message: Annotated[str, Field(max_length=4000)] | None = None
     running: Annotated[dict[TrialId, Slot], Field(max_length=64)] = {}
@@ -109,7 +110,7 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
             if trial_id in oracle._retry_queue:
                 oracle._retry_queue.remove(trial_id)
             trial = oracle.trials[trial_id]
-            trial.status = "RUNNING"
+            trial.status = TunerTrialStatus.RUNNING.value
             oracle.ongoing_trials[slot] = trial
         oracle.save()
         return OracleAnswer()
@@ -117,12 +118,13 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
         if req.slot is None:
             return OracleAnswer(ok=False, error="create_trial needs 'slot'")
         trial = oracle.create_trial(req.slot)
-        return OracleAnswer(trial=trial_state(trial), stopped=str(trial.status) == "STOPPED")
+        return OracleAnswer(trial=trial_state(trial), stopped=str(trial.status) == TunerTrialStatus.STOPPED)
     if req.op == "end_trial":
         if req.trial_id is None or req.status is None or req.trial_id not in oracle.trials:
             return OracleAnswer(ok=False, error=f"end_trial needs a known 'trial_id' and a 'status': {req}")
         trial = oracle.trials[req.trial_id]
-        if str(trial.status) != "RUNNING":  # a trial ends once: a second report (a retried request) changes nothing
+        # a trial ends once: a second report (a retried request) changes nothing
+        if str(trial.status) != TunerTrialStatus.RUNNING:
             return OracleAnswer(
                 ok=False, error=f"trial {trial.trial_id} is {trial.status} already", trial=trial_state(trial)
             )
@@ -135,7 +137,7 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
                 trial.hyperparameters = reported  # end_trial's update_space then adds what the fit registered
         if req.metrics:
             oracle.update_trial(trial.trial_id, req.metrics, step=req.step)
-        trial.status, trial.message = req.status, req.message
+        trial.status, trial.message = str(req.status), req.message  # KerasTuner's plain string
         try:
             oracle.end_trial(trial)
         except RuntimeError as exc:  # too many failures in a row: the study stops, as KerasTuner's search does

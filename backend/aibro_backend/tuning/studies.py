@@ -205,7 +205,7 @@ class StudyDriver:
                 raise OracleUnavailable(got.error or "the oracle answered no trial")
             if got.stopped:
                 stopped += 1
-            elif got.trial.status == "RUNNING":
+            elif got.trial.status == v.TunerTrialStatus.RUNNING:
                 self._start_trial(study, slot, got.trial.trial_id, got.trial.values, host)
         if stopped == int(study.spec["parallel"]) and not busy:
             self._end_study(study, v.STUDY_COMPLETED, None)
@@ -283,10 +283,10 @@ class StudyDriver:
         store.studies.update_execution(job.id, ran.row_status, ran.metrics, ran.best_step, ran.best_epoch)
         runs = store.studies.executions(study.id).get(trial.trial_id, [])
         wanted = executions_per_trial(study)
-        if ran.status == "COMPLETED" and len(runs) < wanted:
+        if ran.status == v.TunerTrialStatus.COMPLETED and len(runs) < wanted:
             self._start_execution(study, trial, len(runs))
             return
-        if ran.status == "COMPLETED":
+        if ran.status == v.TunerTrialStatus.COMPLETED:
             done = [e for e in runs if e.status == v.TRIAL_COMPLETED]
             metrics, best_step, message = average_metrics([e.metrics for e in done]), mean_step(done), None
         else:
@@ -304,7 +304,7 @@ class StudyDriver:
             )
         )
         ended = got.trial
-        completed = ended is not None and ended.status == "COMPLETED" and ended.score is not None
+        completed = ended is not None and ended.status == v.TunerTrialStatus.COMPLETED and ended.score is not None
         fields: dict[str, Any] = {
             "status": v.TRIAL_COMPLETED if completed else v.TRIAL_FAILED,
             "score": ended.score if ended else None,
@@ -318,7 +318,7 @@ class StudyDriver:
         if not got.ok and "already" not in (got.error or ""):
             self._end_study(study, v.STUDY_FAILED, got.error)
 
-    def _end_study(self, study: StudyRecord, status: str, message: str | None) -> None:
+    def _end_study(self, study: StudyRecord, status: v.StudyStatus, message: str | None) -> None:
         if status == v.STUDY_FAILED:
             cancel_study(self.backend, study)
         self.backend.store.studies.update(study.id, status=status, message=message)
@@ -338,7 +338,7 @@ class StudyDriver:
 class ExecutionResult:
     """How one execution's job ended, as KerasTuner's run_trial would have seen its fit end."""
 
-    status: str  # the oracle's: COMPLETED, INVALID (an error; retried as configured) or FAILED
+    status: v.TunerTrialStatus  # the oracle's: COMPLETED, INVALID (an error; retried as configured) or FAILED
     metrics: dict[str, float] = field(default_factory=dict)
     best_step: int | None = None  # the best epoch's index in the History
     best_epoch: int | None = None  # its number in the job (0-based), past a Hyperband round's initial_epoch
@@ -346,8 +346,8 @@ class ExecutionResult:
     hyperparameters: dict[str, Any] | None = None
 
     @property
-    def row_status(self) -> str:
-        return v.TRIAL_COMPLETED if self.status == "COMPLETED" else v.TRIAL_FAILED
+    def row_status(self) -> v.TrialStatus:
+        return v.TRIAL_COMPLETED if self.status == v.TunerTrialStatus.COMPLETED else v.TRIAL_FAILED
 
 
 def execution_result(store: Any, study: StudyRecord, job: JobRecord) -> ExecutionResult:
@@ -361,10 +361,12 @@ def execution_result(store: Any, study: StudyRecord, job: JobRecord) -> Executio
     if job.status != v.COMPLETED:
         errors = store.events.typed(job.id, (v.EV_ERROR,))
         if not errors:
-            return ExecutionResult("FAILED", message="the job was cancelled", hyperparameters=hp)
+            return ExecutionResult(v.TunerTrialStatus.FAILED, message="the job was cancelled", hyperparameters=hp)
         message = str(errors[-1]["data"].get("message") or "the job failed")
         failed = message.startswith("FailedTrialError")  # KerasTuner's way to fail a trial without retries
-        return ExecutionResult("FAILED" if failed else "INVALID", message=message, hyperparameters=hp)
+        return ExecutionResult(
+            v.TunerTrialStatus.FAILED if failed else v.TunerTrialStatus.INVALID, message=message, hyperparameters=hp
+        )
     if report.get("metrics") is not None or "value" in report:  # HyperModel.fit returned a dict or a number
         returned = report.get("metrics")
         if returned is None:
@@ -372,15 +374,15 @@ def execution_result(store: Any, study: StudyRecord, job: JobRecord) -> Executio
         metrics = {k: math.nan if val is None else float(val) for k, val in returned.items()}
         if objective_value(metrics, objective) is None:
             why = f"HyperModel.fit returned no {objective_name(objective)!r} (it returned {sorted(metrics)})"
-            return ExecutionResult("FAILED", message=why, hyperparameters=hp)
-        return ExecutionResult("COMPLETED", metrics, None, hyperparameters=hp)  # no epoch: its step counts as 0
+            return ExecutionResult(v.TunerTrialStatus.FAILED, message=why, hyperparameters=hp)
+        return ExecutionResult(v.TunerTrialStatus.COMPLETED, metrics, None, hyperparameters=hp)  # no epoch: step 0
     picture = JobPicture().apply_all(store.events.typed(job.id, (v.EV_EPOCH,)))
     metrics, best_step, why = best_epoch_metrics(picture.keras_lists(), objective)
     if why is not None or best_step is None:
-        return ExecutionResult("FAILED", message=why, hyperparameters=hp)
+        return ExecutionResult(v.TunerTrialStatus.FAILED, message=why, hyperparameters=hp)
     epochs = sorted(picture.epoch_logs())
     best_epoch = epochs[best_step] if best_step < len(epochs) else None
-    return ExecutionResult("COMPLETED", metrics, best_step, best_epoch, hyperparameters=hp)
+    return ExecutionResult(v.TunerTrialStatus.COMPLETED, metrics, best_step, best_epoch, hyperparameters=hp)
 
 
 def objective_name(objective: list[Objective]) -> str:
