@@ -14,6 +14,7 @@ from pydantic import BeforeValidator, Field
 
 from aibro_core.envsettings import EnvSettings
 
+from .providers.sandbox import UID_BASE
 from .worker.joblimits import JobLimits
 
 MiB = 1024 * 1024
@@ -101,7 +102,7 @@ class BackendSettings(EnvSettings):
         "auto", description="How local workers are confined (`serve --sandbox`): bubblewrap where it works, or none."
     )
     sandbox_uid_base: int = Field(
-        200_000, ge=1, description="A sandboxed job run as root drops to this uid plus its user's id."
+        UID_BASE, ge=1, description="A sandboxed job run as root drops to this uid plus its user's id."
     )
     worker_python: str | None = Field(
         None, description="The interpreter local workers run (default: the backend's own)."
@@ -120,7 +121,9 @@ class BackendSettings(EnvSettings):
         60.0, description="Seconds an SSH host may be out of reach before its jobs resume elsewhere."
     )
     s3_part_bytes: int = Field(
-        64 * MiB, ge=5 * MiB, description="Data over this goes to S3 as a multipart upload of parts this size."
+        64 * MiB,
+        ge=5 * MiB,  # S3's smallest part (all but the last)
+        description="Data over this goes to S3 as a multipart upload of parts this size.",
     )
 
 

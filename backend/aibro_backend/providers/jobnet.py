@@ -25,7 +25,11 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from ..settings import BackendSettings
 
 log = logging.getLogger("aibro.jobnet")
 
@@ -41,10 +45,15 @@ _PIP_URL_SETTINGS = ("index-url", "extra-index-url", "find-links")
 
 def isolated(sandbox_kind: str, env: Mapping[str, str]) -> bool:
     """Whether sandboxed jobs get a network namespace of their own (the default wherever the sandbox works)."""
-    mode = (env.get("AIBRO_JOB_NETWORK") or "backend").strip().lower()
-    if mode not in ("backend", "host"):
-        raise ValueError(f"AIBRO_JOB_NETWORK={mode!r}: use backend (the default) or host")
-    return sandbox_kind == "bwrap" and mode == "backend"
+    return sandbox_kind == "bwrap" and _settings(env).job_network == "backend"
+
+
+def _settings(env: Mapping[str, str]) -> BackendSettings:
+    """The backend's settings in `env`. Imported here, not above: a Ray node's actor imports this module (through
+    sandbox.py) and has no pydantic-settings."""
+    from ..settings import BackendSettings
+
+    return BackendSettings.from_env(env)
 
 
 def socket_dir(state_dir: Path) -> Path:
@@ -114,7 +123,7 @@ def package_hosts(env: Mapping[str, str]) -> set[str]:
         for section in parser.sections():
             urls += [u for key in _PIP_URL_SETTINGS for u in parser.get(section, key, fallback="").split()]
     hosts |= {hp for hp in map(_host_port, urls) if hp}
-    for item in (env.get("AIBRO_JOB_PACKAGE_HOSTS") or "").split(","):
+    for item in _settings(env).job_package_hosts.split(","):
         item = item.strip().lower()
         if item:
             hosts.add(item if ":" in item else f"{item}:443")

@@ -153,14 +153,17 @@ class LocalProvider(Provider):
         self._spare: Spare | None = None
         self._spare_crashes = SpareCrashes()
         self._prime_later: tuple[int, float] | None = None  # (user, when): the spare to start after a handover
-        self.python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
+        from ..settings import BackendSettings  # here, not above: a Ray node's actor imports this module
+
+        settings = BackendSettings.from_env()
+        self.python = worker_python(settings.worker_python)
         self.sandbox = Sandbox.choose(self.python)
         self.net_dir = jobnet.socket_dir(self.state_dir) if jobnet.isolated(self.sandbox.kind, os.environ) else None
         self.capacity = capacity or max(1, os.cpu_count() or 1)
         self._procs: dict[int, subprocess.Popen] = {}
         self._workdirs: dict[int, Path] = {}  # an instance's folder, cleared once its worker has exited
         self._gpu_names = _gpus()
-        self.enrolls = os.environ.get("AIBRO_LOCAL_ENROLL", "") not in ("", "0")
+        self.enrolls = settings.local_enroll
 
     def offers(self) -> list[dict[str, Any]]:
         base = {

@@ -87,10 +87,15 @@ class Sandbox:
     @classmethod
     def choose(cls, python: str, mode: str | None = None, code_roots: list[str] | None = None) -> Sandbox:
         """`code_roots`: where the agent's code is when `python` does not have it installed (see agent_argv)."""
-        mode = (mode or os.environ.get("AIBRO_SANDBOX") or "auto").lower()
+        uid_base = UID_BASE
+        if mode is None:  # the backend's own workers: its settings (imported here: a Ray node has no pydantic-settings)
+            from ..settings import BackendSettings
+
+            settings = BackendSettings.from_env()
+            mode, uid_base = settings.sandbox, settings.sandbox_uid_base
+        mode = mode.lower()
         if mode not in ("auto", "bwrap", "none"):
             raise ValueError(f"AIBRO_SANDBOX={mode!r}: use auto, bwrap or none")
-        uid_base = int(os.environ.get("AIBRO_SANDBOX_UID_BASE") or UID_BASE)
         if mode == "none":
             return cls("none", python)
         if shutil.which("bwrap") is None:

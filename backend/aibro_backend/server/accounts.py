@@ -13,6 +13,7 @@ from pathlib import Path
 from aibro_core.errors import AibroError, ValidationError
 
 from ..scheduling.policy import Policy
+from ..settings import BackendSettings
 from ..storage.store import Store
 from .limits import Limits
 
@@ -80,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aibro backend", description="Mint or revoke a user's tokens.")
     parser.add_argument("action", choices=["add-user", "revoke-tokens"])
     parser.add_argument("name")
-    parser.add_argument("--home", default=os.environ.get("AIBRO_HOME", str(Path.home() / ".aibro")))
+    parser.add_argument("--home", help="the backend's folder (default: AIBRO_HOME, else ~/.aibro)")
     parser.add_argument("--expires-in", type=float, default=None, metavar="S", help="the token expires after S seconds")
     args = parser.parse_args(argv)
+    args.home = args.home or BackendSettings.from_env().home
     try:
         if args.action == "revoke-tokens":
             count = revoke_tokens(Path(args.home), args.name)

@@ -16,33 +16,26 @@ from typing import Any
 from aibro_core.envsettings import SettingsError
 from aibro_core.serveflags import add_serve_flags
 
-from ..scheduling.policy import Policy
-from ..worker.joblimits import JobLimits
+from ..settings import BackendSettings
 from .accesslog import RedactingFormatter
-from .limits import Limits
 from .loaders import ExtraProviders, load_aws_provider, load_ray_provider, load_ssh_provider
 from .service import serve
 from .tls import is_loopback, plain_http_warning, tls_context
 
 
 def settings_problems() -> list[str]:
-    """Every wrong AIBRO_* setting (policy, service limits, job limits), named at once before anything starts."""
-    problems, policy = [], Policy()
+    """Every wrong AIBRO_* setting (policy, service limits, job limits, providers), named at once before anything
+    starts."""
     try:
-        policy = Policy.from_env()
+        BackendSettings.from_env()
     except SettingsError as exc:
-        problems.append(str(exc))
-    for check in (lambda: Limits.from_env(policy), lambda: JobLimits.from_env(os.environ)):
-        try:
-            check()
-        except ValueError as exc:  # SettingsError is one
-            problems.append(str(exc))
-    return problems
+        return [str(exc)]
+    return []
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aibro-backend", description="Run the aibro training backend.")
-    parser.add_argument("--home", default=os.environ.get("AIBRO_HOME", str(Path.home() / ".aibro")))
+    parser.add_argument("--home", help="the backend's folder (default: AIBRO_HOME, else ~/.aibro)")
     add_serve_flags(parser)
     return parser
 
@@ -52,9 +45,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.provider = args.provider or []
-    args.ca_bundle = args.ca_bundle or os.environ.get("AIBRO_CA_BUNDLE")
-    args.sandbox = args.sandbox or os.environ.get("AIBRO_SANDBOX") or "auto"
-    os.environ["AIBRO_SANDBOX"] = args.sandbox  # the local provider reads it (providers/sandbox.py)
     ray_opts = args.ray_address or args.ray_worker_url or args.ray_node_resource
     if "ray" in args.provider and not args.ray_address:
         parser.error("--provider ray needs --ray-address HOST:PORT (the address `ray start --head` printed)")
@@ -68,6 +58,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--provider ssh needs --ssh-hosts FILE (one [[host]] table per machine: name, host, user, ...)")
     if (args.ssh_hosts or args.ssh_worker_url) and "ssh" not in args.provider:
         parser.error("--ssh-hosts and --ssh-worker-url go with --provider ssh")
+    problems = settings_problems()
+    if problems:
+        print("aibro backend: " + "\n  ".join(problems), file=sys.stderr, flush=True)
+        sys.exit(2)
+    settings = BackendSettings.from_env()
+    args.home = args.home or str(settings.home)
+    args.ca_bundle = args.ca_bundle or settings.ca_bundle
+    args.sandbox = args.sandbox or settings.sandbox
+    os.environ[BackendSettings.variable("sandbox")] = args.sandbox  # the local provider reads it (sandbox.py)
     for stream in (sys.stdout, sys.stderr):  # the daemon's log file shows what happened, as it happens
         getattr(stream, "reconfigure", lambda **_: None)(line_buffering=True)
     handler = logging.StreamHandler()
@@ -83,13 +82,9 @@ def main(argv: list[str] | None = None) -> None:
             ssl.create_default_context(cafile=args.ca_bundle)
         except (OSError, ssl.SSLError) as exc:
             parser.error(f"--ca-bundle {args.ca_bundle}: not a readable PEM CA bundle ({exc})")
-        os.environ["AIBRO_CA_BUNDLE"] = os.path.abspath(args.ca_bundle)
+        os.environ[BackendSettings.variable("ca_bundle")] = os.path.abspath(args.ca_bundle)
     if tls is None and not is_loopback(args.host):
         print(plain_http_warning(args.host), file=sys.stderr, flush=True)
-    problems = settings_problems()
-    if problems:
-        print("aibro backend: " + "\n  ".join(problems), file=sys.stderr, flush=True)
-        sys.exit(2)
     aws = ray = ssh = None
     if args.aws_config:
         from ..providers.aws_config import AwsConfigError

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ..providers.local import LocalProvider
 from ..providers.sandbox import SandboxRequired, require_confinement
 from ..scheduling.policy import Policy
 from ..scheduling.scheduler import Scheduler
+from ..settings import BackendSettings
 from ..storage.blobs import BlobStore
 from ..storage.bus import EventBus
 from ..storage.s3blobs import s3_backing
@@ -45,8 +45,9 @@ def build_backend(home: Path, extra: ExtraProviders | None = None) -> Backend:
     state = home / "state"
     store = Store(store_path(home), checkpoints_every_s=CHECKPOINT_S)
     bus = EventBus()
-    policy = Policy.from_env()
-    capacity = int(os.environ.get("AIBRO_LOCAL_CAPACITY", "0")) or None
+    settings = BackendSettings.from_env()
+    policy = Policy.of(settings)
+    capacity = settings.local_capacity or None
     local = LocalProvider(state, capacity, spare=policy.spare_worker)
     providers: dict[str, Provider] = {"local": local}  # the local provider always runs
     providers.update(extra.table())
@@ -54,7 +55,7 @@ def build_backend(home: Path, extra: ExtraProviders | None = None) -> Backend:
     scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, bus.publish)
     blobs = BlobStore(state / "blobs", s3_backing(extra.aws))
     backend = Backend(home, store, blobs, policy, bus, scheduler, local)
-    backend.extra["limits"] = Limits.from_env(policy)
+    backend.extra["limits"] = Limits.of(settings, policy)
     holder["b"] = backend
     return backend
 
@@ -73,7 +74,7 @@ def check_confinement(backend: Backend) -> None:
     """A backend shared by several users does not run their code unconfined unless its operator said so
     (`--sandbox none`); one that runs unconfined says so on every start and in GET /health."""
     sandbox = backend.local.sandbox
-    mode = (os.environ.get("AIBRO_SANDBOX") or "auto").lower()
+    mode = BackendSettings.from_env().sandbox
     try:
         banner = require_confinement(sandbox.kind, backend.store.users.count(), mode)
     except SandboxRequired as exc:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import resource
 import socket
 import time
@@ -18,6 +17,7 @@ import tornado.httpserver
 import tornado.web
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from ..settings import BackendSettings
 from . import bodyinto
 from .limits import Limits
 
@@ -197,7 +197,7 @@ def raise_fd_limit() -> int:
 def connection_cap(limits: Limits, fd_soft: int) -> int:
     """The connection cap, kept FD_RESERVE below the descriptor limit unless AIBRO_MAX_CONNECTIONS says otherwise."""
     room = max(16, fd_soft - FD_RESERVE)
-    if os.environ.get("AIBRO_MAX_CONNECTIONS"):
+    if "max_connections" in BackendSettings.from_env().model_fields_set:
         if limits.max_connections > room:
             log.warning(
                 "AIBRO_MAX_CONNECTIONS=%d is above the %d descriptors free for connections (ulimit -n %d)",

@@ -4,12 +4,12 @@ boto3 and Ray are optional."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..providers import shipping
+from ..settings import BackendSettings
 
 if TYPE_CHECKING:
     from ..providers.aws import AwsProvider
@@ -65,7 +65,7 @@ def load_ray_provider(address: str, home: Path, worker_url: str | None, node_res
         provider = RayProvider(address, home / "state", backend_url=worker_url, node_resource=node_resource)
     except (RayUnavailable, ValueError) as exc:
         raise RayClusterError(address, str(exc)) from None
-    timeout = float(os.environ.get("AIBRO_RAY_CONNECT_S") or 90)
+    timeout = BackendSettings.from_env().ray_connect_s
     if not provider.wait_ready(timeout):
         why = provider.cluster_error() or f"no answer from the Ray cluster at {address} within {timeout:g} s"
         provider.close()
@@ -80,7 +80,7 @@ def load_ssh_provider(hosts_file: str, home: Path, worker_url: str | None) -> Ss
     from ..providers.ssh_hosts import HostsError, load_hosts
 
     hosts = load_hosts(hosts_file)
-    grace = float(os.environ.get("AIBRO_SSH_UNREACHABLE_S") or 60)  # a host out of reach this long loses its jobs
+    grace = BackendSettings.from_env().ssh_unreachable_s  # a host out of reach this long loses its jobs
     agent = shipping.served(home)
     provider = SshProvider(hosts, home / "state", agent, worker_url=worker_url, unreachable_grace_s=grace)
     problems = provider.check()

@@ -18,6 +18,7 @@ from aibro_core.files import write_private
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
 from ..providers import jobnet
+from ..settings import BackendSettings
 from ..tuning.studies import StudyDriver
 from .composition import build_app, build_backend, check_confinement, ensure_local_user
 from .limits import Limits, limits_of
@@ -149,7 +150,7 @@ def open_event_port(
     """The lean long-poll listener beside the main port (api/eventport.py): AIBRO_EVENTS_PORT picks its port
     (default: any free one), `off` leaves long-polls to the main port alone. A port that cannot be bound is a
     warning, not a failed start: clients then long-poll the main port."""
-    want = os.environ.get("AIBRO_EVENTS_PORT", "").strip().lower()
+    want = BackendSettings.from_env().events_port.lower()
     if want == "off":
         return None
     try:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from ..settings import BackendSettings
 from ..storage import claims
 from ..storage.s3blobs import S3Backing
 from .limits import limits_of
@@ -59,9 +59,6 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-RECONCILE_S = 300.0
-
-
 def start_upkeep(backend: Backend) -> PeriodicCallback:
     """Cloud providers outlive the backend: adopt their live machines now (by tag), then reconcile every few
     minutes (AIBRO_RECONCILE_S, default 300: machines the store does not know as live or stopped, or whose time is
@@ -90,7 +87,7 @@ def start_upkeep(backend: Backend) -> PeriodicCallback:
         for fut in sched.reconcile_all():
             loop.add_future(fut, report("reconciled (terminated)"))
 
-    every_s = float(os.environ.get("AIBRO_RECONCILE_S") or RECONCILE_S)
+    every_s = BackendSettings.from_env().reconcile_s
     reconciler = PeriodicCallback(reconcile, 1000 * every_s)
     if adopted:
         reconciler.start()

@@ -24,14 +24,13 @@ Every call that reaches S3 is blocking: the handlers run them in this backing's 
 from __future__ import annotations
 
 import base64
-import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..settings import BackendSettings
+
 MIB = 1024 * 1024
-DEFAULT_PART_BYTES = 64 * MIB
-MIN_PART_BYTES = 5 * MIB  # S3's smallest part (all but the last)
 MAX_PARTS = 10_000
 MAX_COPY_BYTES = 5 * 1024 * MIB  # one CopyObject's limit: what can be verified server-side
 URL_TTL_S = 3600
@@ -43,10 +42,7 @@ class S3BlobError(ValueError):
 
 def part_bytes_from_env() -> int:
     """AIBRO_S3_PART_BYTES (default 64 MiB): data over it goes as a multipart upload of parts this size."""
-    raw = os.environ.get("AIBRO_S3_PART_BYTES") or str(DEFAULT_PART_BYTES)
-    if not raw.isdigit() or int(raw) < MIN_PART_BYTES:
-        raise ValueError(f"AIBRO_S3_PART_BYTES={raw!r}: set a whole number of bytes >= {MIN_PART_BYTES} (5 MiB)")
-    return int(raw)
+    return BackendSettings.from_env().s3_part_bytes
 
 
 def b64_sha(sha: str) -> str:
