@@ -26,7 +26,7 @@ from aibro_core import vocabulary as v  # noqa: E402
 
 SETUP = digits_setup()
 MACHINES = "g4dn.xlarge.od,g4dn.xlarge"
-OD_PRICE = next(o for o in offers("us-east-1") if o["machine_id"] == "g4dn.xlarge.od")["price_per_hour"]
+OD_PRICE = next(o for o in offers("us-east-1") if o.machine_id == "g4dn.xlarge.od").price_per_hour
 
 
 def fit_cell(tag: str, cool_down: float) -> str:

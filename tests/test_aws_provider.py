@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import datetime as dt
 import json
 import subprocess
@@ -31,6 +32,7 @@ from aibro_backend.providers import aws_catalog  # noqa: E402
 from aibro_backend.providers.aws import (  # noqa: E402
     CAPACITY_CODES,
     USER_DATA_LIMIT,
+    AwsPoll,
     AwsProvider,
     CapacityError,
     LaunchError,
@@ -188,18 +190,18 @@ def client_error(code: str, op: str = "RunInstances") -> ClientError:
 # -- the marketplace -----------------------------------------------------------------------------------------
 def test_catalog_offers_follow_the_seed_naming() -> None:
     assert aws_catalog.regions() == ["us-east-1", "us-west-2", "eu-west-1"]
-    offers = {o["machine_id"]: o for o in aws_catalog.offers(REGION, {})}
+    offers = {o.machine_id: o for o in aws_catalog.offers(REGION, {})}
     assert len(offers) == 2 * len(aws_catalog.instance_types(REGION)) == 24
     spot, od = offers["g4dn.xlarge"], offers["g4dn.xlarge.od"]
-    assert LOCAL_OFFER_KEYS <= set(spot) and LOCAL_OFFER_KEYS <= set(od)
-    assert (spot["gpu_type"], spot["gpu_count"], spot["vcpus"], spot["memory_gib"]) == ("T4", 1, 4, 16.0)
-    assert spot["spot"] is True and od["spot"] is False
-    assert od["price_per_hour"] == od["on_demand_price_per_hour"] == spot["on_demand_price_per_hour"] == 0.526
-    assert od["price_source"] == "list"
+    assert LOCAL_OFFER_KEYS <= set(spot.model_dump()) and LOCAL_OFFER_KEYS <= set(od.model_dump())
+    assert (spot.gpu_type, spot.gpu_count, spot.vcpus, spot.memory_gib) == ("T4", 1, 4, 16.0)
+    assert spot.spot is True and od.spot is False
+    assert od.price_per_hour == od.on_demand_price_per_hour == spot.on_demand_price_per_hour == 0.526
+    assert od.price_source == "list"
     # no live price: an estimate, and marked as one
-    assert spot["price_source"] == "estimate"
-    assert spot["price_per_hour"] == round(0.526 * aws_catalog.SPOT_ESTIMATE_FRACTION, 4)
-    assert offers["p4d.24xlarge"]["gpu_count"] == 8
+    assert spot.price_source == "estimate"
+    assert spot.price_per_hour == round(0.526 * aws_catalog.SPOT_ESTIMATE_FRACTION, 4)
+    assert offers["p4d.24xlarge"].gpu_count == 8
     assert aws_catalog.offers("ap-south-1", {}) == []
     assert aws_catalog.parse_machine_id("g5.xlarge.od") == ("g5.xlarge", False)
     assert aws_catalog.parse_machine_id("g5.xlarge") == ("g5.xlarge", True)
@@ -222,18 +224,18 @@ def test_latest_spot_price_per_zone_then_lowest_zone() -> None:
 
 
 def test_offers_take_live_spot_prices_from_ec2(provider: AwsProvider) -> None:
-    before = {o["machine_id"]: o for o in provider.offers()}  # returns at once; the refresh runs in the pool
-    assert before["g4dn.xlarge"]["price_source"] in ("estimate", "live")
+    before = {o.machine_id: o for o in provider.offers()}  # returns at once; the refresh runs in the pool
+    assert before["g4dn.xlarge"].price_source in ("estimate", "live")
     prices = provider.refresh_prices().result(timeout=30)
     assert prices["g4dn.xlarge"] == pytest.approx(0.00001)  # moto's fixed spot price history
-    offers = {o["machine_id"]: o for o in provider.offers()}
-    assert offers["g4dn.xlarge"]["price_source"] == "live"
-    assert offers["g4dn.xlarge"]["price_per_hour"] == pytest.approx(0.00001)
-    assert offers["g4dn.xlarge.od"]["price_per_hour"] == 0.526
+    offers = {o.machine_id: o for o in provider.offers()}
+    assert offers["g4dn.xlarge"].price_source == "live"
+    assert offers["g4dn.xlarge"].price_per_hour == pytest.approx(0.00001)
+    assert offers["g4dn.xlarge.od"].price_per_hour == 0.526
     # moto has no history for p3: still an estimate, still marked
     assert "p3.2xlarge" not in prices
-    assert offers["p3.2xlarge"]["price_source"] == "estimate"
-    assert all(o["provider"] == "aws" and o["capacity"] == 8 for o in offers.values())
+    assert offers["p3.2xlarge"].price_source == "estimate"
+    assert all(o.provider == "aws" and o.capacity == 8 for o in offers.values())
 
 
 # -- the config ------------------------------------------------------------------------------------------------
@@ -438,7 +440,7 @@ def test_launch_tags_market_options_and_user_data(provider: AwsProvider, account
     od_data = ec2.describe_instance_attribute(InstanceId=od_id, Attribute="userData")["UserData"]["Value"]
     assert "AIBRO_SPOT_WATCH" not in parse_user_data_env(base64.b64decode(od_data).decode())
     snap = provider.poll("inst-spot1")
-    assert snap is not None and snap["ec2_instance_id"] == spot_id and snap["state"] in ("pending", "running")
+    assert snap is not None and snap.ec2_instance_id == spot_id and snap.state in ("pending", "running")
 
 
 def test_launch_refuses_bad_input_before_any_call(provider: AwsProvider) -> None:
@@ -497,7 +499,7 @@ def test_capacity_errors_fail_fast_as_capacity_error(
     assert err.value.code == code and err.value.machine_id == "g5.12xlarge"
     assert len(calls) == 1 and sleeps == []  # not retried: the scheduler moves on to the next machine at once
     assert provider.launch_error("inst-full") is err.value
-    assert provider.poll("inst-full")["capacity_error"] is True
+    assert provider.poll("inst-full").capacity_error is True
     assert not provider.alive(record("inst-full"))
 
 
@@ -564,7 +566,7 @@ def test_stop_and_start_an_on_demand_instance(provider: AwsProvider, account: di
     provider.stop(inst).result(timeout=30)
     assert describe(ec2, ec2_id)["State"]["Name"] == "stopped"
     provider.refresh().result(timeout=30)
-    assert provider.poll("inst-warm")["state"] == "stopped"
+    assert provider.poll("inst-warm").state == "stopped"
     assert provider.alive(inst)  # stopped on purpose: kept for a fast restart
     ec2.create_tags(Resources=[ec2_id], Tags=[{"Key": "aibro:expires-at", "Value": format_expires(time.time() + 60)}])
     provider.start(inst).result(timeout=30)
@@ -717,23 +719,23 @@ def test_adopt_after_a_restart(provider: AwsProvider, account: dict[str, Any]) -
     restarted = AwsProvider(provider.config, account["session"])  # a new backend process, same config
     try:
         assert restarted.alive(record("inst-live1"))  # not listed yet: alive until a listing says otherwise
-        adopted = {d["instance_id"]: d for d in restarted.adopt().result(timeout=30)}
+        adopted = {d.instance_id: d for d in restarted.adopt().result(timeout=30)}
         assert set(adopted) == {"inst-live1", "inst-live2"}
-        assert adopted["inst-live1"] | {"launched_at": None, "expires_at": None} == {
-            "instance_id": "inst-live1",
-            "ec2_instance_id": a,
-            "machine_id": "g4dn.xlarge",
-            "spot": True,
-            "state": "running",
-            "user_id": 3,
-            "job_id": "job-9",
-            "launched_at": None,
-            "expires_at": None,
-            "error": None,
-            "capacity_error": False,
-        }
-        assert adopted["inst-live2"]["state"] == "stopped" and adopted["inst-live2"]["ec2_instance_id"] == b
-        assert adopted["inst-live1"]["expires_at"] > time.time()
+        assert dataclasses.replace(adopted["inst-live1"], launched_at=None, expires_at=None) == AwsPoll(
+            instance_id="inst-live1",
+            ec2_instance_id=a,
+            machine_id="g4dn.xlarge",
+            spot=True,
+            state="running",
+            user_id=3,
+            job_id="job-9",
+            launched_at=None,
+            expires_at=None,
+            error=None,
+            capacity_error=False,
+        )
+        assert adopted["inst-live2"].state == "stopped" and adopted["inst-live2"].ec2_instance_id == b
+        assert adopted["inst-live1"].expires_at > time.time()
         assert restarted.alive(record("inst-live1")) and restarted.alive(record("inst-live2"))
         assert not restarted.alive(record("inst-dead"))
         restarted.start(record("inst-live2")).result(timeout=30)

@@ -17,8 +17,8 @@ from aibro_core import vocabulary as v
 pytestmark = pytest.mark.fast
 
 L, E, C, X = v.LAUNCHING, v.EXECUTING, v.COOLING, v.CLOSING
-SPOT = next(o for o in offers("us-east-1") if o["machine_id"] == "g4dn.xlarge")
-OD = next(o for o in offers("us-east-1") if o["machine_id"] == "g4dn.xlarge.od")
+SPOT = next(o for o in offers("us-east-1") if o.machine_id == "g4dn.xlarge")
+OD = next(o for o in offers("us-east-1") if o.machine_id == "g4dn.xlarge.od")
 
 
 def near(x: float) -> object:
@@ -44,7 +44,7 @@ def test_billing_is_per_whole_second_with_a_60_s_minimum() -> None:
 
 
 def test_a_short_job_pays_the_minimum_at_the_on_demand_price() -> None:
-    price = OD["price_per_hour"]
+    price = OD.price_per_hour
     history = [[L, "", 100.0, "job-a"], [E, "", 110.0, "job-a"], [X, v.STOPPING, 130.0, None]]
     got = instance_cost(inst(history, price), now=1000.0)
     assert got.billed_s == 60
@@ -55,11 +55,11 @@ def test_a_short_job_pays_the_minimum_at_the_on_demand_price() -> None:
 
 def test_spot_and_on_demand_differ_only_by_the_price_recorded_at_launch() -> None:
     history = [[L, "", 0.0, "job-a"], [E, "", 20.0, "job-a"], [X, v.TERMINATING, 200.0, None]]
-    spot = instance_cost(inst(history, SPOT["price_per_hour"]), now=500.0)
-    od = instance_cost(inst(history, OD["price_per_hour"]), now=500.0)
+    spot = instance_cost(inst(history, SPOT.price_per_hour), now=500.0)
+    od = instance_cost(inst(history, OD.price_per_hour), now=500.0)
     assert spot.billed_s == od.billed_s == 200
-    assert od.cost == near(200 * OD["price_per_hour"] / 3600)
-    assert spot.cost == near(200 * SPOT["price_per_hour"] / 3600)
+    assert od.cost == near(200 * OD.price_per_hour / 3600)
+    assert spot.cost == near(200 * SPOT.price_per_hour / 3600)
     assert spot.cost < od.cost
 
 

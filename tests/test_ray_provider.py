@@ -61,7 +61,8 @@ def wait_for(what: str, cond: Callable[[], Any], timeout: float = 30.0, every: f
 
 
 def offer(provider: RayProvider, machine_id: str) -> dict[str, Any] | None:
-    return next((o for o in provider.offers() if o["machine_id"] == machine_id), None)
+    """The machine as GET /machines shows it."""
+    return next((o.model_dump() for o in provider.offers() if o.machine_id == machine_id), None)
 
 
 def node_id(provider: RayProvider, resource: str) -> str:
@@ -181,7 +182,7 @@ def test_unreachable_address_is_named(tmp_path: Path) -> None:
 
 # -- a real cluster -------------------------------------------------------------------------------------------------
 def test_offers_from_the_cluster_nodes(cluster: RayCluster, provider: RayProvider, tmp_path: Path) -> None:
-    offers = {o["machine_id"]: o for o in provider.offers()}
+    offers = {o.machine_id: o.model_dump() for o in provider.offers()}
     # The pool is nodes a and b (1 CPU each; b with 1 T4): nothing bigger than a node is offered.
     assert sorted(offers) == ["ray-cpu1", "ray-gpu1"]
     cpu, gpu = offers["ray-cpu1"], offers["ray-gpu1"]

@@ -10,14 +10,32 @@ from typing import Any
 
 import pytest
 
-from aibro_backend.providers.base import CapacityError, LaunchRequest, Provider
+from aibro_backend.providers.base import CapacityError, LaunchRequest, PollResult, Provider
 from aibro_backend.scheduling.policy import Policy
 from aibro_backend.scheduling.scheduler import Scheduler
 from aibro_backend.storage.records import InstanceRecord
 from aibro_backend.storage.store import Store
 from aibro_core import vocabulary as v
+from aibro_core.models import Machine
 
 pytestmark = pytest.mark.fast
+
+
+def machine(machine_id: str, provider: str, *, capacity: int, spot: bool) -> Machine:
+    """A one-CPU machine with no price."""
+    return Machine(
+        machine_id=machine_id,
+        provider=provider,
+        gpu_type=None,
+        gpu_count=0,
+        vcpus=1,
+        memory_gib=1.0,
+        price_per_hour=0.0,
+        on_demand_price_per_hour=0.0,
+        spot=spot,
+        availability="available",
+        capacity=capacity,
+    )
 
 
 class ScriptedProvider(Provider):
@@ -30,8 +48,8 @@ class ScriptedProvider(Provider):
         self.launched: list[str] = []
         self.terminated: list[str] = []
 
-    def offers(self) -> list[dict[str, Any]]:
-        return [{"machine_id": m, "provider": self.name, "capacity": 2} for m in ("spot-a", "spot-b")]
+    def offers(self) -> list[Machine]:
+        return [machine(m, self.name, capacity=2, spot=True) for m in ("spot-a", "spot-b")]
 
     def launch(self, request: LaunchRequest) -> int | None:
         self.launched.append(request.machine_id)
@@ -133,8 +151,8 @@ class AsyncScriptedProvider(ScriptedProvider):
         )
         self.state[request.instance_id] = "launching"
 
-    def poll(self, instance_id: str) -> dict[str, Any] | None:
-        return {"state": self.state[instance_id]} if instance_id in self.state else None
+    def poll(self, instance_id: str) -> PollResult | None:
+        return PollResult(self.state[instance_id]) if instance_id in self.state else None
 
     def launch_error(self, instance_id: str) -> BaseException | None:
         return self.failures.get(instance_id)
@@ -268,8 +286,8 @@ class StoppingProvider(AsyncScriptedProvider):
         self.ops: list[tuple[str, str]] = []
         self.futures: dict[str, Future] = {}
 
-    def offers(self) -> list[dict[str, Any]]:
-        return [{"machine_id": "od-a", "provider": self.name, "capacity": 5, "spot": False}]
+    def offers(self) -> list[Machine]:
+        return [machine("od-a", self.name, capacity=5, spot=False)]
 
     def alive(self, instance: InstanceRecord) -> bool:
         return self.state.get(instance.id) in ("launching", "pending", "running", "stopping", "stopped")

@@ -128,7 +128,8 @@ class HealthHandler(UserHandler):
 
 class MachinesHandler(UserHandler):
     def get(self) -> None:
-        self.send({"machines": [offer for _, offer in self.backend.scheduler.machine_index().values()]})
+        offers = self.backend.scheduler.machine_index().values()
+        self.send({"machines": [offer.model_dump(exclude_unset=True) for _, offer in offers]})  # as providers set them
 
 
 class PolicyHandler(UserHandler):

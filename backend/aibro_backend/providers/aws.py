@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from aibro_core.backoff import Backoff, retry
+from aibro_core.models import Machine
 
 from ..storage.records import InstanceRecord
 from . import aws_catalog, shipping
@@ -256,8 +257,7 @@ class _Tracked:
     user_id: int | None = None
     job_id: str | None = None
     ec2_id: str | None = None
-    # launching (request in flight) | pending | running | stopping | stopped | shutting-down | terminated | failed
-    state: str = "launching"
+    state: provider_base.MachineState = "launching"
     error: BaseException | None = None
     requested_at: float = 0.0
     launched_at: float | None = None
@@ -269,20 +269,34 @@ class _Tracked:
     op: Future | None = None
     op_kind: str = ""
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "instance_id": self.instance_id,
-            "ec2_instance_id": self.ec2_id,
-            "machine_id": self.machine_id,
-            "spot": self.spot,
-            "state": self.state,
-            "user_id": self.user_id,
-            "job_id": self.job_id,
-            "launched_at": self.launched_at,
-            "expires_at": self.expires_at,
-            "error": str(self.error) if self.error else None,
-            "capacity_error": isinstance(self.error, CapacityError),
-        }
+    def snapshot(self) -> AwsPoll:
+        return AwsPoll(
+            state=self.state,
+            error=str(self.error) if self.error else None,
+            capacity_error=isinstance(self.error, CapacityError),
+            instance_id=self.instance_id,
+            ec2_instance_id=self.ec2_id,
+            machine_id=self.machine_id,
+            spot=self.spot,
+            user_id=self.user_id,
+            job_id=self.job_id,
+            launched_at=self.launched_at,
+            expires_at=self.expires_at,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AwsPoll(provider_base.PollResult):
+    """What this process knows of one EC2 instance (`poll`, `refresh`, `adopt`), without an AWS call."""
+
+    instance_id: str
+    ec2_instance_id: str | None
+    machine_id: str
+    spot: bool
+    user_id: int | None
+    job_id: str | None
+    launched_at: float | None
+    expires_at: float | None
 
 
 class AwsProvider(provider_base.Provider):
@@ -352,7 +366,7 @@ class AwsProvider(provider_base.Provider):
         self._zone: str | None = None
 
     # -- the marketplace ----------------------------------------------------------------------------------
-    def offers(self) -> list[dict[str, Any]]:
+    def offers(self) -> list[Machine]:
         """Catalog offers with the last spot prices read; starts a price refresh in the pool when they are old."""
         if self._prices_at is None or self.clock() - self._prices_at > self.price_refresh_s:
             self.refresh_prices()
@@ -577,7 +591,7 @@ class AwsProvider(provider_base.Provider):
         t = self._tracked.get(instance_id)
         return t.error if t is not None and isinstance(t.error, AwsError) else None
 
-    def poll(self, instance_id: str) -> dict[str, Any] | None:
+    def poll(self, instance_id: str) -> AwsPoll | None:
         """What this process knows about an instance now (no AWS call): state, EC2 id, error, times."""
         t = self._tracked.get(instance_id)
         return t.snapshot() if t else None
@@ -721,7 +735,7 @@ class AwsProvider(provider_base.Provider):
             self._listing = self.executor.submit(self._refresh_blocking)
             return self._listing
 
-    def _refresh_blocking(self) -> dict[str, dict[str, Any]]:
+    def _refresh_blocking(self) -> dict[str, AwsPoll]:
         started = self.clock()
         found: dict[str, dict[str, Any]] = {}
         for inst in self._list((*LIVE_STATES, *GONE_STATES)):
@@ -798,11 +812,11 @@ class AwsProvider(provider_base.Provider):
         return ids
 
     def adopt(self) -> Future:
-        """Find this backend's live instances by tag (after a restart) and track them; Future result: one dict per
-        instance (instance_id, ec2_instance_id, machine_id, state, user_id, job_id, spot, launched_at, expires_at)."""
+        """Find this backend's live instances by tag (after a restart) and track them; Future result: an AwsPoll per
+        instance."""
         return self.executor.submit(self._adopt_blocking)
 
-    def _adopt_blocking(self) -> list[dict[str, Any]]:
+    def _adopt_blocking(self) -> list[AwsPoll]:
         started = self.clock()
         adopted = []
         for inst in self._list(LIVE_STATES):

@@ -16,6 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from aibro_core.models import Machine
+
 CATALOG = Path(__file__).with_name("aws_catalog.csv")
 OD_SUFFIX = ".od"
 # Without a live spot price, a spot machine is shown at this fraction of its on-demand price and marked as an
@@ -96,19 +98,19 @@ def offers(
     capacity: int = DEFAULT_CAPACITY,
     provider: str = "aws",
     path: Path = CATALOG,
-) -> list[dict[str, Any]]:
+) -> list[Machine]:
     """Two offers per catalog type in `region`: the spot machine (`X`) and its on-demand twin (`X.od`).
 
-    Same dict shape as LocalProvider.offers(), plus `region` and `price_source`: "live" (a spot price read from
+    Machines as LocalProvider.offers() makes them, plus `region` and `price_source`: "live" (a spot price read from
     EC2), "estimate" (no live price: SPOT_ESTIMATE_FRACTION of on-demand) or "list" (the catalog's on-demand list
     price). A region the catalog does not price gives no offers.
     """
     spot_prices = spot_prices or {}
-    out: list[dict[str, Any]] = []
+    out: list[Machine] = []
     for r in load_catalog(path):
         if r.region != region:
             continue
-        base = {
+        base: dict[str, Any] = {
             "provider": provider,
             "gpu_type": r.gpu_name,
             "gpu_count": r.gpu_count,
@@ -125,16 +127,16 @@ def offers(
         else:
             spot_price, source = round(r.on_demand_price_per_hour * SPOT_ESTIMATE_FRACTION, 4), "estimate"
         out.append(
-            {**base, "machine_id": r.instance_type, "price_per_hour": spot_price, "spot": True, "price_source": source}
+            Machine(**base, machine_id=r.instance_type, price_per_hour=spot_price, spot=True, price_source=source)
         )
         out.append(
-            {
+            Machine(
                 **base,
-                "machine_id": r.instance_type + OD_SUFFIX,
-                "price_per_hour": r.on_demand_price_per_hour,
-                "spot": False,
-                "price_source": "list",
-            }
+                machine_id=r.instance_type + OD_SUFFIX,
+                price_per_hour=r.on_demand_price_per_hour,
+                spot=False,
+                price_source="list",
+            )
         )
     return out
 

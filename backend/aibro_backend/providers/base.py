@@ -12,9 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..storage.records import InstanceRecord
+
+if TYPE_CHECKING:  # a Ray node imports the providers' modules with the standard library only (ray_actor.py)
+    from aibro_core.models import Machine
 
 
 class CapacityError(RuntimeError):
@@ -42,6 +45,29 @@ class LaunchRequest:
     TensorFlow installs (shipping.install_script)."""
 
 
+MachineState = Literal[
+    "launching",  # the request is in flight
+    "pending",
+    "running",
+    "stopping",
+    "stopped",
+    "shutting-down",
+    "terminated",
+    "failed",  # the launch failed (`launch_error` says why)
+    "unknown",  # left by an earlier backend, not listed yet
+]
+"""A machine's state as its provider last saw it: a cloud's own states, plus the request before it has one."""
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """What a provider last saw of one machine (`poll`)."""
+
+    state: MachineState
+    error: str | None = None
+    capacity_error: bool = False  # the launch failed for want of room (a CapacityError)
+
+
 class Provider(ABC):
     """Where machines come from. Class attributes declare what the provider can do."""
 
@@ -55,8 +81,8 @@ class Provider(ABC):
 
     # -- required --------------------------------------------------------------------------------------------
     @abstractmethod
-    def offers(self) -> list[dict[str, Any]]:
-        """The marketplace: one dict per machine_id this provider can start (aibro_core/models.py: Machine)."""
+    def offers(self) -> list[Machine]:
+        """The marketplace: one Machine per machine_id this provider can start (what GET /machines lists)."""
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> int | None:
@@ -85,9 +111,8 @@ class Provider(ABC):
         machine at once; anything else counts as a lost worker."""
         return None
 
-    def poll(self, instance_id: str) -> dict[str, Any] | None:
-        """What the provider last saw of the machine, without I/O: {"state": "launching" | "pending" | "running" |
-        "stopping" | "stopped" | ...}; None if it does not know it."""
+    def poll(self, instance_id: str) -> PollResult | None:
+        """What the provider last saw of the machine, without I/O; None if it does not know it."""
         return None
 
     def pending(self, instance: InstanceRecord) -> str | None:

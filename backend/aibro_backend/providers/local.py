@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aibro_core.files import open_private_log, private_dir
 
@@ -22,6 +22,9 @@ from .base import LaunchRequest, Provider
 from .sandbox import Sandbox
 from .spare import MODULE as SPARE_MODULE
 from .spare import SPARE_DELAY_S, SPARE_MACHINE, Spare, SpareCrashes
+
+if TYPE_CHECKING:
+    from aibro_core.models import Machine
 
 # What a worker inherits from the backend's own environment: what any process needs, the host's network settings
 # (proxies, CA bundles: the worker's pip installs a job's requirements) and the TensorFlow / GPU knobs an operator
@@ -165,8 +168,10 @@ class LocalProvider(Provider):
         self._gpu_names = _gpus()
         self.enrolls = settings.local_enroll
 
-    def offers(self) -> list[dict[str, Any]]:
-        base = {
+    def offers(self) -> list[Machine]:
+        from aibro_core.models import Machine  # here, not above: a Ray node's actor imports this module
+
+        base: dict[str, Any] = {
             "provider": self.name,
             "vcpus": os.cpu_count() or 1,
             "memory_gib": _memory_gib(),
@@ -175,18 +180,13 @@ class LocalProvider(Provider):
             "spot": False,
             "availability": "available",
         }
-        offers = [{**base, "machine_id": "local-cpu", "gpu_type": None, "gpu_count": 0, "capacity": self.capacity}]
+        offers = [Machine(**base, machine_id="local-cpu", gpu_type=None, gpu_count=0, capacity=self.capacity)]
         for i, name in enumerate(self._gpu_names):
-            offers.append({**base, "machine_id": f"local-gpu{i}", "gpu_type": name, "gpu_count": 1, "capacity": 1})
+            offers.append(Machine(**base, machine_id=f"local-gpu{i}", gpu_type=name, gpu_count=1, capacity=1))
         if len(self._gpu_names) > 1:
+            gpus = len(self._gpu_names)
             offers.append(
-                {
-                    **base,
-                    "machine_id": "local-gpu-all",
-                    "gpu_type": self._gpu_names[0],
-                    "gpu_count": len(self._gpu_names),
-                    "capacity": 1,
-                }
+                Machine(**base, machine_id="local-gpu-all", gpu_type=self._gpu_names[0], gpu_count=gpus, capacity=1)
             )
         return offers
 

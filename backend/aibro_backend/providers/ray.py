@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from aibro_core.models import Machine
+
 from ..storage.records import InstanceRecord
 from .base import LaunchRequest, Provider
 from .ray_bridge import INSTALL_HINT, LIVE, NAMESPACE, gcs_refusal
@@ -271,7 +273,7 @@ class RayProvider(Provider):
                 proc.wait(timeout=5)
 
     # -- the Provider interface ----------------------------------------------------------------------------------------
-    def offers(self) -> list[dict[str, Any]]:
+    def offers(self) -> list[Machine]:
         """Machines from the cluster's live nodes (refreshed every `refresh_s` by the bridge); while the cluster is
         unreachable, the last known ones with availability 'unreachable' and nothing free."""
         self._ensure_bridge()
@@ -284,7 +286,7 @@ class RayProvider(Provider):
                 elif not self._per_node_known():
                     o["available"] = self._free_estimate(o, need)
                     o["availability"] = "available" if o["available"] else "busy"
-                out.append(o)
+                out.append(Machine(**o))
             return out
 
     def _per_node_known(self) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aibro_core.files import private_dir, write_private
+from aibro_core.models import Machine
 
 from ..storage.records import InstanceRecord
 from .base import CapacityError, LaunchRequest, Provider
@@ -153,11 +154,11 @@ class SshProvider(Provider):
         return problems
 
     # -- the contract --------------------------------------------------------------------------------------
-    def offers(self) -> list[dict[str, Any]]:
+    def offers(self) -> list[Machine]:
         out = []
         for name, host in self.hosts.items():
             facts = self.facts.get(name, {"vcpus": 1, "memory_gib": 0.0, "gpus": []})
-            base = {
+            base: dict[str, Any] = {
                 "provider": self.name,
                 "vcpus": facts["vcpus"],
                 "memory_gib": facts["memory_gib"],
@@ -167,9 +168,9 @@ class SshProvider(Provider):
                 "availability": "available",
                 "capacity": host.max_jobs,
             }
-            out.append({**base, "machine_id": f"ssh:{name}", "gpu_type": None, "gpu_count": 0})
+            out.append(Machine(**base, machine_id=f"ssh:{name}", gpu_type=None, gpu_count=0))
             for n in range(1, len(facts["gpus"]) + 1):
-                out.append({**base, "machine_id": f"ssh:{name}-gpu{n}", "gpu_type": facts["gpus"][0], "gpu_count": n})
+                out.append(Machine(**base, machine_id=f"ssh:{name}-gpu{n}", gpu_type=facts["gpus"][0], gpu_count=n))
         return out
 
     def launch(self, request: LaunchRequest) -> int | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.files import new_token
+from aibro_core.models import Machine
 
 from ..providers.base import CapacityError, LaunchRequest, Provider
 from ..providers.shipping import tensorflow_pin
@@ -57,8 +58,14 @@ class Scheduler:
         self._unserved: set[str] = set()  # instances of a provider this backend does not run now (warned once)
 
     # -- helpers used by the API too --------------------------------------------------------------
-    def machine_index(self) -> dict[str, tuple[str, dict[str, Any]]]:
-        return {o["machine_id"]: (name, o) for name, p in self.providers.items() for o in p.offers()}
+    def machine_index(self) -> dict[str, tuple[str, Machine]]:
+        """Every machine the providers offer now, by id, with its provider's name."""
+        return {o.machine_id: (name, o) for name, p in self.providers.items() for o in p.offers()}
+
+    def offer(self, machine_id: str) -> Machine | None:
+        """The machine `machine_id` as its provider offers it now; None if none does."""
+        found = self.machine_index().get(machine_id)
+        return found[1] if found is not None else None
 
     def emit(self, job_id: str, type_: str, data: dict[str, Any]) -> None:
         ev = self.store.events.append(job_id, type_, data)
@@ -115,8 +122,8 @@ class Scheduler:
         provider = self.providers.get(inst.provider)
         if provider is None or not provider.can_stop:
             return False
-        offer = self.machine_index().get(inst.machine_id, (None, {}))[1]
-        if offer.get("spot", True):
+        offer = self.offer(inst.machine_id)
+        if offer is None or offer.spot:
             return False
         stopping = [i for i in self.store.instances.list(inst.user_id, (v.CLOSING,)) if i.substatus == v.STOPPING]
         return len(self.stopped_instances(inst.user_id)) + len(stopping) < self.policy.max_stopped_instances
@@ -191,8 +198,8 @@ class Scheduler:
             log.warning("stopping %s failed (%s); terminating it", inst.id, fut.exception())
             self.store.instances.set_state(inst.id, v.CLOSING, v.TERMINATING)
             return
-        state = (provider.poll(inst.id) or {}).get("state")
-        if state == "stopped":
+        polled = provider.poll(inst.id)
+        if polled is not None and polled.state == "stopped":
             self._ops.pop(inst.id, None)
             self.store.instances.set_state(inst.id, v.CLOSED, v.STOPPED)
 
@@ -476,13 +483,13 @@ class Scheduler:
                     "waiting for one of your jobs to end"
                 )
                 continue
-            if len(live_machine) >= offer["capacity"]:
+            if len(live_machine) >= offer.capacity:
                 if self._evict_cooling(job, machine_id, live_machine):
                     return True
                 busy = sum(1 for i in live_machine if i.status != v.COOLING)
                 waiting.append(
                     self.providers[provider_name].waiting_for(machine_id)
-                    or f"waiting for {machine_id}: all {offer['capacity']} in use ({busy} training)"
+                    or f"waiting for {machine_id}: all {offer.capacity} in use ({busy} training)"
                 )
                 continue
             self._waiting.pop(job.id, None)
@@ -503,7 +510,8 @@ class Scheduler:
             self._skip_stopped.add(inst.id)
             return False
         self._ops[inst.id] = fut
-        price = self.machine_index().get(inst.machine_id, (None, {}))[1].get("price_per_hour")
+        offer = self.offer(inst.machine_id)
+        price = offer.price_per_hour if offer is not None else None
         self.store.instances.set_state(
             inst.id,
             v.LAUNCHING,
@@ -546,7 +554,8 @@ class Scheduler:
         # A provider whose machines can read their own launch data (cloud user data) gets a one-time enrollment
         # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
         enroll = new_token("e") if self.providers[provider_name].enrolls else None
-        price = float(self.machine_index().get(machine_id, (None, {}))[1].get("price_per_hour") or 0.0)
+        offer = self.offer(machine_id)
+        price = float(offer.price_per_hour if offer is not None else 0.0)
         self.store.instances.create(
             instance_id,
             job.user_id,
