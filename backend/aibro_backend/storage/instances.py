@@ -12,7 +12,7 @@ from aibro_core import vocabulary as v
 from aibro_core.files import new_token
 
 from .records import InstanceRecord
-from .sql import marks, update_row, write
+from .sql import owned_rows, row_by_id, update_row, write
 from .tokens import hash_token
 
 ENROLL_TTL_S = 3600.0  # a one-time enrollment token not used within this is refused (the instance is relaunched)
@@ -98,10 +98,7 @@ class Instances:
         return InstanceRecord.of(row)
 
     def get(self, instance_id: str, user_id: int | None = None) -> InstanceRecord | None:
-        if user_id is None:
-            row = self.db.execute("SELECT * FROM instances WHERE id=?", (instance_id,)).fetchone()
-        else:
-            row = self.db.execute("SELECT * FROM instances WHERE id=? AND user_id=?", (instance_id, user_id)).fetchone()
+        row = row_by_id(self.db, "instances", instance_id, user_id)
         return InstanceRecord.of(row) if row else None
 
     def for_token(self, token: str) -> InstanceRecord | None:
@@ -109,15 +106,7 @@ class Instances:
         return InstanceRecord.of(row) if row else None
 
     def list(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[InstanceRecord]:
-        sql, args = "SELECT * FROM instances WHERE 1=1", []
-        if user_id is not None:
-            sql += " AND user_id=?"
-            args.append(user_id)
-        if statuses:
-            sql += f" AND status IN ({marks(statuses)})"
-            args.extend(statuses)
-        sql += " ORDER BY created"
-        return [InstanceRecord.of(r) for r in self.db.execute(sql, args).fetchall()]
+        return [InstanceRecord.of(r) for r in owned_rows(self.db, "instances", user_id, statuses)]
 
     def set_state(self, instance_id: str, status: str, substatus: str = "", **fields: Any) -> None:
         """Move an instance to a new state and timestamp the transition in its history: [status, substatus, ts,

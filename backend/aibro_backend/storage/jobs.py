@@ -10,7 +10,7 @@ from typing import Any
 from aibro_core import vocabulary as v
 
 from .records import JobRecord
-from .sql import marks, update_row, write
+from .sql import owned_rows, row_by_id, update_row, write
 
 
 class Jobs:
@@ -39,10 +39,7 @@ class Jobs:
         )
 
     def get(self, job_id: str, user_id: int | None = None) -> JobRecord | None:
-        if user_id is None:
-            row = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
-        else:
-            row = self.db.execute("SELECT * FROM jobs WHERE id=? AND user_id=?", (job_id, user_id)).fetchone()
+        row = row_by_id(self.db, "jobs", job_id, user_id)
         return JobRecord.of(row) if row else None
 
     def state(self, job_id: str, user_id: int | None = None) -> tuple[str, str] | None:
@@ -54,15 +51,7 @@ class Jobs:
         return (row["status"], row["substatus"]) if row else None
 
     def list(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[JobRecord]:
-        sql, args = "SELECT * FROM jobs WHERE 1=1", []
-        if user_id is not None:
-            sql += " AND user_id=?"
-            args.append(user_id)
-        if statuses:
-            sql += f" AND status IN ({marks(statuses)})"
-            args.extend(statuses)
-        sql += " ORDER BY created"
-        return [JobRecord.of(r) for r in self.db.execute(sql, args).fetchall()]
+        return [JobRecord.of(r) for r in owned_rows(self.db, "jobs", user_id, statuses)]
 
     def update(self, job_id: str, **fields: Any) -> None:
         update_row(self.db, "jobs", {"id": job_id}, fields)

@@ -56,3 +56,24 @@ def update_row(
 def marks(values: Sequence[Any]) -> str:
     """The `?, ?, ...` an `IN (...)` of these values takes."""
     return ",".join("?" * len(values))
+
+
+def row_by_id(db: sqlite3.Connection, table: str, row_id: str, user_id: int | None = None) -> sqlite3.Row | None:
+    """The row of `table` with this id (and of this user, when one is given)."""
+    if user_id is None:
+        return db.execute(f"SELECT * FROM {table} WHERE id=?", (row_id,)).fetchone()
+    return db.execute(f"SELECT * FROM {table} WHERE id=? AND user_id=?", (row_id, user_id)).fetchone()
+
+
+def owned_rows(
+    db: sqlite3.Connection, table: str, user_id: int | None = None, statuses: Sequence[str] | None = None
+) -> list[sqlite3.Row]:
+    """The rows of `table` of one user (or of all) in these statuses (or in any), oldest first."""
+    sql, args = f"SELECT * FROM {table} WHERE 1=1", []
+    if user_id is not None:
+        sql += " AND user_id=?"
+        args.append(user_id)
+    if statuses:
+        sql += f" AND status IN ({marks(statuses)})"
+        args.extend(statuses)
+    return db.execute(sql + " ORDER BY created", args).fetchall()

@@ -10,7 +10,7 @@ from typing import Any
 from aibro_core import vocabulary as v
 
 from .records import ExecutionRecord, StudyRecord, TrialRecord
-from .sql import marks, transaction, update_row, write
+from .sql import owned_rows, row_by_id, transaction, update_row, write
 
 
 class Studies:
@@ -28,19 +28,11 @@ class Studies:
         )
 
     def get(self, study_id: str, user_id: int | None = None) -> StudyRecord | None:
-        sql, args = "SELECT * FROM studies WHERE id=?", (study_id,)
-        if user_id is not None:
-            sql, args = sql + " AND user_id=?", (study_id, user_id)
-        row = self.db.execute(sql, args).fetchone()
+        row = row_by_id(self.db, "studies", study_id, user_id)
         return StudyRecord.of(row) if row else None
 
     def list(self, user_id: int | None = None, statuses: tuple[str, ...] | None = None) -> list[StudyRecord]:
-        sql, args = "SELECT * FROM studies WHERE 1=1", []
-        if user_id is not None:
-            sql, args = sql + " AND user_id=?", [*args, user_id]
-        if statuses:
-            sql, args = sql + f" AND status IN ({marks(statuses)})", [*args, *statuses]
-        return [StudyRecord.of(r) for r in self.db.execute(sql + " ORDER BY created", args).fetchall()]
+        return [StudyRecord.of(r) for r in owned_rows(self.db, "studies", user_id, statuses)]
 
     def update(self, study_id: str, **fields: Any) -> None:
         update_row(self.db, "studies", {"id": study_id}, fields)
