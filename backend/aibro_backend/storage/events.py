@@ -154,8 +154,8 @@ class Events:
         return (job_id, uid, seq_before, parts), stored
 
     def _rewind_wal(self) -> None:
-        """A RESTART checkpoint between two batches, from the writer itself (see _Checkpointer): the frames since
-        the last PASSIVE round are copied and the next commit writes the WAL from its start."""
+        """A RESTART checkpoint between two batches, from the writer itself (see walcheckpoint.Checkpointer): the
+        frames since the last PASSIVE round are copied and the next commit writes the WAL from its start."""
         self.checkpointer.rewind_wanted = False
         try:
             self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()

@@ -6,7 +6,7 @@ the same new rows from SQLite and encode them again: that was most of the backen
 The store adds each committed event here once, encoded once; a page is then a slice of bytes joined.
 
 Correct because the backend is the only writer of the event log and every append goes through
-`Store.append_events`: a job's window holds every event of the job after its `base` seq, a user's window every
+`Events.append_batches`: a job's window holds every event of the job after its `base` seq, a user's window every
 event of the user after its `base` gid, and a read that starts before a window (a kernel catching up from 0) goes to
 SQLite. Windows are bounded (events and bytes each, all of them together, and how many), so memory is too.
 """
