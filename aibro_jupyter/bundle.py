@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core.compat import keras as keras_compat
 from aibro_core.kerasfile import keras_notes_quiet, note, note_optimizers, restore_optimizers
 
 from .blobsource import ArraySource, ByteSource, FileSource
@@ -117,7 +118,7 @@ def check_model(model: Any, safe_mode: bool = True, compiled: bool = True) -> No
                 "only with safe_mode=False: opt out with safe_mode=False (`--unsafe` in %%cloud_fit) if you trust "
                 "this code, or give it a named function (def ...: Keras saves that by name)"
             )
-    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    compiled = keras_compat.compile_config(model)
     for key in ("loss", "metrics", "weighted_metrics"):
         if any(is_lambda(f) for f in _flatten(compiled.get(key))):
             raise ValidationError(
@@ -136,7 +137,7 @@ def _flatten(value: Any) -> list[Any]:
 
 
 def all_layers(model: Any) -> list[Any]:
-    return list(model._flatten_layers(include_self=False, recursive=True))
+    return keras_compat.nested_layers(model)
 
 
 def build_from_data(model: Any, x: Any) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 
 # The backend's bounds on a job spec, checked here first so the user sees their own argument's name.
 from aibro_core.bounds import MAX_BATCH_SIZE, MAX_COOL_DOWN_S, MAX_DESCRIPTION_CHARS, MAX_WAIT_REQUEST_S
+from aibro_core.compat import keras as keras_compat
 from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
 
 from .dataset_blob import is_dataset
@@ -364,7 +365,7 @@ def _model_inputs(model: Any) -> tuple[str, list[tuple[str, tuple[Any, ...], str
         if not isinstance(model, keras.Model):
             return None
         tensors = list(model.inputs)
-        struct = getattr(model, "_inputs_struct", None)
+        struct = keras_compat.inputs_struct(model)
     except Exception:  # noqa: BLE001 - an unbuilt Sequential or subclassed model: no known inputs
         return None
     if not tensors:
@@ -525,8 +526,8 @@ def _loss_name(loss: Any) -> str:
 
 
 def _ignore_class(loss: Any) -> Any:
-    kwargs = getattr(loss, "_fn_kwargs", None)
-    return kwargs.get("ignore_class") if isinstance(kwargs, dict) else None
+    kwargs = keras_compat.loss_function_kwargs(loss)
+    return None if kwargs is None else kwargs.get("ignore_class")
 
 
 def _output_targets(model: Any, y: Any, name: str) -> list[tuple[Any, str, Any, tuple[Any, ...], str]]:
@@ -542,7 +543,7 @@ def _output_targets(model: Any, y: Any, name: str) -> list[tuple[Any, str, Any, 
             out_names = [model.layers[-1].name if model.layers else str(outputs[0].name)]
         loss = getattr(model, "loss", None)
         if loss is None:
-            loss = (getattr(getattr(model, "_compile_config", None), "config", None) or {}).get("loss")
+            loss = keras_compat.compile_config(model).get("loss")
     except Exception:  # noqa: BLE001 - unbuilt or subclassed: outputs unknown
         return []
     if not outputs or loss is None or len(out_names) != len(outputs):

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core.compat import tensorflow as tf_compat
+
 from .errors import ValidationError
 
 RUN_ID = "0"
@@ -136,9 +138,9 @@ def travelling_pass(ds: Any, steps: int | None, epochs: int) -> tuple[Any, bool]
         return ds, False
     node = ds
     while type(node).__name__ in ("PrefetchDataset", "_OptionsDataset"):  # dropped: the worker prefetches itself
-        node = node._input_dataset
-    if type(node).__name__ == "RepeatDataset" and int(node._count) == -1:
-        inner = node._input_dataset
+        node = tf_compat.dataset_input(node)
+    if type(node).__name__ == "RepeatDataset" and tf_compat.repeat_count(node) == -1:
+        inner = tf_compat.dataset_input(node)
         if int(inner.cardinality()) >= 0:
             return inner, True
     return ds.take(int(steps or 0) * epochs), False
@@ -180,7 +182,7 @@ def _shuffles(ds: Any) -> bool:
         if "Shuffle" in type(node).__name__:
             return True
         try:
-            stack.extend(node._inputs())
+            stack.extend(tf_compat.dataset_inputs(node))
         except Exception:  # noqa: BLE001 - a dataset kind without inputs: nothing upstream to look at
             continue
     return False

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core.compat import keras as keras_compat
 from aibro_core.kerasfile import init_of, rebuildable, saved_as, user_objects
 
 from .argcodec import check_importable, function_ref, is_closure, is_keras_object, module_of, name_in_module
@@ -125,8 +126,8 @@ def _name_lambdas(model: Any, plan: NamePlan, ns: dict[str, Any]) -> None:
             named = _named(getattr(layer, "function", None), f"Lambda layer '{layer.name}'", plan, ns)
             if named is not None:
                 plan.lambdas.append((layer, "function", named))
-    compiled = getattr(getattr(model, "_compile_config", None), "config", None)
-    if isinstance(compiled, dict):
+    compiled = keras_compat.compile_config(model)
+    if compiled:
         for key in ("loss", "metrics", "weighted_metrics"):
             value = compiled.get(key)
             renamed = _renamed(value, f"compile()'s {key}", plan, ns)
@@ -396,7 +397,7 @@ def _holds_value(obj: Any, name: str) -> bool:
 
 # -- where the names come from -----------------------------------------------------------------------------
 def _layers(model: Any) -> list[Any]:
-    return list(model._flatten_layers(include_self=False, recursive=True))
+    return keras_compat.nested_layers(model)
 
 
 def _live_objects(model: Any) -> dict[str, list[Any]]:
@@ -428,8 +429,7 @@ def _live_objects(model: Any) -> dict[str, list[Any]]:
         for item in vars(layer).values():
             if not _is_layer(item):
                 scan(item, 1)
-    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
-    scan(dict(compiled), 0)
+    scan(dict(keras_compat.compile_config(model)), 0)
     return found
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
+
+from aibro_core.compat import keras as keras_compat
+from aibro_core.compat import tensorflow as tf_compat
 
 
 @contextlib.contextmanager
@@ -16,33 +18,18 @@ def random_state_kept() -> Iterator[None]:
     remote fit in between. Python's and NumPy's, Keras' global seed generator and TensorFlow's eager op seeds."""
     import random
 
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-
     py, npy = random.getstate(), np.random.get_state()
-    key = getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator")
-    keras_gen = global_state.get_global_attribute(key)
+    key, keras_gen = keras_compat.global_seed_generator()
     keras_state = None if keras_gen is None else np.asarray(keras_gen.state)
-    tf_rng = _tf_op_seeds()
+    tf_rng = tf_compat.eager_op_seeds()
     tf_state = tf_rng.getstate() if tf_rng is not None else None
     try:
         yield
     finally:
         random.setstate(py)
         np.random.set_state(npy)
-        global_state.set_global_attribute(key, keras_gen)
+        keras_compat.set_global_seed_generator(key, keras_gen)
         if keras_gen is not None:
             keras_gen.state.assign(keras_state)
         if tf_rng is not None and tf_state is not None:
             tf_rng.setstate(tf_state)
-
-
-def _tf_op_seeds() -> Any:
-    """TensorFlow's eager context draws each unseeded op's seed from this Random (None where it has none)."""
-    try:
-        from tensorflow.python.eager import context
-
-        rng = getattr(context.context(), "_rng", None)
-    except Exception:  # noqa: BLE001 - another TensorFlow layout: nothing to keep
-        return None
-    return rng if hasattr(rng, "getstate") else None

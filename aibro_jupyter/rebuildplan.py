@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aibro_core.compat import keras as keras_compat
+
 from .argcodec import check_importable, encode, module_of
 from .errors import ValidationError
 
@@ -166,7 +168,7 @@ def plan_compile(model: Any, plan: CallbackPlan, namespace: dict[str, Any] | Non
     if compile_fn is keras.Model.compile or getattr(compile_fn, "__module__", "").startswith("keras"):
         return None
     name = f"{type(model).__name__}.compile"
-    given = dict(getattr(getattr(model, "_compile_config", None), "config", None) or {})  # super().compile()'s
+    given = dict(keras_compat.compile_config(model))  # super().compile()'s
     return {
         param.name: encode(value, f"{name}'s argument '{param.name}'", plan.objects, namespace)
         for param, value in kept_arguments(model, compile_fn, name, "compile", given=given)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aibro_core import vocabulary as v
+from aibro_core.compat import keras_tuner as kt_compat
 from aibro_core.jobpicture import JobPicture
 from aibro_core.kerasfile import keras_notes_quiet
 
@@ -250,8 +251,7 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
     end_trial adds it), metrics and score, and each completed trial's checkpoint is where KerasTuner reloads it, so
     get_best_hyperparameters(), get_best_models() and results_summary() answer as after `tuner.search`."""
     import keras_tuner as kt
-    from keras_tuner.src.engine import trial as trial_module
-    from keras_tuner.src.engine.oracle import _maybe_infer_direction_from_objective as infer_direction
+    from keras_tuner.engine import trial as trial_module
 
     oracle = tuner.oracle
     for t in study["trials"]:
@@ -263,7 +263,7 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
             hp.values = dict(t["values"])
         trial = trial_module.Trial(hyperparameters=hp, trial_id=t["trial_id"], status=t["status"])
         for name, value in (t.get("metrics") or {}).items():
-            trial.metrics.register(name, direction=infer_direction(oracle.objective, name))
+            trial.metrics.register(name, direction=kt_compat.infer_direction(oracle.objective, name))
             trial.metrics.update(name, value, step=t.get("best_step") or 0)
         trial.score, trial.best_step, trial.message = t["score"], t.get("best_step") or 0, t.get("message")
         oracle.trials[trial.trial_id] = trial
@@ -272,7 +272,7 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
                 order.append(trial.trial_id)
         if t["status"] == v.TRIAL_COMPLETED:
             _weights_into(training, tuner, t, hp)
-        oracle._save_trial(trial)
+        kt_compat.save_trial(oracle, trial)
     oracle.save()
     if "load_model" not in vars(tuner) and type(tuner).load_model is kt.Tuner.load_model:
         tuner.load_model = functools.partial(load_trial_model, tuner)
@@ -283,16 +283,16 @@ def load_trial_model(tuner: Any, trial: Any) -> Any:
     Input, load its checkpoint), with the optimizer built first: Keras then loads the optimizer's state with the
     weights instead of skipping it with "Skipping variable loading for optimizer", so get_best_models() gives
     the models as they were at their best epoch, ready to train on."""
-    from keras_tuner.src.engine.tuner import maybe_distribute
+    from keras_tuner.engine.tuner import maybe_distribute
 
-    model = tuner._try_build(trial.hyperparameters)
+    model = kt_compat.build_model(tuner, trial.hyperparameters)
     with maybe_distribute(tuner.distribution_strategy):
         if not model.built:
-            model.build_from_config(json.loads(Path(tuner._get_build_config_fname(trial.trial_id)).read_text()))
+            model.build_from_config(json.loads(Path(kt_compat.build_config_path(tuner, trial.trial_id)).read_text()))
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and not optimizer.built:
             optimizer.build(model.trainable_variables)
-        model.load_weights(tuner._get_checkpoint_fname(trial.trial_id))
+        model.load_weights(kt_compat.checkpoint_path(tuner, trial.trial_id))
     return model
 
 
@@ -305,7 +305,7 @@ def _weights_into(training: Any, tuner: Any, trial: dict[str, Any], hp: Any) -> 
 
     from .kerasnames import plan_names
 
-    dest = Path(tuner._get_checkpoint_fname(trial["trial_id"]))
+    dest = Path(kt_compat.checkpoint_path(tuner, trial["trial_id"]))
     if dest.exists():
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -319,7 +319,7 @@ def _weights_into(training: Any, tuner: Any, trial: dict[str, Any], hp: Any) -> 
         with keras_notes_quiet():
             model = keras.saving.load_model(path, custom_objects=objects)
         model.save_weights(part)
-        Path(tuner._get_build_config_fname(trial["trial_id"])).write_text(json.dumps(model.get_build_config()))
+        Path(kt_compat.build_config_path(tuner, trial["trial_id"])).write_text(json.dumps(model.get_build_config()))
         shutil.move(part, dest)
 
 

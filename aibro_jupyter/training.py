@@ -17,6 +17,7 @@ import numpy as np
 
 from aibro_core import vocabulary as v
 from aibro_core.bounds import MAX_EPOCHS
+from aibro_core.compat import keras as keras_compat
 from aibro_core.kerasfile import keras_notes_quiet
 from aibro_core.requirements import runtime_versions
 
@@ -122,9 +123,7 @@ def check_spec(spec: dict[str, Any]) -> None:
 def kernel_seed() -> int | None:
     """The seed of the kernel's keras.utils.set_random_seed, if it was called: the worker sets it again just before
     fit, so fit's shuffling draws what it draws here (the weights, dropout's state included, travel in the model)."""
-    from keras.src.utils.rng_utils import get_random_seed  # Keras 3 exports set_random_seed but not its getter
-
-    seed = get_random_seed()
+    seed = keras_compat.random_seed()
     return seed if isinstance(seed, int) and 0 <= seed < 2**32 else None
 
 

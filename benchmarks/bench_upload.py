@@ -24,6 +24,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -206,13 +207,94 @@ def print_table(table: list[tuple[str, str, str, bool | None]]) -> None:
         say(f"{metric:<{w}} | {value:>14} | {tgt:<16} | {mark}")
 
 
+# Issue 36 item 5: how the backend reads an upload's body. "into": server/bodyinto.py reads it from the socket into
+# the writer's buffers (a replacement of tornado's private HTTP1Connection._read_fixed_body); "public": tornado's
+# own reader hands it to the handler's `data_received` (`@stream_request_body`, public API) and the writer copies it.
+READERS = {
+    "into": "",
+    "public": "from aibro_backend.server import bodyinto\nbodyinto.install = lambda conn: None\n",
+}
+
+
+def run_readers(args: argparse.Namespace, n: int, rows: dict[str, list[float]]) -> None:
+    """Rounds against one backend per reader, side by side: each round, for each backend in turn, writes the disk's
+    yardstick (a new array's np.save + fsync), then uploads another new array and that file as a memmap, twice
+    each, counting the backend's CPU seconds (2 GiB received per GiB of array: the array and the memmap)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from backend_proc import own_backend
+
+    root = Path(tempfile.mkdtemp(prefix="aibro-bench-readers-"))
+    try:
+        with contextlib.ExitStack() as stack:
+            backends = {}
+            for name in args.readers:
+                site = root / f"site-{name}"
+                site.mkdir()
+                (site / "sitecustomize.py").write_text(READERS[name])
+                env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+                backends[name] = stack.enter_context(own_backend(root / f"home-{name}", **env))
+
+            def add(key: str, value: float) -> None:
+                rows.setdefault(key, []).append(value)
+
+            for rnd in range(args.rounds):
+                for i, (name, backend) in enumerate(backends.items()):
+                    client = backend.client()
+                    seed = 10 * rnd + 2 * i
+                    mm_path = root / f"mm-{rnd}-{name}.npy"  # each its own file: the client knows a file it sent
+                    add("save", save_fsync(np.random.default_rng(seed + 1).random(n, dtype=np.float32), mm_path))
+                    arr = np.random.default_rng(seed).random(n, dtype=np.float32)
+                    cpu = backend.cpu_s()
+                    first_and_again(client, arr, f"{name}_", add)
+                    del arr
+                    mm = np.load(mm_path, mmap_mode="r")
+                    first_and_again(client, mm, f"{name}_mm_", add)
+                    del mm
+                    add(f"{name}_cpu", backend.cpu_s() - cpu)
+                    mm_path.unlink()
+                say(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in rows.items()))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+Row = tuple[str, str, str, bool | None]
+
+
+def readers_table(rows: dict[str, list[float]], size: int, readers: list[str]) -> list[Row]:
+    best = {k: min(v) for k, v in rows.items()}
+    disk = size / best["save"] / 1e9
+    table: list[Row] = [("np.save + fsync GB/s (the disk)", f"{disk:.2f}", "-", None)]
+    for name in readers:
+        for kind, key in (("numpy array", f"{name}_first"), ("memmap", f"{name}_mm_first")):
+            gbs = size / best[key] / 1e9
+            table.append((f"{name}: first upload GB/s, {kind}", f"{gbs:.2f}", "-", None))
+            table.append(("  / the disk", f"{gbs / disk:.3f}", f">= {UPLOAD_TARGET}", gbs / disk >= UPLOAD_TARGET))
+        cpu = min(rows[f"{name}_cpu"]) / (2 * size / (1 << 30))
+        table.append((f"{name}: backend CPU s per GiB received", f"{cpu:.2f}", "-", None))
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=1.0, help="array size in GiB (default 1)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each number is the best round (default 3)")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark's AIBRO_HOME")
     parser.add_argument("--s3", action="store_true", help="to a backend that keeps bytes in S3 (moto)")
+    parser.add_argument(
+        "--readers",
+        type=lambda text: text.split(","),
+        help=f"compare the backend's body readers side by side, e.g. {','.join(READERS)}",
+    )
     args = parser.parse_args(argv)
+    if args.readers:
+        n = int(args.gib * (1 << 30)) // 4
+        say(f"aibro upload benchmark, body readers {args.readers}: {n * 4 / (1 << 30):.2f} GiB, {args.rounds} rounds")
+        started = time.perf_counter()
+        rows = {}
+        run_readers(args, n, rows)
+        print_table(readers_table(rows, n * 4, args.readers))
+        say(f"\nbest of {args.rounds} rounds; total {time.perf_counter() - started:.0f} s")
+        return 0
     if args.s3:
         n = int(args.gib * (1 << 30)) // 4
         say(f"aibro upload benchmark to S3 (moto): {n * 4 / (1 << 30):.2f} GiB float32, {args.rounds} rounds")

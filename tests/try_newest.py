@@ -8,8 +8,11 @@ time to their locked versions to name the release that broke it.
     python tests/try_newest.py                  # newest of everything, the fast tier
     python tests/try_newest.py --tier all       # the whole suite
     python tests/try_newest.py --lowest         # the runtime dependencies at their floors, the fast tier
+    python tests/try_newest.py --tier compat    # tests/test_compat.py alone: which third-party internals hold
 
-Exit status 0 when the tier passed, 1 when something broke. Then `bash requirements/lock.sh` moves the lock.
+Every run prints which of the third-party internals aibro_core/compat relies on (tests/test_compat.py, one test
+per internal, those the tier ran) still hold. Exit status 0 when the tier passed, 1 when something broke. Then
+`bash requirements/lock.sh` moves the lock.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ LOCK = ROOT / "requirements" / "test-lock.txt"
 EXTRAS = "test,aws,ray"
 DRIFT_TEST = "tests/test_dependency_lock.py::test_this_run_is_in_the_environment_the_lock_describes"
 OPENAPI_TEST = "tests/test_openapi_types.py::test_the_committed_document_is_the_backends"
+COMPAT_TESTS = "tests/test_compat.py"
 
 
 def locked_versions() -> dict[str, str]:
@@ -128,6 +132,24 @@ def failing_tests(venv: Path, env: dict[str, str], selection: list[str], report:
     return failed
 
 
+def compat_outcomes(report: Path) -> dict[str, str]:
+    """{test of tests/test_compat.py: "holds" | "BROKEN" | "still changed (xfail)" | ...} from a pytest report."""
+    outcomes = {}
+    for case in ET.parse(report).iter("testcase"):
+        if not case.get("classname", "").endswith("test_compat"):
+            continue
+        skipped = case.find("skipped")
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcomes[case.get("name", "?")] = "BROKEN"
+        elif skipped is not None:
+            outcomes[case.get("name", "?")] = (
+                "still changed (xfail)" if skipped.get("type") == "pytest.xfail" else "skipped"
+            )
+        else:
+            outcomes[case.get("name", "?")] = "holds"
+    return outcomes
+
+
 def blame(
     venv: Path,
     env: dict[str, str],
@@ -158,7 +180,7 @@ def blame(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tier", choices=("fast", "all"), default="fast")
+    parser.add_argument("--tier", choices=("fast", "all", "compat"), default="fast")
     parser.add_argument("--lowest", action="store_true", help="lowest allowed direct dependencies instead of newest")
     parser.add_argument("--venv", type=Path, help="keep the scratch venv here (default: a temporary folder)")
     args = parser.parse_args()
@@ -171,17 +193,22 @@ def main() -> int:
         pins, now, direct = locked_versions(), installed_versions(venv, env), direct_dependencies()
         moved = {n: (pins.get(n, "-"), v) for n, v in now.items() if pins.get(n) != v and n != "aibro-jupyter"}
 
-        selection = ["-m", "fast", "tests"] if args.tier == "fast" else ["tests"]
+        selection = {"fast": ["-m", "fast", "tests"], "all": ["tests"], "compat": [COMPAT_TESTS]}[args.tier]
         selection += ["--deselect", DRIFT_TEST]  # it fails here by design: this venv is not the lock's
         if args.lowest:  # the committed document is written by the lock's pydantic; older ones word it otherwise
             selection += ["--deselect", OPENAPI_TEST]
         failed = failing_tests(venv, env, selection, scratch / "report.xml")
+        internals = compat_outcomes(scratch / "report.xml") if failed is not None else {}
         culprits = blame(venv, env, moved, failed or [], direct, scratch / "blame.xml") if failed else {}
 
     print(f"\n{'package':32} {'locked':>14} {'installed':>14}")
     for name in sorted(moved, key=lambda n: (n not in direct, n)):
         old, new = moved[name]
         print(f"{name + (' (direct)' if name in direct else ''):32} {old:>14} {new:>14}")
+    if internals:
+        print("\nthird-party internals (aibro_core/compat, tests/test_compat.py):")
+        for test, outcome in internals.items():
+            print(f"  {test:80} {outcome}")
     if failed is None:
         print("\npytest did not run in the scratch venv: read its output above")
         return 1

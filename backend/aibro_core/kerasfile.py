@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .compat import keras as keras_compat
+
 WEIGHTS = "model.weights.h5"
 METADATA = "metadata.json"
 NOTE_KEY = "aibro"
@@ -108,9 +110,8 @@ def user_objects(model: Any) -> list[Any]:
     may need saving as a rebuildable class."""
     import keras
 
-    found = [model, *model._flatten_layers(include_self=False, recursive=True)]
-    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
-    stack = list(dict(compiled).values())
+    found = [model, *keras_compat.nested_layers(model)]
+    stack = list(keras_compat.compile_config(model).values())
     kinds = (keras.losses.Loss, keras.metrics.Metric, keras.optimizers.Optimizer)
     while stack:
         value = stack.pop()
@@ -173,12 +174,6 @@ def optimizers_of(model: Any) -> dict[str, Any]:
     return found
 
 
-def stepped_variables(optimizer: Any) -> list[Any]:
-    """The variables an optimizer was built over. Keras keeps them only as `_trainable_variables` (no public
-    accessor): this is the one place that reads it."""
-    return list(getattr(optimizer, "_trainable_variables", None) or [])
-
-
 def note_optimizers(model: Any, path: Path) -> None:
     """Write into the saved file which of `model.weights` each built optimizer steps (by position), for
     `restore_optimizers` in a process where that optimizer is not built yet."""
@@ -186,7 +181,7 @@ def note_optimizers(model: Any, path: Path) -> None:
     notes = {}
     for name, opt in optimizers_of(model).items():
         if opt.built:
-            indices = [position.get(id(v)) for v in stepped_variables(opt)]
+            indices = [position.get(id(v)) for v in keras_compat.optimizer_variables(opt)]
             if indices and None not in indices:
                 notes[name] = indices
     note(path, "optimizers", notes)

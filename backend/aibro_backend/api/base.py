@@ -10,6 +10,7 @@ import tornado.web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
+from aibro_core.compat import tornado as tornado_compat
 from aibro_core.jsonout import dumps
 from aibro_core.models import explain
 
@@ -104,7 +105,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = getattr(exc, "message", None) or self._reason
+        message = getattr(exc, "message", None) or tornado_compat.status_reason(self)
         if status_code == 405:
             self.set_header("Allow", ", ".join(self.allowed_methods()))
         self.set_header("Content-Type", "application/json")
@@ -156,7 +157,7 @@ def bearer_of(authorization: str | None) -> str | None:
 
 
 def user_token(store: Any, token: str | None) -> dict[str, Any]:
-    """The live user token's row (`Tokens.lookup`); a 401 naming what is wrong and the fix otherwise."""
+    """The live user token's row (`Store.token_lookup`); a 401 naming what is wrong and the fix otherwise."""
     if token is None:
         raise ApiError(401, NO_TOKEN)
     found = store.tokens.lookup(token)

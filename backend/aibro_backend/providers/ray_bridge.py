@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from aibro_core.compat import ray as ray_compat
+
 from . import shipping
 from .ray_actor import InstanceActor
 
@@ -181,9 +183,7 @@ class _Bridge:
         available: dict[str, dict[str, float]] | None = None
         cluster_available: dict[str, float] | None = None
         with self.call("reading available resources"), contextlib.suppress(Exception):
-            from ray._private import state  # a DeveloperAPI, not served through Ray Client (ray://)
-
-            available = state.available_resources_per_node()
+            available = ray_compat.available_resources_per_node()
         if available is None:
             with self.call("reading available resources"), contextlib.suppress(Exception):
                 cluster_available = {k: float(val) for k, val in ray.available_resources().items()}
@@ -212,10 +212,8 @@ class _Bridge:
         if not pending:
             return
         with self.call("reading the actor table"), contextlib.suppress(Exception):
-            from ray._private import state
-
             for t in pending:
-                entry = state.actors(actor_id=t.actor._actor_id.hex()) or {}
+                entry = ray_compat.actor_table_entry(t.actor)
                 node = (entry.get("Address") or {}).get("NodeID") or ""
                 if entry.get("Pid") and node.strip("f0"):  # a worker process holds its lease: placed
                     t.placed_node = node

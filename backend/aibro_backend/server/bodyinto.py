@@ -4,14 +4,15 @@ tornado reads a body into a fresh buffer per socket read, appends it to the stre
 object per piece: two copies and an allocation of every uploaded byte on the event loop, before the disk and the
 hash see it. For a handler that lends buffers (`BodyInto`: the upload handlers of api/transfer.py), this connection
 reads each piece with `IOStream.read_into` into a buffer the handler gives and hands it back filled; every other
-body goes tornado's way."""
+body goes tornado's way. tornado has no public hook for this: the replacement of its reader, and the measurement
+of the public `@stream_request_body` way that keeps it, are in aibro_core/compat/tornado.py."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any, Protocol, runtime_checkable
 
-from tornado import http1connection
+from aibro_core.compat import tornado as tornado_compat
 
 _LINKS = ("delegate", "inner", "handler")  # tornado's routing delegate -> our guard -> tornado's dispatcher
 
@@ -39,16 +40,16 @@ def _target(delegate: Any) -> BodyInto | None:
     return None
 
 
-async def _read_fixed_body(conn: http1connection.HTTP1Connection, content_length: int, delegate: Any) -> None:
+async def _read_fixed_body(conn: Any, content_length: int, delegate: Any) -> None:
     target = _target(delegate)
     if target is None:
-        return await http1connection.HTTP1Connection._read_fixed_body(conn, content_length, delegate)
+        return await tornado_compat.read_fixed_body_as_tornado(conn, content_length, delegate)
     while content_length > 0:
         buf = target.body_buffer()
         if buf is None:
             piece = await conn.stream.read_bytes(min(conn.params.chunk_size, content_length), partial=True)
             content_length -= len(piece)
-            await conn._deliver_body(delegate, piece)
+            await tornado_compat.deliver_body(conn, delegate, piece)
             continue
         n = await conn.stream.read_into(buf[: min(len(buf), content_length)], partial=True)
         content_length -= n
@@ -58,9 +59,8 @@ async def _read_fixed_body(conn: http1connection.HTTP1Connection, content_length
 
 def install(conn: Any) -> None:
     """Read this connection's fixed-length bodies into lending handlers' buffers (a server connection only)."""
-    if isinstance(conn, http1connection.HTTP1Connection):
 
-        async def read(content_length: int, delegate: Any) -> None:
-            await _read_fixed_body(conn, content_length, delegate)
+    async def read(content_length: int, delegate: Any) -> None:
+        await _read_fixed_body(conn, content_length, delegate)
 
-        conn._read_fixed_body = read  # type: ignore[method-assign]
+    tornado_compat.replace_fixed_body_reader(conn, read)

@@ -13,6 +13,8 @@ import tornado.httpserver
 import tornado.web
 from tornado import httputil
 
+from aibro_core.compat import tornado as tornado_compat
+
 from ..api import worker
 from ..api.base import NO_TOKEN, ApiError, UserHandler, bearer_of, user_token
 from .accesslog import log_tornado
@@ -46,7 +48,7 @@ def header_refusal(
     """Why this request is answered from its headers alone, or None. Also sets its body deadline and size cap."""
     limits = limits_of(backend)
     limit = _body_limit(handler_class, limits)
-    streamed = bool(getattr(handler_class, "_stream_request_body", False))
+    streamed = tornado_compat.streams_request_body(handler_class)
     conn = request.connection
     raw = request.headers.get("Content-Length")
     length = int(raw) if raw is not None and raw.strip().isdigit() else None

@@ -17,6 +17,8 @@ import tornado.httpserver
 import tornado.web
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from aibro_core.compat import tornado as tornado_compat
+
 from ..settings import BackendSettings
 from . import bodyinto
 from .limits import Limits
@@ -63,7 +65,7 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
         IOLoop.current().add_handler(sock, self._accept_handler(sock, handle), IOLoop.READ)
 
     def _accept_handler(self, sock: socket.socket, handle: Callable[[socket.socket, Any], None] | None = None) -> Any:
-        handle = handle or self._handle_connection
+        handle = handle or tornado_compat.connection_handler(self)
 
         def accept(fd: Any, events: int) -> None:
             for _ in range(128):  # tornado's batch: other work runs between batches
@@ -142,9 +144,9 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
 
         def check() -> None:
             now = time.monotonic()
-            for conn in list(self._connections):
+            for conn in tornado_compat.open_connections(self):
                 stream = conn.stream
-                done = getattr(stream, "_total_write_done_index", None)
+                done = tornado_compat.bytes_written(stream)
                 if done is None or not stream.writing():
                     seen.pop(conn, None)
                     continue
@@ -154,7 +156,8 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
                 elif now - since[1] >= stall_s:
                     del seen[conn]
                     stream.close()
-            for conn in [c for c in seen if c not in self._connections]:
+            still_open = set(tornado_compat.open_connections(self))
+            for conn in [c for c in seen if c not in still_open]:
                 del seen[conn]
 
         watch = PeriodicCallback(check, 1000 * min(5.0, max(0.5, stall_s / 4)))

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from aibro_core.compat import keras_tuner as kt_compat
 from aibro_core.models import BoundedJson, OracleSpec, hyperparameters_config
 from aibro_core.vocabulary import TunerTrialStatus
 
@@ -79,7 +80,7 @@ def make_oracle(spec: OracleSpec, directory: Path) -> Any:
         hyperparameters=kt.HyperParameters.from_config(spec.hyperparameters),
         **extra,
     )
-    oracle._set_project_dir(str(directory), "oracle")  # KerasTuner's own way: what a Tuner does with its oracle
+    kt_compat.set_project_dir(oracle, str(directory), "oracle")
     if (directory / "oracle" / "oracle.json").exists():
         oracle.reload()  # trials ongoing when the host stopped go back in the queue, as KerasTuner resumes
     oracle.verbose = 0
@@ -107,8 +108,7 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
         if unknown:
             return OracleAnswer(ok=False, error=f"resume names trials the oracle never made: {unknown}")
         for trial_id, slot in req.running.items():
-            if trial_id in oracle._retry_queue:
-                oracle._retry_queue.remove(trial_id)
+            kt_compat.drop_from_retry_queue(oracle, trial_id)
             trial = oracle.trials[trial_id]
             trial.status = TunerTrialStatus.RUNNING.value
             oracle.ongoing_trials[slot] = trial

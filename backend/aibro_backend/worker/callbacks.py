@@ -12,6 +12,7 @@ from typing import Any
 import keras
 
 from aibro_core import vocabulary as v
+from aibro_core.compat import keras as keras_compat
 
 from .outbox import Outbox
 from .pipeline import EpochPipeline
@@ -175,16 +176,16 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
         if logs:
             logs = dict(logs)
             if getattr(self.model, "optimizer", None) is not None:
-                logs = self._collect_learning_rate(logs)
+                logs = keras_compat.tensorboard_with_learning_rate(self, logs)
             train_logs = {k: val for k, val in logs.items() if not k.startswith("val_")}
             if self.write_steps_per_second:
-                train_logs["steps_per_second"] = self._compute_steps_per_second()
+                train_logs["steps_per_second"] = keras_compat.tensorboard_steps_per_second(self)
             val_logs = {k: val for k, val in logs.items() if k.startswith("val_")}
             self._writes.put((epoch, {**train_logs, **val_logs}, time.monotonic()))
         if self.histogram_freq and epoch % self.histogram_freq == 0:
-            self._log_weights(epoch)
+            keras_compat.tensorboard_log_weights(self, epoch)
         if self.embeddings_freq and epoch % self.embeddings_freq == 0:
-            self._log_embeddings(epoch)
+            keras_compat.tensorboard_log_embeddings(self, epoch)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self.close()
@@ -216,9 +217,9 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
         """Keras' `_log_epoch_metrics`, with the learning rate already read on the training thread."""
         train_logs = {k: val for k, val in logs.items() if not k.startswith("val_")}
         val_logs = {k[4:]: val for k, val in logs.items() if k.startswith("val_")}
-        for writer, part in (("_train_writer", train_logs), ("_val_writer", val_logs)):
+        for validation, part in ((False, train_logs), (True, val_logs)):
             if part:  # the writer (and its directory) only when there is something to write, as Keras does
-                with getattr(self, writer).as_default():
+                with keras_compat.tensorboard_writer(self, validation).as_default():
                     for name, value in part.items():
                         self.summary.scalar(f"epoch_{name}", value, step=epoch)
 

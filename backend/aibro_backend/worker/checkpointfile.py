@@ -29,6 +29,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from aibro_core.compat import keras as keras_compat
+
 log = logging.getLogger("aibro.worker")
 WEIGHTS = "model.weights.h5"
 METADATA = "metadata.json"
@@ -246,12 +248,8 @@ def cache_keras_save_walk() -> None:
     builds throwaway Layer and Optimizer objects again: about a third of a small model's save. Storing each set
     under the key Keras reads makes the lookup hit; where a Keras version reads the key it writes, this is a no-op."""
     try:
-        from keras.src.backend.common import global_state
-        from keras.src.saving import saving_lib
-
-        for kind in ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss"):
-            key = f"saving_attr_skiplist_{kind}"
-            if global_state.get_global_attribute(key, None) is None:
-                global_state.set_global_attribute(key, saving_lib.get_attr_skipset(kind))
+        keras_compat.precompute_save_skipsets(
+            ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+        )
     except Exception as exc:  # noqa: BLE001 - a private API: only speed depends on it
         log.info("could not pre-compute Keras' save walk (%s); saves take their usual time", exc)

@@ -18,6 +18,8 @@ from typing import Any
 
 import keras
 
+from aibro_core.compat import keras as keras_compat
+
 
 class KeepFitFrame(keras.callbacks.Callback):
     """Keeps the running `fit` frame from `on_train_end` (none when no frame up the stack owns an
@@ -30,7 +32,7 @@ class KeepFitFrame(keras.callbacks.Callback):
         self.validation: Any = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        iterator = getattr(self.model, "_eval_epoch_iterator", None)
+        iterator = keras_compat.eval_epoch_iterator(self.model)
         if iterator is not None:
             self.validation = iterator
 
