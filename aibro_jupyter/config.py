@@ -16,9 +16,11 @@ from pathlib import Path
 
 from aibro_core.errors import AibroError, BackendUnreachable
 
+from .settings import KernelSettings
+
 
 def home() -> Path:
-    return Path(os.environ.get("AIBRO_HOME") or Path.home() / ".aibro")
+    return KernelSettings.from_env().home
 
 
 @dataclass(frozen=True)
@@ -42,15 +44,14 @@ def login_file() -> Path:
 
 def configured_target() -> Target | None:
     """A shared or cloud backend named by the environment or by `aibro login`."""
-    url = os.environ.get("AIBRO_BACKEND_URL")
-    if url:
-        token = os.environ.get("AIBRO_TOKEN")
-        if not token:
+    settings = KernelSettings.from_env()
+    if settings.backend_url:
+        if not settings.token:
             raise AibroError("AIBRO_BACKEND_URL is set but AIBRO_TOKEN is not: set both, or run `aibro login`")
-        return Target(url, token, False, os.environ.get("AIBRO_CA_BUNDLE"))
+        return Target(settings.backend_url, settings.token, False, settings.ca_bundle)
     saved = _read_json(login_file())
     if saved and saved.get("url") and saved.get("token"):
-        return Target(saved["url"], saved["token"], False, os.environ.get("AIBRO_CA_BUNDLE") or saved.get("ca_bundle"))
+        return Target(saved["url"], saved["token"], False, settings.ca_bundle or saved.get("ca_bundle"))
     return None
 
 
@@ -106,11 +107,7 @@ def start_embedded(timeout: float = 60.0) -> Target:
         log = os.fdopen(fd, "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "aibro_backend", "--home", str(h)],
-            env={
-                **os.environ,
-                "AIBRO_ALLOW_UNSAFE": os.environ.get("AIBRO_ALLOW_UNSAFE") or "all",  # one user
-                "AIBRO_SPARE_WORKER": os.environ.get("AIBRO_SPARE_WORKER") or "1",  # a first job as fast as a warm one
-            },
+            env={**os.environ, **embedded_env(KernelSettings.from_env())},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -127,6 +124,15 @@ def start_embedded(timeout: float = 60.0) -> Target:
                 break
             time.sleep(0.05)
         raise BackendUnreachable(f"the embedded aibro backend did not start; see {h / 'backend.log'}")
+
+
+def embedded_env(settings: KernelSettings) -> dict[str, str]:
+    """What the embedded backend is told beyond the kernel's own environment: its one user may load unsafe models,
+    and a spare worker makes a first job as fast as a warm one (unless the kernel's settings say otherwise)."""
+    return {
+        KernelSettings.variable("allow_unsafe"): settings.allow_unsafe,
+        KernelSettings.variable("spare_worker"): "1" if settings.spare_worker else "0",
+    }
 
 
 def say_once_unconfined() -> None:

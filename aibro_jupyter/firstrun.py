@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from . import config
+from .settings import KernelSettings
 
 
 def embedded_note() -> str | None:
@@ -14,8 +13,7 @@ def embedded_note() -> str | None:
     if config.configured_target() or config.embedded_target() is None:
         return None
     info = config._read_json(config.home() / "backend.json") or {}
-    on = (os.environ.get("AIBRO_SPARE_WORKER") or "1").strip().lower() in ("1", "true", "yes", "on")  # policy.py's rule
-    spare = ", and a spare one ready for the next job" if on else ""
+    spare = ", and a spare one ready for the next job" if KernelSettings.from_env().spare_worker else ""
     return (
         f"The aibro backend keeps running in the background (pid {info.get('pid')}, {info.get('url', '')}, "
         f"home {config.home()}, log {config.home() / 'backend.log'});\n"

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
+from .settings import KernelSettings
+
 # A model saved before its first fit has an unbuilt optimizer (just `iterations` and `learning_rate`): loading it
 # "skips" optimizer state that was never there.
 UNBUILT_OPTIMIZER = (
@@ -25,7 +27,7 @@ UNBUILT_OPTIMIZER = (
 @contextmanager
 def native_stderr_silenced() -> Iterator[None]:
     """Point fd 2 at /dev/null for the block (native libraries' direct writes), then restore it."""
-    if os.environ.get("AIBRO_NATIVE_LOGS") == "1":
+    if KernelSettings.from_env().native_logs:
         yield
         return
     saved = os.dup(2)

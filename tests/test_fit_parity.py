@@ -38,7 +38,8 @@ MIRRORED_REFERENCE = """
 import json, os, sys
 import numpy as np
 from aibro_backend.worker.agent import split_cpu, training_devices
-split_cpu(os.environ)
+from aibro_backend.worker.settings import WorkerSettings
+split_cpu(WorkerSettings.from_env())
 import tensorflow as tf
 from conftest import make_model
 d = sys.argv[1]

@@ -35,13 +35,14 @@ from . import heap, netbridge, version
 from .joblimits import JobLimits, MemoryWatch
 from .jobprocs import become_subreaper, end_job_processes
 from .outbox import Outbox
+from .settings import WorkerSettings
 from .spot import SpotWatch, spot_watch_from_env
 
 log = logging.getLogger("aibro.worker")
 POLL_S = 0.2
 # How long the backend may be unreachable before the agent gives up (AIBRO_BACKEND_GONE_S); on a cloud machine
 # (AIBRO_SHUTDOWN_ON_LOSS=1, set by its user data) it then shuts the machine down, so nothing runs up a bill.
-BACKEND_GONE_S = float(os.environ.get("AIBRO_BACKEND_GONE_S") or 900.0)
+BACKEND_GONE_S = WorkerSettings.from_env().backend_gone_s
 UPLOAD_CHUNK = 8 * 1024 * 1024  # one PUT of an artifact upload (the backend takes up to 64 MiB per request)
 DOWNLOAD_TRIES = 5
 UPLOAD_TRIES = 10  # chunks in a row that fail before an upload gives up
@@ -75,7 +76,7 @@ class Worker:
         self.cache.mkdir(parents=True, exist_ok=True)
         self.code_root = workdir / "code"
         self.code_root.mkdir(parents=True, exist_ok=True)
-        self.env_cache = Path(os.environ.get("AIBRO_ENV_CACHE") or workdir.parent / "envs")
+        self.env_cache = WorkerSettings.from_env().env_cache or workdir.parent / "envs"
         self.keras: Any = None
         self._code: Any = None
         self._active_env = False
@@ -538,13 +539,10 @@ class _SharedEnvs:
         self.worker._put_artifact(self.job_id, self.attempt, f"envs/{key}.zip", source)
 
 
-def split_cpu(env: dict[str, str] | os._Environ) -> None:
+def split_cpu(settings: WorkerSettings) -> None:
     """AIBRO_CPU_DEVICES=N (N > 1) splits the CPU into N logical devices before TensorFlow starts, so a machine with
     no GPU trains under MirroredStrategy as one with N GPUs does (how the suite proves the multi-device path)."""
-    try:
-        count = int(env.get("AIBRO_CPU_DEVICES") or 0)
-    except ValueError:
-        count = 0
+    count = settings.cpu_devices
     if count > 1:
         import tensorflow as tf
 
@@ -593,21 +591,21 @@ def _samples(x: Any) -> int | None:
     return int(first.shape[0]) if hasattr(first, "shape") else None
 
 
-def worker_token(url: str, env: dict[str, str] | os._Environ, workdir: Path) -> str:
+def worker_token(url: str, settings: WorkerSettings, workdir: Path) -> str:
     """The per-instance token: AIBRO_WORKER_TOKEN when given (the local provider); else the one kept in
     AIBRO_WORKER_TOKEN_FILE (default <workdir>/worker-token) by an earlier boot; else the one that the one-time
     AIBRO_ENROLL_TOKEN (a cloud machine's user data) buys from POST /worker/enroll, kept there (0600) so a
     restart after stop/start reuses it."""
-    if env.get("AIBRO_WORKER_TOKEN"):
-        return env["AIBRO_WORKER_TOKEN"]
-    token_file = Path(env.get("AIBRO_WORKER_TOKEN_FILE") or workdir / "worker-token")
+    if settings.worker_token:
+        return settings.worker_token
+    token_file = settings.worker_token_file or workdir / "worker-token"
     try:
         kept = token_file.read_text().strip()
     except OSError:
         kept = ""
     if kept:
         return kept
-    enroll = env.get("AIBRO_ENROLL_TOKEN")
+    enroll = settings.enroll_token
     if not enroll:
         raise SystemExit("no worker token: set AIBRO_WORKER_TOKEN, or AIBRO_ENROLL_TOKEN to enroll")
     t = Transport(url, enroll, timeout=60)
@@ -624,12 +622,14 @@ def main() -> None:
     log.info("agent %s", version.agent_version())  # of the code this process loaded
     for note in KERAS_NOTES:  # what the agent deals with itself is not the job's stderr (the user's cell)
         warnings.filterwarnings("ignore", message=re.escape(note))
-    url = os.environ["AIBRO_WORKER_URL"]
-    instance_id = os.environ.get("AIBRO_INSTANCE_ID", "worker")
-    workdir = Path(os.environ.get("AIBRO_WORKER_DIR") or tempfile.mkdtemp(prefix="aibro-worker-"))
+    settings = WorkerSettings.from_env()
+    if not settings.worker_url:
+        raise SystemExit("no backend to work for: set AIBRO_WORKER_URL")
+    url, instance_id = settings.worker_url, settings.instance_id
+    workdir = settings.worker_dir or Path(tempfile.mkdtemp(prefix="aibro-worker-"))
     netbridge.to_backend(url)  # a sandbox without a network of its own reaches the backend through its socket
     try:
-        token = worker_token(url, os.environ, workdir)
+        token = worker_token(url, settings, workdir)
     except AuthError as exc:
         log.error("cannot enroll: %s", exc)
         raise SystemExit(3) from None
@@ -637,7 +637,7 @@ def main() -> None:
         log.error("cannot enroll: %s", exc)
         shutdown_if_asked()
         raise SystemExit(4) from None
-    split_cpu(os.environ)
+    split_cpu(settings)
     become_subreaper()
     limits = JobLimits.from_env(os.environ)
     limits.apply()
@@ -650,9 +650,10 @@ def main() -> None:
 def shutdown_if_asked() -> None:
     """On a cloud machine (AIBRO_SHUTDOWN_ON_LOSS=1) a backend gone for BACKEND_GONE_S means nobody will ever stop
     this machine: shut it down (on-demand ones stop, spot ones terminate: their shutdown behaviour)."""
-    if os.environ.get("AIBRO_SHUTDOWN_ON_LOSS") != "1":
+    settings = WorkerSettings.from_env()
+    if not settings.shutdown_on_loss:
         return
-    command = shlex.split(os.environ.get("AIBRO_SHUTDOWN_COMMAND") or "shutdown -h now")
+    command = shlex.split(settings.shutdown_command)
     log.error("the backend was unreachable for %.0f s: shutting this machine down (%s)", BACKEND_GONE_S, command[0])
     try:
         subprocess.run(command, check=False, timeout=60)

@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-BRIDGE_ENV = "AIBRO_WORKER_NET_BRIDGE"  # the folder holding backend.sock and packages.sock, set by the local provider
+from .settings import WorkerSettings
+
+# the folder holding backend.sock and packages.sock, set by the local provider
+BRIDGE_ENV = WorkerSettings.variable("worker_net_bridge")
 CHUNK = 1 << 20
 
 
 def folder() -> Path | None:
-    where = os.environ.get(BRIDGE_ENV)
-    return Path(where) if where else None
+    return WorkerSettings.from_env().worker_net_bridge
 
 
 class Bridge:

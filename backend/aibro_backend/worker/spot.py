@@ -131,8 +131,9 @@ def spot_watch_from_env(
 ) -> SpotWatch | None:
     """A started watch when this worker runs on a spot machine (AIBRO_SPOT_WATCH=1); None elsewhere (local
     workers, on-demand machines)."""
-    if env.get("AIBRO_SPOT_WATCH") != "1":
+    from .settings import WorkerSettings  # here: the settings' defaults are this module's
+
+    settings = WorkerSettings.from_env(env)
+    if not settings.spot_watch:
         return None
-    interval = float(env.get("AIBRO_SPOT_POLL_S") or POLL_S)
-    url = env.get("AIBRO_IMDS_URL") or DEFAULT_IMDS_URL
-    return SpotWatch(url, interval, on_rebalance).start()
+    return SpotWatch(settings.imds_url, settings.spot_poll_s, on_rebalance).start()

@@ -1,0 +1,52 @@
+"""Every AIBRO_* setting is a field of its process's settings class, documented from it (issue 36 item 4): the README's
+tables are the ones the classes write, every field says what it does, and a wrong value names its variable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aibro_backend.worker.settings import WorkerSettings
+from aibro_core import settingsdoc
+from aibro_core.envsettings import SettingsError
+from aibro_jupyter.settings import KernelSettings
+
+pytestmark = pytest.mark.fast
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_tables_are_the_ones_the_settings_classes_write() -> None:
+    readme = README.read_text()
+    assert settingsdoc.rewritten(readme) == readme, "run `python -m aibro_core.settingsdoc README.md`"
+
+
+@pytest.mark.parametrize("dotted", settingsdoc.CLASSES)
+def test_every_setting_says_what_it_does(dotted: str) -> None:
+    cls = settingsdoc.settings_class(dotted)
+    rows = settingsdoc.documented(cls)
+    assert rows and all(variable == "AIBRO_" + name.upper() for name, variable, *_ in rows)
+    silent = [name for name, _, _, _, doc in rows if not doc.strip()]
+    assert not silent, f"{cls.__name__}: fields without a description: {silent}"
+
+
+def test_the_kernel_names_a_wrong_value_and_where_to_fix_it() -> None:
+    settings = KernelSettings.from_env({"AIBRO_BACKEND_URL": " https://b.example ", "AIBRO_NATIVE_LOGS": ""})
+    assert (settings.backend_url, settings.native_logs, settings.spare_worker) == ("https://b.example", False, True)
+    with pytest.raises(SettingsError, match=r"AIBRO_NATIVE_LOGS='loud': .*boolean.*notebook's environment"):
+        KernelSettings.from_env({"AIBRO_NATIVE_LOGS": "loud"})
+
+
+def test_the_worker_reads_its_settings_without_pydantic_and_names_a_wrong_value() -> None:
+    settings = WorkerSettings.from_env({"AIBRO_WORKER_URL": "http://b:1", "AIBRO_SHUTDOWN_ON_LOSS": "1"})
+    assert (settings.worker_url, settings.shutdown_on_loss, settings.backend_gone_s) == ("http://b:1", True, 900.0)
+    with pytest.raises(SettingsError) as wrong:
+        WorkerSettings.from_env({"AIBRO_BACKEND_GONE_S": "0", "AIBRO_CPU_DEVICES": "two"})
+    assert "AIBRO_BACKEND_GONE_S='0': set a number greater than 0" in str(wrong.value)
+    assert "AIBRO_CPU_DEVICES='two': set a whole number" in str(wrong.value)
+    assert "secret" not in repr(WorkerSettings.from_env({"AIBRO_WORKER_TOKEN": "secret"}))
+    code = "import sys, aibro_backend.worker.settings; sys.exit('pydantic' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0, "the worker imports no pydantic"
