@@ -50,6 +50,7 @@ from typing import Any
 from aibro_core.backoff import Backoff, retry
 from aibro_core.models import Machine
 
+from ..settings import BackendSettings
 from ..storage.records import InstanceRecord
 from . import aws_catalog, shipping
 from . import base as provider_base
@@ -842,7 +843,7 @@ class AwsProvider(provider_base.Provider):
 
 def _backend_ca() -> str | None:
     """The CA bundle workers verify this backend with (`serve --ca-bundle`, AIBRO_CA_BUNDLE), as PEM text."""
-    path = os.environ.get("AIBRO_CA_BUNDLE")
+    path = BackendSettings.from_env().ca_bundle
     if not path:
         return None
     with open(path, encoding="ascii") as f:
