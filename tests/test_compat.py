@@ -185,19 +185,13 @@ def replaced() -> Iterator[str]:
 
 
 @fast
-def test_http1connection_read_fixed_body_and_deliver_body(replaced: str) -> None:
+@pytest.mark.parametrize("tornado_way", [False, True], ids=["pieces_through_deliver_body", "read_as_tornado"])
+def test_http1connection_read_fixed_body_is_replaced(replaced: str, tornado_way: bool) -> None:
+    """The replacement reads each fixed-length body: in pieces handed on by `_deliver_body`, or by tornado's own
+    `_read_fixed_body` called from it."""
     body = os.urandom(300_000)
     Replaced.reads.clear()
-    Replaced.tornado_way = False
-    assert requests.put(replaced, data=body, timeout=10).text == hashlib.sha256(body).hexdigest()
-    assert Replaced.reads == [len(body)]
-
-
-@fast
-def test_http1connection_read_fixed_body_called_as_tornado_reads(replaced: str) -> None:
-    body = os.urandom(300_000)
-    Replaced.reads.clear()
-    Replaced.tornado_way = True
+    Replaced.tornado_way = tornado_way
     assert requests.put(replaced, data=body, timeout=10).text == hashlib.sha256(body).hexdigest()
     assert Replaced.reads == [len(body)]
 
