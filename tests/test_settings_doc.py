@@ -50,3 +50,19 @@ def test_the_worker_reads_its_settings_without_pydantic_and_names_a_wrong_value(
     assert "secret" not in repr(WorkerSettings.from_env({"AIBRO_WORKER_TOKEN": "secret"}))
     code = "import sys, aibro_backend.worker.settings; sys.exit('pydantic' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0, "the worker imports no pydantic"
+
+
+def test_a_ray_nodes_actor_needs_no_pydantic_settings() -> None:
+    """A bare Ray node has Ray's pydantic but not pydantic-settings: the modules its actor imports read the backend's
+    settings only where the backend itself calls them."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'pydantic_settings': raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import aibro_backend.providers.ray_actor, aibro_backend.providers.local, aibro_backend.providers.sandbox\n"
+        "aibro_backend.providers.sandbox.Sandbox.choose(sys.executable, 'none')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
