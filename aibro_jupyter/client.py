@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aibro_core import vocabulary as v
+from aibro_core.backoff import Backoff, retry
 from aibro_core.errors import AibroError, ApiError, BackendUnreachable
 from aibro_core.presigned import ViewBody, upload_via_s3
 from aibro_core.transport import (
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from .config import Target
 
 RETRY_MAX_S = 15.0  # the longest pause between two tries while a configured backend does not answer
+CHUNK_BACKOFF = Backoff(2.0, 8.0)  # between two tries of an upload chunk to a configured backend
 # calls that create something: never sent twice, as the first one may have arrived before the backend died
 _NOT_RETRIED = re.compile(r"POST /(jobs|jobs/[^/]+/replay|auth/login|auth/tokens)")
 
@@ -205,36 +207,50 @@ class BackendClient:
         the embedded one is restarted from), ask how much arrived (HEAD X-Received) and send only the rest, with
         a fresh body each time. Returns the offset after the chunk."""
         start, end = offset, offset + len(chunk)
-        failures = 0
-        while True:
-            try:
-                rest = chunk[offset - start :]
+        at, held = offset, False  # held: the backend said it holds the whole chunk
+        failed: list[Exception] = []
+
+        def send() -> int:
+            nonlocal at
+            if held:
+                return end
+            while True:
+                rest = chunk[at - start :]
                 body = ViewBody(rest) if len(rest) else b""
-                got = self.t.json("PUT", path, params={"offset": offset, "total": total}, data=body, recover=False)
+                got = self.t.json("PUT", path, params={"offset": at, "total": total}, data=body, recover=False)
                 if got.get("complete"):
                     return max(end, int(got.get("received", end)))
-                offset = int(got["received"])
-                if offset >= end:
-                    return offset
-                continue
-            except (BackendUnreachable, ApiError) as exc:
-                failures += 1
-                if failures > 3 or (isinstance(exc, ApiError) and exc.status != 409):
-                    raise
-                if isinstance(exc, BackendUnreachable):
-                    if self._restart is not None:
-                        if not self.recover():
-                            raise
-                    else:
-                        time.sleep(2.0**failures)
+                at = int(got["received"])
+                if at >= end:
+                    return at
+
+        def between_tries(seconds: float) -> None:
+            """A dead backend is restarted (the embedded one) or waited for; then the next try starts from what
+            arrived."""
+            nonlocal at, held
+            if isinstance(failed[-1], BackendUnreachable):
+                if self._restart is not None:
+                    if not self.recover():
+                        raise failed[-1]
+                else:
+                    time.sleep(seconds)
             head = self.t.request("HEAD", path)
-            if "X-Blob-Size" in head.headers:
-                return end  # a named blob the backend now holds
-            offset = int(head.headers.get("X-Received", "0"))
-            if not start <= offset <= end:
-                raise ApiError(409, f"the backend holds {offset} bytes of this upload, not {start} to {end}: retry")
-            if offset == end:
-                return end
+            held = "X-Blob-Size" in head.headers  # a named blob the backend now holds
+            if held:
+                return
+            at = int(head.headers.get("X-Received", "0"))
+            if not start <= at <= end:
+                raise ApiError(409, f"the backend holds {at} bytes of this upload, not {start} to {end}: retry")
+            held = at == end
+
+        return retry(
+            send,
+            retry_on=_chunk_resumable,
+            attempts=4,
+            backoff=CHUNK_BACKOFF,
+            sleep=between_tries,
+            on_retry=lambda exc, n: failed.append(exc),
+        )
 
     # -- tokens -----------------------------------------------------------------------------------
     def tokens(self) -> list[dict[str, Any]]:
@@ -359,6 +375,12 @@ class BackendClient:
 
     def terminate(self, instance_id: str) -> dict[str, Any]:
         return self.t.json("POST", f"/instances/{instance_id}/terminate")
+
+
+def _chunk_resumable(exc: BaseException) -> bool:
+    """A chunk's failure after which the upload goes on from what arrived: a dead backend, or 409 (an offset the
+    backend does not expect, e.g. after a restart)."""
+    return isinstance(exc, BackendUnreachable) or (isinstance(exc, ApiError) and exc.status == 409)
 
 
 def local_event(job_id: str, seq: int, message: str, level: str = "info") -> dict[str, Any]:

@@ -9,7 +9,9 @@ import requests
 
 from aibro_core import presigned
 from aibro_core.backoff import S3_PART, WORKER, Backoff, retry
-from aibro_core.errors import ApiError
+from aibro_core.errors import ApiError, BackendUnreachable
+from aibro_jupyter.client import BackendClient
+from aibro_jupyter.config import Target
 
 pytestmark = pytest.mark.fast
 
@@ -95,3 +97,40 @@ def test_a_presigned_part_is_sent_again_after_a_5xx_never_after_a_4xx() -> None:
     with pytest.raises(ApiError) as refused:
         presigned._put(s3, part, b"x")  # type: ignore[arg-type]
     assert refused.value.status == 403 and s3.puts == 1
+
+
+class FakeBackend:
+    """A transport whose PUTs follow a script (an exception, or a reply) and whose HEAD answers `received`."""
+
+    def __init__(self, *puts: object, received: int = 0, held: bool = False) -> None:
+        self.puts, self.sent, self.received, self.held = list(puts), [], received, held
+        self.url, self.token = "http://127.0.0.1:9", "t"  # what a restart points the client at
+
+    def json(self, method: str, path: str, params: dict, data: object, recover: bool) -> dict:
+        self.sent.append(params["offset"])
+        step = self.puts.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step  # type: ignore[return-value]
+
+    def request(self, method: str, path: str) -> requests.Response:
+        resp = requests.Response()
+        resp.status_code = 200
+        resp.headers["X-Received"] = str(self.received)
+        if self.held:
+            resp.headers["X-Blob-Size"] = "10"
+        return resp
+
+
+def test_an_upload_chunk_goes_on_from_what_arrived_after_a_409_or_a_restarted_backend() -> None:
+    client = BackendClient("http://127.0.0.1:9", "t", restart=lambda: Target("http://127.0.0.1:9", "t", True))
+    client.notify = lambda message: None
+    client.t = FakeBackend(ApiError(409, "resume from 4"), {"complete": True, "received": 10}, received=4)  # type: ignore[assignment]
+    assert client._put_chunk("/blobs/x", memoryview(b"0123456789"), 0, 10) == 10
+    assert client.t.sent == [0, 4], "the rest, from what the backend holds"  # type: ignore[attr-defined]
+    client.t = FakeBackend(BackendUnreachable("gone"), held=True)  # type: ignore[assignment]
+    assert client._put_chunk("/blobs/x", memoryview(b"0123456789"), 0, 10) == 10  # restarted: it holds it all
+    client.t = FakeBackend(*[ApiError(409, "in progress")] * 4)  # type: ignore[assignment]
+    with pytest.raises(ApiError, match="in progress"):
+        client._put_chunk("/blobs/x", memoryview(b"0123456789"), 0, 10)
+    assert len(client.t.sent) == 4, "four tries at the most"  # type: ignore[attr-defined]

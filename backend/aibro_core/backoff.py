@@ -45,8 +45,9 @@ def retry(
 ) -> T:
     """`call()`, called again after each failure `retry_on` accepts (exception types, or a predicate) while fewer
     than `attempts` tries were made and no more than `within_s` seconds passed since the first (None: no bound);
-    `on_retry(exc, n)` hears of failure n (0 first) before the wait `backoff.delay(n)`. The last failure, or any
-    other, is raised as it is."""
+    `on_retry(exc, n)` hears of failure n (0 first), then `sleep(backoff.delay(n))` runs between the two tries (a
+    caller may do more there: restart what broke, ask what arrived; what it raises ends the retry). The last
+    failure, or any other, is raised as it is."""
     start = clock()
     for attempt in itertools.count():
         try:
