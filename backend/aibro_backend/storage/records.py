@@ -11,6 +11,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from aibro_core.models import StudySpec
+
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
@@ -66,12 +68,13 @@ class InstanceRecord:
 
 @dataclass(frozen=True, slots=True)
 class StudyRecord:
-    """One row of `studies`: a hyperparameter search, its spec as validated (models.StudySpec) and its state."""
+    """One row of `studies`: a hyperparameter search, its spec (validated again as it is read: the row holds what
+    POST /studies was given, less its description) and its state."""
 
     id: str
     user_id: int
     status: str
-    spec: dict[str, Any]
+    spec: StudySpec
     description: str
     message: str | None
     created: float
@@ -79,7 +82,8 @@ class StudyRecord:
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> StudyRecord:
-        return cls(**{name: row[name] for name in cls.__slots__} | {"spec": json.loads(row["spec"])})
+        fields = {name: row[name] for name in cls.__slots__}
+        return cls(**fields | {"spec": StudySpec.model_validate(json.loads(row["spec"]))})
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
-from aibro_core.models import Objective, OracleSpec, Study, StudyTrial, TrialCheckpoint, TrialExecution
+from aibro_core.models import Objective, Study, StudyTrial, TrialCheckpoint, TrialExecution
 
 from ..api.base import ApiError
 from ..api.user import admit_job
@@ -82,13 +82,13 @@ def _checkpoint_view(found: tuple[str, int | None] | None) -> TrialCheckpoint | 
 
 
 def executions_per_trial(study: StudyRecord) -> int:
-    return int(study.spec.get("executions_per_trial") or 1)
+    return study.spec.executions_per_trial
 
 
 def study_view(backend: Backend, study: StudyRecord) -> Study:
     trials = backend.store.studies.trials(study.id)
     executions = backend.store.studies.executions(study.id)
-    oracle = OracleSpec.model_validate(study.spec["oracle"])
+    oracle = study.spec.oracle
     sign = 1.0 if score_direction(oracle.objective) == "min" else -1.0
     scored = [t for t in trials if t.status == v.TRIAL_COMPLETED and t.score is not None]
     best = min(scored, key=lambda t: sign * float(t.score or 0.0)).trial_id if scored else None
@@ -101,7 +101,7 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
         kind=oracle.kind,
         objective=[o.model_dump() for o in oracle.objective],
         max_trials=oracle.max_trials,
-        parallel=int(study.spec["parallel"]),
+        parallel=study.spec.parallel,
         executions_per_trial=executions_per_trial(study),
         created=study.created,
         updated=study.updated,
@@ -196,7 +196,7 @@ class StudyDriver:
                     return
         busy = {t.slot for t in store.studies.trials(study.id) if t.status == v.TRIAL_RUNNING}
         stopped = 0
-        for n in range(int(study.spec["parallel"])):
+        for n in range(study.spec.parallel):
             slot = f"slot-{n}"
             if slot in busy:
                 continue
@@ -207,7 +207,7 @@ class StudyDriver:
                 stopped += 1
             elif got.trial.status == v.TunerTrialStatus.RUNNING:
                 self._start_trial(study, slot, got.trial.trial_id, got.trial.values, host)
-        if stopped == int(study.spec["parallel"]) and not busy:
+        if stopped == study.spec.parallel and not busy:
             self._end_study(study, v.STUDY_COMPLETED, None)
 
     def _start_trial(self, study: StudyRecord, slot: str, trial_id: str, values: dict[str, Any], host: Any) -> None:
@@ -235,7 +235,7 @@ class StudyDriver:
 
     def _trial_job(self, study: StudyRecord, trial_id: str, values: dict[str, Any], execution: int) -> dict[str, Any]:
         """The job spec of one execution of a trial: the study's, with the trial's values (and Hyperband's round)."""
-        job = dict(study.spec["job"])
+        job = study.spec.job.model_dump(mode="json", by_alias=True, exclude_unset=True)  # as POST /studies had it
         trial = {**job["trial"], "values": values, "study_id": study.id, "trial_id": trial_id}
         if "tuner/epochs" in values:  # Hyperband's round: these epochs, from where the earlier trial stopped
             job["fit"] = {
@@ -261,7 +261,7 @@ class StudyDriver:
         trial: the epoch with the best objective of all its executions (the first such); None for a trial that
         never ran."""
         runs = self.backend.store.studies.executions(study.id).get(trial_id, [])
-        objective = OracleSpec.model_validate(study.spec["oracle"]).objective
+        objective = study.spec.oracle.objective
         return trial_checkpoint(runs, objective)
 
     def _admit(self, study: StudyRecord, trial_id: str, job: dict[str, Any]) -> str | None:
@@ -353,7 +353,7 @@ class ExecutionResult:
 def execution_result(store: Any, study: StudyRecord, job: JobRecord) -> ExecutionResult:
     """What the execution's job reported: its metrics at its best epoch (or what its HyperModel.fit returned),
     the trial's hyperparameters as its fit left them, or its error."""
-    objective = OracleSpec.model_validate(study.spec["oracle"]).objective
+    objective = study.spec.oracle.objective
     report = next(
         (e["data"]["trial"] for e in reversed(store.events.typed(job.id, (v.EV_LOG,))) if e["data"].get("trial")), {}
     )
