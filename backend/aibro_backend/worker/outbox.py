@@ -3,6 +3,7 @@ connection or a backend restart loses and duplicates nothing. Its replies also c
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -61,7 +62,6 @@ class Outbox:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        failures = 0
         while True:
             with self._cond:
                 if not self.pending and not self._stop:
@@ -69,17 +69,8 @@ class Outbox:
                 if self._stop and not self.pending:
                     return
                 batch = list(self.pending[:500])
-            try:
-                reply = self.t.json(
-                    "POST",
-                    f"/worker/jobs/{self.job_id}/events",
-                    json={"attempt": self.attempt, "events": batch},
-                    timeout=30,
-                )
-            except BackendUnreachable:
-                time.sleep(backoff.WORKER.delay(failures))
-                failures += 1
-                continue
+            try:  # a backend that is down or failing is waited for, however long (the agent gives up apart)
+                reply = backoff.retry(functools.partial(self._post, batch), retry_on=_worth_again)
             except ApiError as exc:
                 if exc.status == 409:
                     self.stale.set()
@@ -87,18 +78,19 @@ class Outbox:
                     with self._cond:
                         self._cond.notify_all()
                     return
-                if exc.status == 400:
-                    self._drop(batch, exc)
-                    continue
-                time.sleep(backoff.WORKER.delay(failures))
+                self._drop(batch, exc)  # 400
                 continue
-            failures = 0
             if reply.get("cancel"):
                 self.cancel.set()
             with self._cond:
                 self.acked = max(self.acked, int(reply["acked"]))
                 self.pending = [e for e in self.pending if e["wseq"] > self.acked]
                 self._cond.notify_all()
+
+    def _post(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.t.json(
+            "POST", f"/worker/jobs/{self.job_id}/events", json={"attempt": self.attempt, "events": batch}, timeout=30
+        )
 
     def _drop(self, batch: list[dict[str, Any]], exc: ApiError) -> None:
         """The backend refused an event as malformed (400): sending it again can never succeed, so it is dropped,
@@ -110,3 +102,9 @@ class Outbox:
         with self._cond:
             self.pending = [e for e in self.pending if e["wseq"] not in bad]
             self._cond.notify_all()
+
+
+def _worth_again(exc: BaseException) -> bool:
+    """Sending again may succeed: the backend is out of reach or failing, but did not refuse the batch (400: an
+    event is malformed; 409: this attempt is no longer the job's)."""
+    return isinstance(exc, BackendUnreachable) or (isinstance(exc, ApiError) and exc.status not in (400, 409))
