@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .config import Target
 
 RETRY_MAX_S = 15.0  # the longest pause between two tries while a configured backend does not answer
+FOLLOW_BACKOFF = Backoff(1.0, RETRY_MAX_S)  # between two long-polls of a job's events that found no backend
 CHUNK_BACKOFF = Backoff(2.0, 8.0)  # between two tries of an upload chunk to a configured backend
 # calls that create something: never sent twice, as the first one may have arrived before the backend died
 _NOT_RETRIED = re.compile(r"POST /(jobs|jobs/[^/]+/replay|auth/login|auth/tokens)")
@@ -329,7 +330,7 @@ class BackendClient:
                     say = "restarting…" if self._restart else f"retrying… ({exc})"
                     yield local_event(job_id, after, f"backend unreachable, {say}", "warning")
                 else:
-                    time.sleep(min(RETRY_MAX_S, 2.0 ** (down - 1)))
+                    time.sleep(FOLLOW_BACKOFF.delay(down - 1))
                 down += 1
                 if self._restart is not None:
                     try:
