@@ -34,6 +34,7 @@ from aibro_backend.providers.ray import (
     need_text,
 )
 from aibro_backend.providers.sandbox import Sandbox
+from aibro_core.models import Machine
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -138,6 +139,7 @@ def test_machines_from_node_resources() -> None:
     assert machines["ray-gpu4-t4"][0]["capacity"] == 1
     for o, _ in machines.values():
         assert o["provider"] == "ray" and o["price_per_hour"] == 0.0 and o["memory_gib"] == 16.0
+        assert Machine(**o).model_dump(exclude_unset=True) == o, "offers() and GET /machines show it as built"
     assert need_text(gpu1) == "1 GPU" and need_text(machines["ray-gpu2-a100"][0]) == "2 A100 GPUs"
     assert need_text(machines["ray-cpu4"][0]) == "4 CPUs"
     # Free now: from the nodes' available resources.
