@@ -3,6 +3,7 @@ tables are the ones the classes write, every field says what it does, and a wron
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,19 @@ def test_a_ray_nodes_actor_needs_no_pydantic_settings() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_aibro_variable_the_code_names_is_a_documented_setting() -> None:
+    """A new AIBRO_* variable read anywhere must be a field of its process's settings class (and so in the README)."""
+    known = {
+        v for dotted in settingsdoc.CLASSES for _, v, *_ in settingsdoc.documented(settingsdoc.settings_class(dotted))
+    }
+    heredocs = {"AIBRO_CA", "AIBRO_ENV", "AIBRO_GET", "AIBRO_UNIT"}  # the EC2 user data's shell here-document markers
+    root = README.parent
+    named: dict[str, str] = {}
+    for package in ("aibro_jupyter", "backend/aibro_backend", "backend/aibro_core"):
+        for path in sorted((root / package).rglob("*.py")):
+            for name in re.findall(r"AIBRO_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()):
+                named.setdefault(name, str(path.relative_to(root)))
+    unknown = {name: where for name, where in named.items() if name not in known | heredocs}
+    assert not unknown, f"AIBRO_* variables that no settings class declares: {unknown}"
