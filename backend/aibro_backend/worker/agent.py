@@ -639,7 +639,7 @@ def main() -> None:
         raise SystemExit(4) from None
     split_cpu(settings)
     become_subreaper()
-    limits = JobLimits.from_env(os.environ)
+    limits = settings.job_limits()
     limits.apply()
     worker = Worker(url, token, instance_id, workdir, limits)
     worker.run()

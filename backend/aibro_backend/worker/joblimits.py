@@ -10,7 +10,6 @@ import errno
 import os
 import resource
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,23 +28,6 @@ class JobLimits:
     max_processes: int = 4096  # tasks of the job's uid: TensorFlow alone runs a hundred threads or more
     max_disk_bytes: int = 20 * GiB
     max_memory_bytes: int = 0  # 0: the machine's memory bounds it
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> JobLimits:
-        def num(name: str, default: int) -> int:
-            raw = (env.get(name) or "").strip()
-            if not raw:
-                return default
-            if not raw.isdigit() or int(raw) <= 0:
-                raise ValueError(f"{name}={raw!r}: set a positive whole number")
-            return int(raw)
-
-        return cls(
-            max_open_files=num("AIBRO_JOB_MAX_OPEN_FILES", cls.max_open_files),
-            max_processes=num("AIBRO_JOB_MAX_PROCESSES", cls.max_processes),
-            max_disk_bytes=num("AIBRO_JOB_MAX_DISK_BYTES", cls.max_disk_bytes),
-            max_memory_bytes=num("AIBRO_JOB_MAX_MEMORY_BYTES", cls.max_memory_bytes),
-        )
 
     def apply(self) -> None:
         """The rlimits of this worker process, inherited by everything it starts."""

@@ -3,8 +3,8 @@ that launched the worker sets them (its URL, the instance, its tokens and folder
 
 The worker has no pydantic (a bare Ray node or a cloud machine installs only the agent's few requirements), so each
 field is parsed here by its type and bound, and a wrong value is reported as the backend's and the kernel's are: by
-its variable, its value and its rule (SettingsError). What one job may take of the machine (AIBRO_JOB_MAX_*) is read
-by worker/joblimits.py and documented with the backend's settings, where it is set."""
+its variable, its value and its rule (SettingsError). What one job may take of the machine (AIBRO_JOB_MAX_*) is set
+where the backend runs (its settings check them at start) and handed to local workers, which read them here."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 
 from aibro_core.errors import SettingsError
 
+from .joblimits import JobLimits
 from .spot import DEFAULT_IMDS_URL, POLL_S
 
 PREFIX = "AIBRO_"
@@ -52,6 +53,21 @@ class WorkerSettings:
     spot_poll_s: float = setting(POLL_S, "Seconds between two looks at the instance metadata.", gt=0)
     imds_url: str = setting(DEFAULT_IMDS_URL, "The instance metadata service (a fake one in tests).")
     cpu_devices: int = setting(0, "Split the CPU into this many logical devices when over 1 (tests).", ge=0)
+    # -- what one job may take of the machine (worker/joblimits.py) -----------------------------------------------
+    job_max_open_files: int = setting(JobLimits.max_open_files, "Files a job may hold open.", ge=1)
+    job_max_processes: int = setting(JobLimits.max_processes, "Processes and threads of a job.", ge=1)
+    job_max_disk_bytes: int = setting(JobLimits.max_disk_bytes, "Bytes a job's folder may hold.", ge=1)
+    job_max_memory_bytes: int = setting(
+        JobLimits.max_memory_bytes, "Memory of a job's processes (0: the machine's memory bounds it).", ge=1
+    )
+
+    def job_limits(self) -> JobLimits:
+        return JobLimits(
+            max_open_files=self.job_max_open_files,
+            max_processes=self.job_max_processes,
+            max_disk_bytes=self.job_max_disk_bytes,
+            max_memory_bytes=self.job_max_memory_bytes,
+        )
 
     @staticmethod
     def variable(name: str) -> str:
