@@ -1,7 +1,8 @@
 """Validation of a submitted job spec, so a bad job is refused before any instance is started.
 
 The spec's shape is declared once, as `models.JobSpec`; this module adds what needs the backend's state (the
-machines it offers) and writes the normalised spec the scheduler and the worker read.
+machines it offers) and writes the model as the row the store keeps (`stored_spec`), which the scheduler and the
+worker read.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from aibro_core.models import JobSpec, explain
 from .base import ApiError
 
 
-def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, Any]:
-    """Check and normalise a job spec; raise ApiError(400) naming the problem and the fix."""
+def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> JobSpec:
+    """Check a job spec; raise ApiError(400) naming the problem and the fix."""
     try:
         job = JobSpec.model_validate(spec)
     except ValidationError as exc:
@@ -24,6 +25,12 @@ def validate_spec(spec: dict[str, Any], machines: dict[str, Any]) -> dict[str, A
     unknown = [m for m in job.machines if m not in machines]
     if unknown:
         raise ApiError(400, f"unknown machine {unknown[0]!r}; available: {sorted(machines)}")
+    return job
+
+
+def stored_spec(job: JobSpec) -> dict[str, Any]:
+    """The spec as the jobs table holds it and the worker's assignment carries it: every field, defaults filled in
+    (the fit's epochs, meta, requirements, versions), the user's own arguments as given."""
     return {
         "meta": job.meta or {},
         "model": job.model,

@@ -8,7 +8,7 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
-from aibro_core.models import Instance, Job, ReplayOverrides, finite
+from aibro_core.models import Instance, Job, JobSpec, ReplayOverrides, finite
 
 from ..scheduling.costs import instance_cost, job_costs
 from ..server.state import Backend
@@ -16,7 +16,7 @@ from ..storage.records import InstanceRecord, JobRecord
 from ..storage.store import Store
 from . import longpoll
 from .base import ApiError, UserHandler
-from .jobspec import spec_blobs, validate_spec
+from .jobspec import stored_spec, validate_spec
 from .transfer import quota
 
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
@@ -174,32 +174,32 @@ def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], r
             "(%%cloud_fit --wait-slot S, wait_new_job_create_s=S)",
         )
     job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
-    backend.store.jobs.create(job_id, uid, spec, replay_of=replay_of)
-    backend.store.blobs.touch(uid, sorted(set(spec_blobs(spec))))  # used now: the last to make room
+    backend.store.jobs.create(job_id, uid, stored_spec(spec), replay_of=replay_of)
+    backend.store.blobs.touch(uid, sorted(set(spec.blobs())))  # used now: the last to make room
     backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
     backend.scheduler.tick()
     return job_id
 
 
-def check_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any]) -> dict[str, Any]:
-    """The normalised spec, once it fits the machines, the backend's policy and the user's blobs: what a job must
+def check_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any]) -> JobSpec:
+    """The validated spec, once it fits the machines, the backend's policy and the user's blobs: what a job must
     pass whenever it comes (a study's trials are checked so before the study starts)."""
     spec = validate_spec(raw, backend.scheduler.machine_index())
-    if not spec["safe_mode"] and not backend.policy.unsafe_allowed(user_name):
+    if not spec.safe_mode and not backend.policy.unsafe_allowed(user_name):
         raise ApiError(
             403,
             f"this backend's policy does not let user {user_name!r} load models with safe_mode=False "
             "(Lambda layers run their Python code on the worker): replace the Lambda layers with registered custom "
             "layers, or ask the backend's admin to allow it (AIBRO_ALLOW_UNSAFE=all or a list of users)",
         )
-    if spec["cool_down_s"] > backend.policy.max_cool_down_s:
+    if spec.cool_down_s > backend.policy.max_cool_down_s:
         raise ApiError(
             400,
-            f"cool_down_s={spec['cool_down_s']:g} is over this backend's cap of {backend.policy.max_cool_down_s:g} s "
+            f"cool_down_s={spec.cool_down_s:g} is over this backend's cap of {backend.policy.max_cool_down_s:g} s "
             "(a warm machine is held at most that long): ask for less (--cool-down / cool_down_period_s)",
         )
     total = 0
-    for sha in set(spec_blobs(spec)):
+    for sha in set(spec.blobs()):
         size = backend.store.blobs.size(sha, uid)
         if size is None:
             raise ApiError(400, f"blob {sha} was not uploaded by this user: PUT /blobs/{sha} first")
