@@ -282,10 +282,13 @@ def load_trial_model(tuner: Any, trial: Any) -> Any:
     """KerasTuner's Tuner.load_model (build the trial's model, build it from its build config when it has no
     Input, load its checkpoint), with the optimizer built first: Keras then loads the optimizer's state with the
     weights instead of skipping it with "Skipping variable loading for optimizer", so get_best_models() gives
-    the models as they were at their best epoch, ready to train on."""
+    the models as they were at their best epoch, ready to train on. A Hyperband trial that continued an earlier one
+    is built without that link: its own checkpoint is loaded next."""
     from keras_tuner.engine.tuner import maybe_distribute
 
-    model = kt_compat.build_model(tuner, trial.hyperparameters)
+    hp = trial.hyperparameters.copy()
+    hp.values.pop("tuner/trial_id", None)  # else Hyperband's build loads the earlier round's checkpoint first
+    model = kt_compat.build_model(tuner, hp)
     with maybe_distribute(tuner.distribution_strategy):
         if not model.built:
             model.build_from_config(json.loads(Path(kt_compat.build_config_path(tuner, trial.trial_id)).read_text()))
