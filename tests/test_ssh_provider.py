@@ -33,7 +33,7 @@ from conftest import make_model, scratch
 from helpers import slow_data
 
 SSHD = "/usr/sbin/sshd"
-USERS = ("aibro-ssh-a", "aibro-ssh-b")
+HOSTS = ("a", "b")  # each a user of its own, named per test process: a second run on the box meets none of them
 GPUS = ["NVIDIA A10G", "NVIDIA A10G"]  # host a's, as its nvidia-smi names them; b's hosts entry says gpus = 0
 pytestmark = [
     pytest.mark.timeout(1800),
@@ -129,7 +129,8 @@ def _hosts(root: Path, wheels: Path, site: Path) -> Iterator[dict[str, Any]]:
     key = root / "id_ed25519"
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
     pub = key.with_suffix(".pub").read_text()
-    servers = {u[-1]: Sshd(root / u, u, pub, wheels, site, GPUS if u[-1] == "a" else None) for u in USERS}
+    users = {name: f"aibro-ssh-{name}-{os.getpid()}" for name in HOSTS}
+    servers = {n: Sshd(root / u, u, pub, wheels, site, GPUS if n == "a" else None) for n, u in users.items()}
     for server in servers.values():
         server.start()
     lines = []
@@ -146,7 +147,7 @@ def _hosts(root: Path, wheels: Path, site: Path) -> Iterator[dict[str, Any]]:
         for server in servers.values():
             server.stop()
             subprocess.run(["pkill", "-KILL", "-u", server.user], capture_output=True)
-            shutil.rmtree(server.home / ".aibro", ignore_errors=True)  # the agent's venv and work folders
+            subprocess.run(["userdel", "--force", "--remove", server.user], capture_output=True)
 
 
 @pytest.fixture(scope="module")
