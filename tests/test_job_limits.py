@@ -5,6 +5,8 @@ message naming the limit and where it is set."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import keras
 import pytest
 from backend_proc import own_backend
@@ -54,10 +56,12 @@ def test_a_job_over_its_limit_ends_naming_it(trainer: Training, greed: dict[str,
     assert view.errors and re.search(named, view.errors[-1]), view.errors
 
 
-def test_a_job_within_its_limits_trains(trainer: Training) -> None:
+def test_a_job_within_its_limits_trains(trainer: Training, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the files the job writes come back next to the "notebook"
     x, y = slow_data(512)
     job = trainer.submit(greedy_model(files=50, chunks_mb=2), x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
     assert trainer.watch(job["job_id"]).status == "COMPLETED"
+    assert sorted(p.name for p in tmp_path.glob("chunk-*.bin")) == ["chunk-0.bin", "chunk-1.bin"]
 
 
 JOB = """
