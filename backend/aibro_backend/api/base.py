@@ -157,7 +157,7 @@ def bearer_of(authorization: str | None) -> str | None:
 
 
 def user_token(store: Any, token: str | None) -> dict[str, Any]:
-    """The live user token's row (`Store.token_lookup`); a 401 naming what is wrong and the fix otherwise."""
+    """The live user token's row (`Tokens.lookup`); a 401 naming what is wrong and the fix otherwise."""
     if token is None:
         raise ApiError(401, NO_TOKEN)
     found = store.tokens.lookup(token)
