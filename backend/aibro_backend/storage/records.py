@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aibro_core.models import StudySpec
+from aibro_core.vocabulary import StudyStatus, TrialStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,7 @@ class StudyRecord:
 
     id: str
     user_id: int
-    status: str
+    status: StudyStatus
     spec: StudySpec
     description: str
     message: str | None
@@ -83,7 +84,8 @@ class StudyRecord:
     @classmethod
     def of(cls, row: sqlite3.Row) -> StudyRecord:
         fields = {name: row[name] for name in cls.__slots__}
-        return cls(**fields | {"spec": StudySpec.model_validate(json.loads(row["spec"]))})
+        spec = StudySpec.model_validate(json.loads(row["spec"]))
+        return cls(**fields | {"status": StudyStatus(row["status"]), "spec": spec})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ class TrialRecord:
     trial_id: str
     slot: str
     job_id: str
-    status: str
+    status: TrialStatus
     values: dict[str, Any]
     score: float | None
     message: str | None
@@ -106,10 +108,15 @@ class TrialRecord:
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> TrialRecord:
-        fields = {name: row[name] for name in cls.__slots__ if name not in ("values", "metrics", "hyperparameters")}
+        typed = ("status", "values", "metrics", "hyperparameters")
+        fields = {name: row[name] for name in cls.__slots__ if name not in typed}
         hp = json.loads(row["hyperparameters"]) if row["hyperparameters"] else None
         return cls(
-            **fields, values=json.loads(row["trial_values"]), metrics=json.loads(row["metrics"]), hyperparameters=hp
+            **fields,
+            status=TrialStatus(row["status"]),
+            values=json.loads(row["trial_values"]),
+            metrics=json.loads(row["metrics"]),
+            hyperparameters=hp,
         )
 
 
@@ -121,7 +128,7 @@ class ExecutionRecord:
     study_id: str
     trial_id: str
     execution: int  # -1: a run of the trial the oracle retried since
-    status: str
+    status: TrialStatus
     metrics: dict[str, float]
     best_step: int | None  # the best epoch's index in its History (KerasTuner's step)
     best_epoch: int | None  # that epoch's number in the job, 0-based: its checkpoint's
@@ -129,5 +136,5 @@ class ExecutionRecord:
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> ExecutionRecord:
-        fields = {name: row[name] for name in cls.__slots__ if name != "metrics"}
-        return cls(**fields, metrics=json.loads(row["metrics"]))
+        fields = {name: row[name] for name in cls.__slots__ if name not in ("status", "metrics")}
+        return cls(**fields, status=TrialStatus(row["status"]), metrics=json.loads(row["metrics"]))
