@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import sys
 import time
@@ -273,7 +274,8 @@ def test_after_a_sigkill_the_restarted_backend_adopts_its_machine_and_the_job_fi
                 described = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]
                 assert described["State"]["Name"] in ("running", "stopped"), "never terminated by the restart"
                 restarted_log = second.log.read_bytes()[before:].decode()
-                assert "adopted: [{'instance_id': '" + done["instance_id"] in restarted_log, restarted_log[-2000:]
+                adopted = re.search(r"adopted: \[(.*)\]", restarted_log)
+                assert adopted and f"instance_id='{done['instance_id']}'" in adopted[1], restarted_log[-2000:]
 
 
 def test_the_running_backend_terminates_a_tagged_machine_its_store_does_not_know(moto: dict, tmp_path: Path) -> None:

@@ -380,4 +380,4 @@ def test_stopping_the_whole_cluster_is_reported_with_its_address(cluster: RayClu
     with pytest.raises(RayClusterError) as exc:
         provider.launch(LaunchRequest("inst-after", "ray-cpu1", env_for("inst-after")))
     assert exc.value.address == cluster.address and cluster.address in str(exc.value)
-    assert all(o["availability"] == "unreachable" and o["available"] == 0 for o in provider.offers())
+    assert all(o.availability == "unreachable" and o.model_dump()["available"] == 0 for o in provider.offers())

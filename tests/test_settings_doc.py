@@ -69,6 +69,18 @@ def test_a_ray_nodes_actor_needs_no_pydantic_settings() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_the_network_bridge_runs_alone_on_a_machine_with_no_aibro(tmp_path: Path) -> None:
+    """A played EC2 machine (tests/firstboot.py) carries its routes with a copy of worker/netbridge.py and the system
+    Python alone: the module reads its one variable itself and imports nothing of aibro's."""
+    from aibro_backend.worker import netbridge
+
+    (tmp_path / "netbridge.py").write_text(Path(netbridge.__file__).read_text())
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import netbridge; print(netbridge.folder())"
+    env = {"AIBRO_WORKER_NET_BRIDGE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path), done.stderr
+
+
 def test_every_aibro_variable_the_code_names_is_a_documented_setting() -> None:
     """A new AIBRO_* variable read anywhere must be a field of its process's settings class (and so in the README)."""
     known = {

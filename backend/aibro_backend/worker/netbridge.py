@@ -14,15 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .settings import WorkerSettings
-
-# the folder holding backend.sock and packages.sock, set by the local provider
-BRIDGE_ENV = WorkerSettings.variable("worker_net_bridge")
+# the folder holding backend.sock and packages.sock, set by the local provider (WorkerSettings.worker_net_bridge; read
+# here from the environment: this module runs alone, standard library only, where no aibro package is installed)
+BRIDGE_ENV = "AIBRO_WORKER_NET_BRIDGE"
 CHUNK = 1 << 20
 
 
 def folder() -> Path | None:
-    return WorkerSettings.from_env().worker_net_bridge
+    where = os.environ.get(BRIDGE_ENV)
+    return Path(where) if where else None
 
 
 class Bridge:
