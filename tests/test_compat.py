@@ -444,7 +444,7 @@ def test_oracle_retry_queue_holds_reloaded_running_trials(tmp_path: Path) -> Non
     first.save()
     again = oracle()
     again.reload()  # puts the running trial back in the retry queue: create_trial would hand it out again
-    kt_compat.drop_from_retry_queue(again, running)
+    kt_compat.forget_pending_retry(again, running)
     assert again.create_trial("slot-0").trial_id != running
 
 

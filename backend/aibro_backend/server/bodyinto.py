@@ -40,7 +40,7 @@ def _target(delegate: Any) -> BodyInto | None:
     return None
 
 
-async def _read_fixed_body(conn: Any, content_length: int, delegate: Any) -> None:
+async def read_body_into(conn: Any, content_length: int, delegate: Any) -> None:
     target = _target(delegate)
     if target is None:
         return await tornado_compat.read_fixed_body_as_tornado(conn, content_length, delegate)
@@ -61,6 +61,6 @@ def install(conn: Any) -> None:
     """Read this connection's fixed-length bodies into lending handlers' buffers (a server connection only)."""
 
     async def read(content_length: int, delegate: Any) -> None:
-        await _read_fixed_body(conn, content_length, delegate)
+        await read_body_into(conn, content_length, delegate)
 
     tornado_compat.replace_fixed_body_reader(conn, read)

@@ -108,7 +108,7 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
         if unknown:
             return OracleAnswer(ok=False, error=f"resume names trials the oracle never made: {unknown}")
         for trial_id, slot in req.running.items():
-            kt_compat.drop_from_retry_queue(oracle, trial_id)
+            kt_compat.forget_pending_retry(oracle, trial_id)
             trial = oracle.trials[trial_id]
             trial.status = TunerTrialStatus.RUNNING.value
             oracle.ongoing_trials[slot] = trial

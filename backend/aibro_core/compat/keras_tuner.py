@@ -30,7 +30,7 @@ def set_project_dir(oracle: Any, directory: str, project_name: str) -> None:
     oracle._set_project_dir(directory, project_name)
 
 
-def drop_from_retry_queue(oracle: Any, trial_id: str) -> None:
+def forget_pending_retry(oracle: Any, trial_id: str) -> None:
     """Take `trial_id` out of the oracle's queue of trials to hand out again (`Oracle._retry_queue`), where its
     `reload()` put every trial that was running: the backend still runs it as a job. No public call un-queues a
     trial."""
