@@ -1,11 +1,14 @@
-"""A store row for a provider under test: providers take the InstanceRecord the scheduler reads from the store."""
+"""Store rows under test: providers take the InstanceRecord the scheduler reads from the store; a job row holds a
+JobSpec."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from aibro_backend.storage.records import InstanceRecord
 from aibro_core import vocabulary as v
+from aibro_core.models import JobSpec
 
 
 def record(instance_id: str, machine_id: str = "", provider: str = "", status: str = v.LAUNCHING) -> InstanceRecord:
@@ -21,3 +24,9 @@ def record(instance_id: str, machine_id: str = "", provider: str = "", status: s
 def from_view(view: dict) -> InstanceRecord:
     """The row behind an instance as GET /instances shows it (the view leaves out only its pid)."""
     return InstanceRecord(**{name: view.get(name) for name in InstanceRecord.__slots__})
+
+
+def job_spec(**fields: Any) -> JobSpec:
+    """A valid job spec for a store under test (its data names a blob no one reads), with `fields` set."""
+    base = {"model": "1" * 64, "machines": ["local-cpu"], "data": {"x": {"blob": "0" * 64}}}
+    return JobSpec.model_validate(base | fields)

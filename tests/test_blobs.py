@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records import job_spec
 
 from aibro_backend.storage.blobs import BlobError, BlobStore, UploadBusy, check_artifact_name, check_sha
 from aibro_backend.storage.store import Store
@@ -223,7 +224,7 @@ def user_page(store: Store, user_id: int, after: int = 0) -> list[dict[str, Any]
 
 def test_event_seq_is_gap_free_per_job(store: Store) -> None:
     uid = store.users.ensure("u")
-    spec = {"machines": ["local-cpu"], "fit": {"epochs": 1}}
+    spec = job_spec()
     store.jobs.create("job-a", uid, spec)
     store.jobs.create("job-b", uid, spec)
     for i in range(5):
@@ -237,7 +238,7 @@ def test_event_seq_is_gap_free_per_job(store: Store) -> None:
 
 def test_worker_duplicates_are_dropped(store: Store) -> None:
     uid = store.users.ensure("u")
-    store.jobs.create("job-a", uid, {"machines": ["local-cpu"], "fit": {"epochs": 2}})
+    store.jobs.create("job-a", uid, job_spec(fit={"epochs": 2}))
     assert store.events.append("job-a", "epoch", {"epoch": 0, "logs": {}}, attempt=0, wseq=1)["seq"] == 1
     assert store.events.append("job-a", "epoch", {"epoch": 0, "logs": {}}, attempt=0, wseq=1) is None  # resent
     assert store.events.append("job-a", "log", {"message": "retry"}, attempt=1, wseq=1)["seq"] == 2  # new attempt
@@ -257,7 +258,7 @@ def test_worker_duplicates_are_dropped(store: Store) -> None:
 def test_user_events_are_ordered_by_gid_and_scoped_to_the_user(store: Store) -> None:
     alice, bob = store.users.ensure("alice"), store.users.ensure("bob")
     assert store.users.ensure("alice") == alice
-    spec = {"machines": ["local-cpu"], "fit": {"epochs": 1}}
+    spec = job_spec()
     store.jobs.create("job-a", alice, spec)
     store.jobs.create("job-b", alice, spec)
     store.jobs.create("job-c", bob, spec)

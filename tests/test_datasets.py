@@ -16,6 +16,7 @@ from aibro_core.errors import ApiError
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.dataset_blob import save_dataset
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import wait_for
@@ -50,7 +51,7 @@ def test_the_same_dataset_uploads_nothing_the_second_time(client: BackendClient)
     received, model = [], make_model()  # one model object: a new one would get new layer names, new bytes
     for _ in range(2):
         before = client.counters().get("blob_bytes_received", 0)
-        job = Training(client).submit(model, _pairs(x, y, 64), None, machine_ids="local-cpu", epochs=1)
+        job = Training(client).submit(FitRequest(model, _pairs(x, y, 64), None, machine_ids="local-cpu", epochs=1))
         received.append(client.counters().get("blob_bytes_received", 0) - before)
         wait_for(client, job["job_id"], lambda evs: any(e["data"].get("status") == "COMPLETED" for e in evs))
     assert received[0] > x.nbytes and received[1] == 0, received
@@ -116,20 +117,21 @@ def test_a_pydatasets_batches_travel_whole_and_come_in_a_new_order_each_epoch(
     import composite_models as cm
 
     from aibro_backend.worker.datatree import load_tree
+    from aibro_core.models import DataTop
 
     x = np.arange(200, dtype="float32").reshape(100, 2)
     y = np.arange(100, dtype="float32").reshape(100, 1)
     model = keras_model()
     for shuffle in (True, False):
         bundle, spec = Training(client).prepare(
-            model, cm.Batches(x, y, 16), machine_ids="local-cpu", fit_kwargs={"shuffle": shuffle}
+            FitRequest(model, cm.Batches(x, y, 16), machine_ids="local-cpu", fit_kwargs={"shuffle": shuffle})
         )
         node = spec["data"]["x"]
         assert ("shuffle_batches" in node) is shuffle, node
-        blob = tmp_path / f"blob-{shuffle}"
+        blob = tmp_path / (("a" if shuffle else "b") * 64)
         blob.write_bytes(Path(bundle.sources[node["dataset"]].path).read_bytes())
         shutil.rmtree(bundle.workdir)
-        ds = load_tree({**node, "dataset": blob.name}, lambda sha: tmp_path / sha)
+        ds = load_tree(DataTop.model_validate({**node, "dataset": blob.name}), lambda sha: tmp_path / sha)
         orders = [[int(by[0, 0]) for _, by in ds] for _ in range(3)]
         assert all(sorted(o) == list(range(0, 100, 16)) for o in orders), orders
         assert (len({tuple(o) for o in orders}) > 1) is shuffle, orders

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records import job_spec
 
 from aibro_backend.api.user import job_view
 from aibro_backend.storage.events import NewEvent
@@ -52,7 +53,7 @@ def test_the_stores_summary_and_the_job_view(case: dict[str, Any], batches: str,
     store = Store(tmp_path / "aibro.db")
     try:
         uid = store.users.ensure("u")
-        store.jobs.create("job-1", uid, {"machines": ["local-cpu"], "fit": {"epochs": 9}})
+        store.jobs.create("job-1", uid, job_spec(fit={"epochs": 9}))
         events = [NewEvent(ev["type"], ev["data"], None, ev["ts"]) for ev in case["events"]]
         for chunk in [[ev] for ev in events] if batches == "one-by-one" else [events]:
             store.events.append_many("job-1", chunk)

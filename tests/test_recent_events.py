@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records import job_spec
 
 from aibro_backend.storage import recent
 from aibro_backend.storage.events import EventBatch, NewEvent, NoSuchJob
@@ -23,7 +24,7 @@ from aibro_backend.storage.walcheckpoint import Checkpointer
 
 pytestmark = pytest.mark.fast
 
-SPEC = {"machines": ["local-cpu"], "fit": {"epochs": 1000}}
+SPEC = job_spec(fit={"epochs": 1000})
 
 
 @pytest.fixture
@@ -170,7 +171,7 @@ def test_checkpoints_off_the_request_path_keep_the_log_whole(tmp_path: Path, mon
     monkeypatch.setattr(Checkpointer, "RESTART_ABOVE", 2 << 20)
     s = Store(tmp_path / "db.sqlite", checkpoints_every_s=0.05)
     s.users.ensure("u")
-    s.jobs.create("job-1", 1, {"fit": {"epochs": 1}})
+    s.jobs.create("job-1", 1, job_spec())
     assert s.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     wal = Path(f"{s.path}-wal")
     biggest, rewinds, last_seq = 0, 0, None

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records import job_spec
 
 from aibro_backend.providers.base import CapacityError, LaunchRequest, PollResult, Provider
 from aibro_backend.scheduling.policy import Policy
@@ -73,8 +74,7 @@ def world(tmp_path: Path):  # noqa: ANN201
 
 
 def _job(store: Store, uid: int, machines: list[str], wait: float, versions: dict[str, str] | None = None) -> str:
-    spec = {"machines": machines, "cool_down_s": 0, "wait_request_s": wait, "fit": {"epochs": 1}}
-    spec["versions"] = versions or {}
+    spec = job_spec(machines=machines, cool_down_s=0, wait_request_s=wait, versions=versions or {})
     store.jobs.create("job-1", uid, spec)
     return "job-1"
 
@@ -306,7 +306,7 @@ class StoppingProvider(AsyncScriptedProvider):
 
 
 def _od_job(store: Store, uid: int, job_id: str, cool_down_s: float = 0) -> str:
-    spec = {"machines": ["od-a"], "cool_down_s": cool_down_s, "wait_request_s": 600, "fit": {"epochs": 1}}
+    spec = job_spec(machines=["od-a"], cool_down_s=cool_down_s, wait_request_s=600)
     store.jobs.create(job_id, uid, spec)
     return job_id
 
@@ -408,7 +408,7 @@ def test_one_tick_places_a_queue_against_capacity_it_has_just_used(world) -> Non
     third on a view read before the first two started)."""
     store, provider, sched, uid = world
     for n in range(3):
-        spec = {"machines": ["spot-a"], "cool_down_s": 0, "wait_request_s": 60, "fit": {"epochs": 1}}
+        spec = job_spec(machines=["spot-a"], cool_down_s=0, wait_request_s=60)
         store.jobs.create(f"job-{n}", uid, spec)
         store.jobs.update(f"job-{n}", status=v.QUEUING, substatus=v.REQUESTING_SERVER)
     sched.tick()

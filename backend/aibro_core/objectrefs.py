@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .kerasfile import rebuildable
+from .models import Closure, ObjectRef
 
 
 class Files(Protocol):
@@ -75,24 +76,26 @@ def find(ref: str, aliases: dict[str, str] | None = None) -> Any:
     return obj
 
 
-def closure(spec: dict[str, Any], aliases: dict[str, str] | None = None) -> Any:
+def closure(spec: Closure | dict[str, Any], aliases: dict[str, str] | None = None) -> Any:
     """A function made inside another, made again: its code found inside the enclosing function's (by name and line
-    within it), with the enclosing module's globals and the values it closed over in the kernel."""
-    outer = find(str(spec["ref"]), aliases)
+    within it), with the enclosing module's globals and the values it closed over in the kernel. A closure marked
+    in a callback's or compile's arguments (`{"__closure__": ...}`) is validated here as a job's objects are."""
+    if not isinstance(spec, Closure):
+        spec = Closure.model_validate(spec)
+    outer = find(spec.ref, aliases)
     outer_code = outer.__code__
-    line = int(spec["line"]) + outer_code.co_firstlineno
-    code = _inner_code(outer_code, str(spec["name"]), line, int(spec.get("nth", 0)))
+    line = spec.line + outer_code.co_firstlineno
+    code = _inner_code(outer_code, spec.name, line, spec.nth)
     if code is None:
         raise RuntimeError(
-            f"{spec['ref']} holds no function {spec['name']} in the job's code: the travelling code differs from the "
+            f"{spec.ref} holds no function {spec.name} in the job's code: the travelling code differs from the "
             "kernel's; run the cell that defines it again and resubmit"
         )
-    values = spec.get("cells") or {}
-    cells = tuple(types.CellType(decode(values[name], None, "closure", aliases)) for name in code.co_freevars)
-    defaults = tuple(decode(spec["defaults"], None, "closure", aliases)) if spec.get("defaults") else None
+    cells = tuple(types.CellType(decode(spec.cells[name], None, "closure", aliases)) for name in code.co_freevars)
+    defaults = tuple(decode(spec.defaults, None, "closure", aliases)) if spec.defaults else None
     fn = types.FunctionType(code, outer.__globals__, code.co_name, defaults, cells)
-    if spec.get("kwdefaults"):
-        fn.__kwdefaults__ = decode(spec["kwdefaults"], None, "closure", aliases)
+    if spec.kwdefaults:
+        fn.__kwdefaults__ = decode(spec.kwdefaults, None, "closure", aliases)
     fn.__qualname__ = getattr(code, "co_qualname", code.co_name)
     fn.__module__ = outer.__module__
     return fn
@@ -113,19 +116,21 @@ def _inner_code(code: types.CodeType, name: str, line: int, nth: int) -> types.C
     return found[nth] if nth < len(found) else None
 
 
-def resolve(refs: dict[str, Any], aliases: dict[str, str] | None = None) -> dict[str, Any]:
-    """The custom objects of a job's Keras loads: each name Keras records in the model, the object it stands for."""
+def resolve(refs: dict[str, ObjectRef] | dict[str, Any], aliases: dict[str, str] | None = None) -> dict[str, Any]:
+    """The custom objects of a job's Keras loads: each name Keras records in the model, the object it stands for
+    (a job's spec holds them validated; the kernel's own, read from a saved file's notes, are validated here)."""
     found: dict[str, Any] = {}
-    for name, ref in refs.items():
+    for name, given in refs.items():
+        ref = given if isinstance(given, ObjectRef) else ObjectRef.model_validate(given)
         try:
-            obj = closure(ref["closure"], aliases) if "closure" in ref else find(str(ref["ref"]), aliases)
+            obj = closure(ref.closure, aliases) if ref.closure is not None else find(str(ref.ref), aliases)
         except (ImportError, AttributeError) as exc:
-            where = ref["closure"]["ref"] if "closure" in ref else ref["ref"]
+            where = ref.closure.ref if ref.closure is not None else ref.ref
             raise RuntimeError(
                 f"the model names {name} ({where}), which the job's code does not define ({exc}): run the cells that "
                 "define it before submitting, or install its package with the job's requirements"
             ) from None
-        if ref.get("init") is not None or ref.get("config_args"):
-            obj = rebuildable(obj, dict(ref.get("init") or {}), tuple(ref.get("config_args") or ()))
+        if ref.init is not None or ref.config_args:
+            obj = rebuildable(obj, dict(ref.init or {}), tuple(ref.config_args or ()))
         found[name] = obj
     return found

@@ -42,7 +42,6 @@ from ..storage.blobs import (
 )
 from ..storage.s3blobs import S3Backing, S3BlobError
 from .base import ApiError, BaseHandler, UserHandler, bearer_of
-from .jobspec import spec_blobs
 from .worker import WorkerHandler
 
 log = logging.getLogger("aibro.backend")
@@ -311,7 +310,7 @@ class WorkerBlobHandler(WorkerHandler):
     async def get(self, sha: str) -> None:
         inst = self.backend.store.instances.get(self.instance.id)
         job = self.backend.store.jobs.get(inst.job_id) if inst.job_id else None
-        if job is None or sha not in spec_blobs(job.spec):
+        if job is None or job.spec is None or sha not in job.spec.blobs():
             raise ApiError(403, "this blob is not part of the job assigned to this instance")
         s3 = self.backend.blobs.s3
         if s3 is not None:  # the job's user's own upload until it is proven, then the shared copy
@@ -523,7 +522,9 @@ def _check_name_free(handler: WorkerHandler, job_id: str, name: str) -> None:
 def _pinned(handler: UserHandler) -> dict[str, int]:
     """The user's blobs that their active jobs read, with their sizes: they stay while those jobs run."""
     store = handler.backend.store
-    shas = {sha for job in store.jobs.list(handler.uid, v.JOB_ACTIVE) for sha in spec_blobs(job.spec)}
+    shas = {
+        sha for job in store.jobs.list(handler.uid, v.JOB_ACTIVE) if job.spec is not None for sha in job.spec.blobs()
+    }
     return {sha: store.blobs.size(sha, handler.uid) or 0 for sha in shas}
 
 
@@ -589,8 +590,8 @@ def _readable_by_assignment(handler: WorkerHandler, job_id: str, name: str) -> N
     model), when that job is of the same user."""
     inst = handler.backend.store.instances.get(handler.instance.id)
     assigned = handler.backend.store.jobs.get(inst.job_id) if inst.job_id else None
-    trial = (assigned.spec.get("trial") or {}) if assigned else {}
-    resume, epoch = trial.get("resume_job") or None, trial.get("resume_epoch")
+    trial = assigned.spec.trial if assigned and assigned.spec else None
+    resume, epoch = (trial.resume_job or None, trial.resume_epoch) if trial else (None, None)
     start = "model.keras" if epoch is None else v.checkpoint_name(int(epoch))
     if resume == job_id and name == start:
         earlier = handler.backend.store.jobs.get(job_id)

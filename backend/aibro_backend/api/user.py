@@ -8,7 +8,7 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
-from aibro_core.models import Instance, Job, JobSpec, ReplayOverrides, finite
+from aibro_core.models import CallbackFiles, CodeListing, Instance, Job, JobSpec, ReplayOverrides
 
 from ..scheduling.costs import instance_cost, job_costs
 from ..server.state import Backend
@@ -16,10 +16,13 @@ from ..storage.records import InstanceRecord, JobRecord
 from ..storage.store import Store
 from . import longpoll
 from .base import ApiError, UserHandler
-from .jobspec import stored_spec, validate_spec
+from .jobspec import validate_spec
 from .transfer import quota
 
 PLACEMENT_KEYS = ("state", "node_id", "node_ip", "hostname", "gpu_ids", "waiting", "ray_address")
+
+
+_UNREADABLE = JobSpec.model_construct(machines=[])  # what job_view shows of a spec this version refuses (records.py)
 
 
 def job_view(
@@ -39,12 +42,9 @@ def job_view(
     if trials is None:
         trials = store.studies.trial_of_jobs(job.user_id, job.id)
     study_id, trial_id = trials.get(job.id, (None, None))
-    spec = job.spec if isinstance(job.spec, dict) else {}
+    spec = job.spec or _UNREADABLE
     picture = JobPicture().apply_all(store.events.typed(job.id, (v.EV_STATUS, v.EV_EPOCH, v.EV_ERROR)))
-    valid = job.status in v.JOB_STATUSES and job.substatus in v.JOB_SUBSTATUSES
-    fit = spec.get("fit") if isinstance(spec.get("fit"), dict) else {}
-    code = spec.get("code") if isinstance(spec.get("code"), dict) else {}
-    meta = spec.get("meta") if isinstance(spec.get("meta"), dict) else {}
+    valid = job.status is not None and job.substatus is not None
     return Job(
         job_id=job.id,
         status=job.status if valid else picture.status,
@@ -52,20 +52,20 @@ def job_view(
         description=str(job.description or ""),
         machine_id=job.machine_id,
         instance_id=job.instance_id,
-        machines=[str(m) for m in spec.get("machines") or []],
-        cool_down_s=finite(spec.get("cool_down_s", 0)),
-        wait_request_s=finite(spec.get("wait_request_s", 0)),
-        epochs=int(finite(fit.get("epochs", 1), 1)),
+        machines=spec.machines,
+        cool_down_s=spec.cool_down_s,
+        wait_request_s=spec.wait_request_s or 0.0,
+        epochs=spec.fit.epochs,
         epochs_done=job.epochs_done,
         attempt=job.attempt,
         created=job.created,
         updated=job.updated,
         cancel_requested=job.cancel_requested,
         replay_of=job.replay_of,
-        record=bool(spec.get("record", True)),
-        meta={str(k): str(val) for k, val in meta.items()},
-        code=code.get("files") or [],
-        requirements=[str(r) for r in spec.get("requirements") or []],
+        record=spec.record,
+        meta=spec.meta or {},
+        code=[CodeListing(**f.model_dump()) for f in spec.code.files] if spec.code else [],
+        requirements=spec.requirements or [],
         files=callback_files(spec),
         cost=costs.get(job.id, 0.0),
         timeline=picture.timeline,
@@ -91,31 +91,32 @@ def instance_view(inst: InstanceRecord, now: float, placement: dict[str, Any] | 
     )
 
 
-def callback_files(spec: dict[str, Any]) -> list[dict[str, str]]:
+def callback_files(spec: JobSpec) -> list[CallbackFiles]:
     """The callback arguments that name a file or folder, and the kernel-side path each stands for; and the job's
     working directory, which stands for the kernel's."""
     out = []
-    callbacks = spec.get("callbacks") if isinstance(spec.get("callbacks"), list) else []
-    for i, cb in enumerate(callbacks):
-        config = cb.get("config") if isinstance(cb, dict) and isinstance(cb.get("config"), dict) else {}
-        for arg, value in config.items():
+    for i, cb in enumerate(spec.callbacks):
+        for arg, value in cb.config.items():
             if (
                 isinstance(value, dict)
                 and value.get("__path__") in ("file", "dir")
                 and isinstance(value.get("kernel"), str)
             ):
-                out.append({"slot": f"{i}/{arg}", "kind": value["__path__"], "kernel": value["kernel"]})
-    if isinstance(spec.get("cwd"), str):
-        out.append({"slot": v.CWD_SLOT, "kind": "dir", "kernel": spec["cwd"]})
+                out.append(CallbackFiles(slot=f"{i}/{arg}", kind=value["__path__"], kernel=value["kernel"]))
+    if spec.cwd is not None:
+        out.append(CallbackFiles(slot=v.CWD_SLOT, kind="dir", kernel=spec.cwd))
     return out
 
 
 class HealthHandler(UserHandler):
     def get(self) -> None:
         from .. import __version__
+        from ..scheduling.jobmemory import JobMemory
 
         health = {"ok": True, "user": self.user["name"], "version": __version__, "quota": quota(self.backend, self.uid)}
         health["sandbox"] = self.backend.extra.get("sandbox", "none")
+        memory = JobMemory.of(self.backend.policy, self.backend.store, self.backend.scheduler.providers)
+        health["job_memory"] = memory.view()  # what each job may hold (`aibro backend status` shows it)
         if self.backend.extra.get("sandbox_warning"):
             health["sandbox_warning"] = self.backend.extra["sandbox_warning"]
         spare = next(filter(None, (p.spare_of(self.uid) for p in self.backend.scheduler.providers.values())), None)
@@ -156,12 +157,14 @@ class JobsHandler(UserHandler):
         self.send(submit_job(self, spec).model_dump(mode="json"), 201)
 
 
-def submit_job(handler: UserHandler, raw: dict[str, Any], replay_of: str | None = None) -> Job:
+def submit_job(handler: UserHandler, raw: dict[str, Any] | JobSpec, replay_of: str | None = None) -> Job:
     job_id = admit_job(handler.backend, handler.uid, handler.user["name"], raw, replay_of)
     return job_view(handler.backend.store.jobs.get(job_id), handler.backend.store)
 
 
-def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], replay_of: str | None = None) -> str:
+def admit_job(
+    backend: Backend, uid: int, user_name: str, raw: dict[str, Any] | JobSpec, replay_of: str | None = None
+) -> str:
     """Validate a job spec against the backend's machines and this user's limits, store and queue it; its id. A
     submitted job and a study's trial (tuning/studies.py) are admitted alike."""
     spec = check_job(backend, uid, user_name, raw)
@@ -174,14 +177,14 @@ def admit_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any], r
             "(%%cloud_fit --wait-slot S, wait_new_job_create_s=S)",
         )
     job_id = "job-" + time.strftime("%Y%m%d-") + secrets.token_hex(4)
-    backend.store.jobs.create(job_id, uid, stored_spec(spec), replay_of=replay_of)
+    backend.store.jobs.create(job_id, uid, spec, replay_of=replay_of)
     backend.store.blobs.touch(uid, sorted(set(spec.blobs())))  # used now: the last to make room
     backend.scheduler.set_status(job_id, v.QUEUING, v.REQUESTING_SERVER, "queued")
     backend.scheduler.tick()
     return job_id
 
 
-def check_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any]) -> JobSpec:
+def check_job(backend: Backend, uid: int, user_name: str, raw: dict[str, Any] | JobSpec) -> JobSpec:
     """The validated spec, once it fits the machines, the backend's policy and the user's blobs: what a job must
     pass whenever it comes (a study's trials are checked so before the study starts)."""
     spec = validate_spec(raw, backend.scheduler.machine_index())
@@ -227,14 +230,12 @@ class CancelHandler(UserHandler):
 class ReplayHandler(UserHandler):
     def post(self, job_id: str) -> None:
         job = self.own_job(job_id)
-        if not job.spec.get("record", True):
+        if job.spec is None:
+            raise ApiError(409, f"job {job_id} was stored in a shape this backend no longer accepts: submit it again")
+        if not job.spec.record:
             raise ApiError(409, f"job {job_id} was not recorded (record=False), so it cannot be replayed")
-        spec = dict(job.spec)
         overrides = self.body_model(ReplayOverrides, "the replay overrides")
-        if overrides.machines:
-            spec["machines"] = overrides.machines
-        if overrides.description is not None:
-            spec["description"] = overrides.description
+        spec = job.spec.model_copy(update=overrides.model_dump(exclude_none=True))
         self.send(submit_job(self, spec, replay_of=job_id).model_dump(mode="json"), 201)
 
 

@@ -14,7 +14,7 @@ from aibro_core.jobpicture import JobPicture
 from aibro_core.models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
 from ..storage.events import NewEvent, NoSuchJob
-from ..storage.records import InstanceRecord
+from ..storage.records import SPEC_DUMP, InstanceRecord
 from ..worker import version
 from .base import ApiError, BaseHandler
 from .workerbatch import read_fast
@@ -90,7 +90,7 @@ class AssignmentHandler(WorkerHandler):
                 "action": "train",
                 "job_id": job.id,
                 "attempt": job.attempt,
-                "spec": job.spec,
+                "spec": job.checked_spec.model_dump(mode="json", **SPEC_DUMP),
                 "resume": resume,
                 "cancel": job.cancel_requested,
             }
@@ -116,8 +116,9 @@ class WorkerEventsHandler(WorkerHandler):
                 raise ApiError(400, explain(exc, "the event batch"), **extra) from None
             attempt, events = body.attempt, [NewEvent(ev.type, ev.payload(), ev.wseq, ev.ts) for ev in body.events]
         job = self.assigned_job(job_id, attempt)
-        epochs = int(job.spec["fit"]["epochs"])
-        if (job.spec.get("trial") or {}).get("fit_args") is not None:
+        spec = job.checked_spec
+        epochs = spec.fit.epochs
+        if spec.trial is not None and spec.trial.fit_args is not None:
             epochs = MAX_EPOCHS  # a HyperModel's own fit chooses the trial's epochs (hp may, as locally)
         for ev in events:
             if ev.type == v.EV_EPOCH and ev.data["epoch"] >= epochs:

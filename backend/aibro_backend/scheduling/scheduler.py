@@ -16,8 +16,10 @@ from aibro_core.models import Machine
 
 from ..providers.base import CapacityError, LaunchRequest, Provider
 from ..providers.shipping import tensorflow_pin
-from ..storage.records import InstanceRecord, JobRecord
+from ..storage.records import InstanceRecord, JobRecord, unreadable_reason
 from ..storage.store import Store
+from .jobmemory import VARIABLE as MEMORY_VARIABLE
+from .jobmemory import launch_limit
 from .policy import Policy
 
 log = logging.getLogger("aibro.scheduler")
@@ -230,13 +232,13 @@ class Scheduler:
         if job is None or job.status not in v.JOB_ACTIVE or job.instance_id != inst.id:
             return
         waiting = self._report_pending(inst, job)
-        wait = float(job.spec["wait_request_s"])  # set by jobspec.validate_spec on every job
+        wait = job.checked_spec.wait_request_s or 0.0
         asked = max([inst.created, *(h[2] for h in inst.history if h[0] == v.CLOSED)])
         if wait <= 0 or now - asked < wait:
             return
         self.providers[inst.provider].terminate(inst)
         machine = inst.machine_id
-        listed = ", ".join(job.spec["machines"])
+        listed = ", ".join(job.checked_spec.machines)
         self._pass_over(
             inst,
             job,
@@ -280,7 +282,7 @@ class Scheduler:
         self.store.jobs.update(job.id, instance_id=None, machine_id=None)
         machine = inst.machine_id
         self.emit(job.id, v.EV_LOG, {"message": message, "passed_over": machine, "attempt": job.attempt})
-        left = [m for m in job.spec["machines"] if m not in self._passed_over(job)]
+        left = [m for m in job.checked_spec.machines if m not in self._passed_over(job)]
         if left:
             self.set_status(job.id, v.QUEUING, v.REQUESTING_SERVER, f"trying {left[0]}")
         else:
@@ -308,7 +310,7 @@ class Scheduler:
     @staticmethod
     def _capacity_messages(machine: str, job: JobRecord, error: BaseException) -> tuple[str, str]:
         """The log line of a pass-over for lack of capacity, and the error if no machine is left."""
-        listed = ", ".join(job.spec["machines"])
+        listed = ", ".join(job.checked_spec.machines)
         return (
             f"{machine} has no capacity now ({getattr(error, 'code', '') or error}); trying the next machine",
             f"none of the machines ({listed}) had capacity now ({error}); try again later or list other machines "
@@ -387,7 +389,7 @@ class Scheduler:
             return
         attempt = job.attempt + 1
         self.store.jobs.update(job.id, attempt=attempt, instance_id=None, machine_id=None)
-        others = [m for m in job.spec["machines"] if m != machine]
+        others = [m for m in job.checked_spec.machines if m != machine]
         if others:  # this machine just went away: the next attempt tries the others first
             self.emit(
                 job.id,
@@ -406,6 +408,9 @@ class Scheduler:
     def _check_cancels(self) -> None:
         now = time.time()
         for job in self.store.jobs.list(statuses=v.JOB_ACTIVE):
+            if job.spec is None:
+                self.fail(job.id, f"the backend could not schedule this job: {unreadable_reason()}; submit it again")
+                continue
             if not job.cancel_requested:
                 continue
             if job.status == v.QUEUING and not job.instance_id:
@@ -437,12 +442,12 @@ class Scheduler:
     def _assign(self, job: JobRecord, placement: _Placement) -> bool:
         """Place one queued job on the first machine of its list that can take it now; True when that changed any
         instance (so the pass reads them again), False when the job waits or failed."""
-        spec = job.spec
+        spec = job.checked_spec
         index = self.machine_index()
         passed = self._passed_over(job)
         waiting: list[str] = []
         unusable: list[str] = []  # machines of a provider whose cluster is gone: why
-        for machine_id in spec["machines"]:
+        for machine_id in spec.machines:
             warm = [
                 i
                 for i in placement.live
@@ -451,7 +456,7 @@ class Scheduler:
             if warm:
                 inst = warm[0]
                 self.store.instances.set_state(
-                    inst.id, v.EXECUTING, "", job_id=job.id, cool_down_s=spec["cool_down_s"], cooling_until=None
+                    inst.id, v.EXECUTING, "", job_id=job.id, cool_down_s=spec.cool_down_s, cooling_until=None
                 )
                 self._waiting.pop(job.id, None)
                 self._bind(job, inst.id, machine_id, f"reusing warm instance {inst.id}")
@@ -517,7 +522,7 @@ class Scheduler:
             v.LAUNCHING,
             "",
             job_id=job.id,
-            cool_down_s=job.spec["cool_down_s"],
+            cool_down_s=job.checked_spec.cool_down_s,
             cooling_until=None,
             price_per_hour=float(price if price is not None else inst.price_per_hour or 0.0),
         )
@@ -555,6 +560,7 @@ class Scheduler:
         # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
         enroll = new_token("e") if self.providers[provider_name].enrolls else None
         offer = self.offer(machine_id)
+        env[MEMORY_VARIABLE] = launch_limit(self.policy, self.store, self.providers, offer)  # jobmemory.py
         price = float(offer.price_per_hour if offer is not None else 0.0)
         self.store.instances.create(
             instance_id,
@@ -562,7 +568,7 @@ class Scheduler:
             provider_name,
             machine_id,
             token,
-            job.spec["cool_down_s"],
+            job.checked_spec.cool_down_s,
             enroll,
             price_per_hour=price,
         )
@@ -580,7 +586,7 @@ class Scheduler:
                     user_id=job.user_id,
                     job_id=job.id,
                     attempt=job.attempt,
-                    tensorflow=tensorflow_pin(job.spec.get("versions") or {}),
+                    tensorflow=tensorflow_pin(job.checked_spec.versions or {}),
                 )
             )
         except Exception as exc:  # noqa: BLE001 - a launch failure moves on to the next machine next tick

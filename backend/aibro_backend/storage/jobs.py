@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from typing import Any
 
 from aibro_core import vocabulary as v
+from aibro_core.models import JobSpec
 
-from .records import JobRecord
+from .records import JobRecord, job_spec_text
 from .sql import owned_rows, row_by_id, update_row, write
 
 
@@ -19,7 +19,7 @@ class Jobs:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
 
-    def create(self, job_id: str, user_id: int, spec: dict[str, Any], replay_of: str | None = None) -> None:
+    def create(self, job_id: str, user_id: int, spec: JobSpec, replay_of: str | None = None) -> None:
         now = time.time()
         write(
             self.db,
@@ -30,8 +30,8 @@ class Jobs:
                 user_id,
                 v.QUEUING,
                 v.REQUESTING_SERVER,
-                json.dumps(spec),
-                spec.get("description", ""),
+                job_spec_text(spec),
+                spec.description,
                 now,
                 now,
                 replay_of,

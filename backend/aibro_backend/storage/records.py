@@ -9,21 +9,29 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-from aibro_core.models import StudySpec
-from aibro_core.vocabulary import StudyStatus, TrialStatus
+from pydantic import ValidationError
+
+from aibro_core.models import JobSpec, StudySpec
+from aibro_core.vocabulary import InstanceStatus, JobStatus, JobSubstatus, StudyStatus, TrialStatus
 
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """One row of `jobs`: its spec as validated at submission (api/jobspec.py), its states and progress."""
+    """One row of `jobs`: its spec as validated at submission (api/jobspec.py), its states and progress.
+
+    `spec` is None for a row this version's JobSpec refuses (stored before requests were validated, or by a looser
+    release): the scheduler cancels such a job naming why, and `job_view` shows what it can. `status` and
+    `substatus` are None for a row a worker spoiled before events were validated (`job_view` shows the event
+    log's)."""
 
     id: str
     user_id: int
-    status: str
-    substatus: str
-    spec: dict[str, Any]
+    status: JobStatus | None
+    substatus: JobSubstatus | None
+    spec: JobSpec | None
     description: str
     created: float
     updated: float
@@ -34,10 +42,52 @@ class JobRecord:
     epochs_done: int
     replay_of: str | None
 
+    @property
+    def checked_spec(self) -> JobSpec:
+        """The spec of a job the scheduler runs: every active job's row reads (the scheduler fails one that does not
+        first, naming `unreadable_reason`)."""
+        if self.spec is None:
+            raise ValueError(f"job {self.id}: {unreadable_reason()}")
+        return self.spec
+
     @classmethod
     def of(cls, row: sqlite3.Row) -> JobRecord:
         fields = {name: row[name] for name in cls.__slots__}
-        return cls(**fields | {"spec": json.loads(row["spec"]), "cancel_requested": bool(row["cancel_requested"])})
+        typed = {
+            "spec": stored_job_spec(row["spec"]),
+            "status": _member(JobStatus, row["status"]),
+            "substatus": _member(JobSubstatus, row["substatus"]),
+            "cancel_requested": bool(row["cancel_requested"]),
+        }
+        return cls(**fields | typed)
+
+
+def _member(enum: type[JobStatus] | type[JobSubstatus], value: str) -> Any:
+    return enum(value) if value in {m.value for m in enum} else None
+
+
+@lru_cache(maxsize=4096)
+def stored_job_spec(text: str) -> JobSpec | None:
+    """The JobSpec a row holds, validated once per distinct row (a scheduler tick reads every active job), or None
+    when this version refuses it. Shared between readers: never modify it, copy it (`model_copy(update=...)`)."""
+    try:
+        return JobSpec.model_validate_json(text)
+    except ValidationError:
+        return None
+
+
+def unreadable_reason() -> str:
+    return "its stored spec is one this version of the backend refuses (stored by an older release)"
+
+
+SPEC_DUMP: dict[str, Any] = {"by_alias": True, "exclude_unset": True}
+"""How a JobSpec is written, in the jobs table and in a worker's assignment: what was set, so that validating it
+again gives the same spec and the fit arguments the user set are the ones still set (the worker passes only those
+to Keras)."""
+
+
+def job_spec_text(spec: JobSpec) -> str:
+    return spec.model_dump_json(**SPEC_DUMP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +100,7 @@ class InstanceRecord:
     user_id: int
     provider: str
     machine_id: str
-    status: str
+    status: InstanceStatus
     substatus: str
     pid: int | None
     job_id: str | None
@@ -64,7 +114,8 @@ class InstanceRecord:
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> InstanceRecord:
-        return cls(**{name: row[name] for name in cls.__slots__} | {"history": json.loads(row["history"])})
+        typed = {"status": InstanceStatus(row["status"]), "history": json.loads(row["history"])}
+        return cls(**{name: row[name] for name in cls.__slots__} | typed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
-from aibro_core.models import Objective, Study, StudyTrial, TrialCheckpoint, TrialExecution
+from aibro_core.models import JobSpec, Objective, Study, StudyTrial, TrialCheckpoint, TrialExecution
 
 from ..api.base import ApiError
 from ..api.user import admit_job
@@ -233,28 +233,29 @@ class StudyDriver:
         self.backend.store.studies.add_execution(study.id, trial.trial_id, execution, job_id)
         log.info("study %s: trial %s execution %d runs as %s", study.id, trial.trial_id, execution, job_id)
 
-    def _trial_job(self, study: StudyRecord, trial_id: str, values: dict[str, Any], execution: int) -> dict[str, Any]:
-        """The job spec of one execution of a trial: the study's, with the trial's values (and Hyperband's round)."""
-        job = study.spec.job.model_dump(mode="json", by_alias=True, exclude_unset=True)  # as POST /studies had it
-        trial = {**job["trial"], "values": values, "study_id": study.id, "trial_id": trial_id}
+    def _trial_job(self, study: StudyRecord, trial_id: str, values: dict[str, Any], execution: int) -> JobSpec:
+        """The job spec of one execution of a trial: the study's, with the trial's values (and Hyperband's round);
+        admit_job validates it again, as it would a submitted job."""
+        job = study.spec.job
+        assert job.trial is not None  # StudySpec requires a trial build
+        trial = {"values": values, "study_id": study.id, "trial_id": trial_id}
+        fit = job.fit
         if "tuner/epochs" in values:  # Hyperband's round: these epochs, from where the earlier trial stopped
-            job["fit"] = {
-                **job.get("fit", {}),
-                "epochs": int(values["tuner/epochs"]),
-                "initial_epoch": int(values.get("tuner/initial_epoch", 0)),
-            }
-            if trial.get("fit_args") is not None:  # KerasTuner's Hyperband puts both in what fit is given
-                trial["fit_args"] = sorted({*trial["fit_args"], "epochs", "initial_epoch"})
+            round_ = {"epochs": int(values["tuner/epochs"]), "initial_epoch": int(values.get("tuner/initial_epoch", 0))}
+            fit = fit.model_copy(update=round_)
+            if job.trial.fit_args is not None:  # KerasTuner's Hyperband puts both in what fit is given
+                trial["fit_args"] = sorted({*job.trial.fit_args, "epochs", "initial_epoch"})
         earlier = values.get("tuner/trial_id")  # Hyperband: start from that trial's best checkpoint
         if earlier is not None:
             checkpoint = self._checkpoint(study, str(earlier))
             if checkpoint is not None:
                 trial["resume_job"], trial["resume_epoch"] = checkpoint
-        job["trial"] = trial
         n = executions_per_trial(study)
         of = f" · execution {execution + 1} of {n}" if n > 1 else ""
-        job["description"] = f"{study.description or study.id} · trial {trial_id}{of}"
-        return job
+        description = f"{study.description or study.id} · trial {trial_id}{of}"
+        return job.model_copy(
+            update={"trial": job.trial.model_copy(update=trial), "fit": fit, "description": description}
+        )
 
     def _checkpoint(self, study: StudyRecord, trial_id: str) -> tuple[str, int | None] | None:
         """The job and epoch whose weights are the trial's checkpoint, as KerasTuner's SaveBestEpoch keeps one per
@@ -264,7 +265,7 @@ class StudyDriver:
         objective = study.spec.oracle.objective
         return trial_checkpoint(runs, objective)
 
-    def _admit(self, study: StudyRecord, trial_id: str, job: dict[str, Any]) -> str | None:
+    def _admit(self, study: StudyRecord, trial_id: str, job: JobSpec) -> str | None:
         user = self.backend.store.users.name_of(study.user_id) or ""
         try:
             return admit_job(self.backend, study.user_id, user, job)

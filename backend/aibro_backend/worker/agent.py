@@ -26,8 +26,9 @@ import requests
 from aibro_core import backoff
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError, AuthError, BackendUnreachable
-from aibro_core.files import write_private
+from aibro_core.files import private_dir, write_private
 from aibro_core.kerasfile import KERAS_NOTES
+from aibro_core.models import JobSpec, ObjectRef
 from aibro_core.presigned import upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
@@ -72,10 +73,8 @@ class Worker:
         self.limits = limits or JobLimits()
         self.instance_id = instance_id
         self.workdir = workdir
-        self.cache = workdir / "cache"
-        self.cache.mkdir(parents=True, exist_ok=True)
-        self.code_root = workdir / "code"
-        self.code_root.mkdir(parents=True, exist_ok=True)
+        self.cache = private_dir(workdir / "cache")  # 0700 from the start, whatever umask the agent runs under
+        self.code_root = private_dir(workdir / "code")
         self.env_cache = WorkerSettings.from_env().env_cache or workdir.parent / "envs"
         self.keras: Any = None
         self._code: Any = None
@@ -129,10 +128,11 @@ class Worker:
 
     # -- one job ----------------------------------------------------------------------------------
     def run_job(self, a: dict[str, Any]) -> None:
-        job_id, attempt, spec = a["job_id"], a["attempt"], a["spec"]
+        job_id, attempt = a["job_id"], a["attempt"]
         outbox = Outbox(self.t, job_id, attempt)
         self._outbox = outbox
         try:
+            spec = JobSpec.model_validate(a["spec"])  # as the backend stored it (records.SPEC_DUMP)
             outcome, error = self._train(outbox, job_id, attempt, spec, a.get("resume"), a.get("cancel"))
         except Exception as exc:  # noqa: BLE001 - any failure is reported to the user, the worker lives on
             log.exception("job %s failed", job_id)
@@ -158,7 +158,7 @@ class Worker:
         outbox.put(v.EV_STATUS, {"status": v.TRAINING, "substatus": substatus})
 
     def _train(
-        self, outbox: Outbox, job_id: str, attempt: int, spec: dict, resume: dict | None, cancel: bool
+        self, outbox: Outbox, job_id: str, attempt: int, spec: JobSpec, resume: dict | None, cancel: bool
     ) -> tuple[str, str | None]:
         if cancel:
             return v.OUTCOME_CANCELED, None
@@ -172,14 +172,14 @@ class Worker:
                     log.info("job %s held at most %.0f MiB", job_id, memory.peak / (1 << 20))
 
     def _fit(
-        self, outbox: Outbox, job_id: str, attempt: int, spec: dict, resume: dict | None, memory: MemoryWatch
+        self, outbox: Outbox, job_id: str, attempt: int, spec: JobSpec, resume: dict | None, memory: MemoryWatch
     ) -> tuple[str, str | None]:
         self._status(outbox, v.GEARING_UP_ENV)
         keras = self._gear_up(outbox, job_id, attempt, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
         from aibro_core.objectrefs import resolve
 
-        objects = resolve(spec.get("objects") or {})
+        objects = resolve(spec.objects)
         with keras.saving.custom_object_scope(objects):
             return self._fit_with(outbox, job_id, attempt, spec, resume, memory, keras, objects)
 
@@ -188,7 +188,7 @@ class Worker:
         outbox: Outbox,
         job_id: str,
         attempt: int,
-        spec: dict,
+        spec: JobSpec,
         resume: dict | None,
         memory: MemoryWatch,
         keras: Any,
@@ -197,8 +197,8 @@ class Worker:
         """The fit itself, where every Keras load and every rebuilt argument finds the objects the model names."""
         from .datatree import fit_data
 
-        x, y, sw, validation_data = fit_data(spec["data"], self.fetch_blob)
-        fit = dict(spec["fit"])
+        x, y, sw, validation_data = fit_data(spec.data, self.fetch_blob)
+        fit = spec.fit.model_dump(exclude_unset=True)  # the arguments the user gave; Keras' defaults for the rest
         if isinstance(fit.get("class_weight"), dict):  # JSON keys are text; Keras looks classes up by integer
             fit["class_weight"] = {int(k): float(w) for k, w in fit["class_weight"].items()}
         trial = None  # a study trial's build, kept for its fit (worker/trialbuild.py)
@@ -206,28 +206,28 @@ class Worker:
             model_path = self.fetch_artifact(job_id, resume["checkpoint"])
             fit["initial_epoch"] = resume["epoch"]
             outbox.put(v.EV_LOG, {"message": f"resuming from {resume['checkpoint']} at epoch {resume['epoch']}"})
-            if spec.get("trial"):  # a study trial fits on as its first attempt did
+            if spec.trial is not None:  # a study trial fits on as its first attempt did
                 from .trialbuild import trial_run
 
-                trial = trial_run(spec["trial"])
-        elif spec.get("trial"):
+                trial = trial_run(spec.trial)
+        elif spec.trial is not None:
             from .trialbuild import build_trial_model
 
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
-            trial = build_trial_model(spec["trial"], model_path, self.fetch_earlier_model, objects)
-            if spec["trial"].get("resume_job"):
-                earlier = f"trial {spec['trial']['values'].get('tuner/trial_id')} ({spec['trial']['resume_job']})"
+            trial = build_trial_model(spec.trial, model_path, self.fetch_earlier_model, objects)
+            if spec.trial.resume_job:
+                earlier = f"trial {spec.trial.values.get('tuner/trial_id')} ({spec.trial.resume_job})"
                 outbox.put(v.EV_LOG, {"message": f"starting from the trained weights of {earlier}"})
         else:
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
-            model_path.symlink_to(self.fetch_blob(spec["model"]))
-        if spec.get("seed") is not None:
+            model_path.symlink_to(self.fetch_blob(str(spec.model)))
+        if spec.seed is not None:
             # As the kernel did before it built the model: the layers drawing default seeds as they are rebuilt
             # (Dropout's) and fit's shuffling then draw what they drew there.
-            keras.utils.set_random_seed(int(spec["seed"]))
-        model = self._load_model(keras, model_path, spec["safe_mode"], spec.get("compile"), objects)
+            keras.utils.set_random_seed(spec.seed)
+        model = self._load_model(keras, model_path, spec.safe_mode, spec.compile, objects)
         memory.check()
         self._status(outbox, v.SUB_TRAINING)
         replicas = _replicas(model) if getattr(model, "distribute_strategy", None) is not None else 1
@@ -245,13 +245,11 @@ class Worker:
         from .usercallbacks import FileReturn, LineWriter, build_callbacks, snapshot
 
         multi_device = getattr(model, "distribute_strategy", None) is not None and _replicas(model) > 1
-        loader = (
-            None if multi_device else shadow_loader(keras, model_path, spec["safe_mode"], spec.get("compile"), objects)
-        )
+        loader = None if multi_device else shadow_loader(keras, model_path, spec.safe_mode, spec.compile, objects)
         scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
         pipeline = EpochPipeline(outbox, model, loader, upload_checkpoint, scratch)
         files = FileReturn(scratch / "files")
-        job_cwd = files.working_directory(spec.get("cwd"))
+        job_cwd = files.working_directory(spec.cwd)
 
         def send_files() -> None:
             """What the user's callbacks wrote since the last epoch goes back, before that epoch is reported; a job
@@ -272,7 +270,7 @@ class Worker:
         events = EventCallback(
             outbox,
             pipeline,
-            int(fit.get("epochs", 1)),
+            spec.fit.epochs,
             _samples(x),
             self.spot.notice if self.spot else None,
             at_epoch_end=send_files,
@@ -280,7 +278,7 @@ class Worker:
         tensorboard = EpochTensorBoard(log_dir=str(tb_dir), write_graph=False, profile_batch=0)
         # The user's callbacks first, ours after them: an epoch's logs are reported once every callback has written
         # its keys into them (ReduceLROnPlateau's learning_rate), as the kernel's History, which Keras runs last, sees.
-        callbacks = build_callbacks(spec.get("callbacks", []), files)
+        callbacks = build_callbacks(spec.callbacks, files)
         keep = KeepFitFrame()
         callbacks += [LimitCheck(memory.check), tensorboard, events, keep]
         printed, errors = (
@@ -315,7 +313,7 @@ class Worker:
         if trial is not None:  # the study reads the trial's hyperparameters (and what a HyperModel.fit returned)
             outbox.put(v.EV_LOG, trial.report_event())
         self._status(outbox, v.RETURNING)
-        self._upload_model(model, job_id, attempt, "model.keras", spec.get("objects") or {})
+        self._upload_model(model, job_id, attempt, "model.keras", spec.objects)
         for path in sorted(tb_dir.rglob("*")):
             if path.is_file():
                 name = "tensorboard/" + path.relative_to(tb_dir).as_posix()
@@ -330,7 +328,7 @@ class Worker:
         outbox.put(v.EV_LOG, {"message": message})
         return v.SPOT_INTERRUPTED, message
 
-    def _gear_up(self, outbox: Outbox, job_id: str, attempt: int, spec: dict) -> Any:
+    def _gear_up(self, outbox: Outbox, job_id: str, attempt: int, spec: JobSpec) -> Any:
         """Packages first (a cached per-requirements environment), then the user's own code, then the imports the
         model's custom objects need. What went in for this job comes out again in `_gear_down`."""
         if self.keras is None:
@@ -343,11 +341,11 @@ class Worker:
 
         mine = runtime_versions()
         note = {"message": "worker: " + ", ".join(f"{k} {val}" for k, val in mine.items()), "versions": mine}
-        warning = version_mismatch(spec.get("versions") or {}, mine)
+        warning = version_mismatch(spec.versions or {}, mine)
         if warning:
             note["warning"] = warning
         outbox.put(v.EV_LOG, note)
-        requirements = spec.get("requirements") or []
+        requirements = spec.requirements or []
         if requirements:
 
             def report(line: str) -> None:
@@ -366,18 +364,18 @@ class Worker:
                         "job's requirements were installed); pin what the worker has, or leave them out",
                     },
                 )
-        arrays = (spec.get("data") or {}).get("globals")
+        arrays = spec.data.globals_
         if arrays:
             from .datatree import notebook_arrays
 
             sys.modules[GLOBALS_MODULE] = notebook_arrays(GLOBALS_MODULE, arrays, self.fetch_blob)
-        code = spec.get("code")
-        if code:
+        code = spec.code
+        if code is not None:
             from .usercode import UserCode
 
-            self._code = UserCode(self.fetch_blob(code["blob"]), self.code_root)
+            self._code = UserCode(self.fetch_blob(code.blob), self.code_root)
             self._code.activate()
-        for mod in spec.get("custom_modules", []):
+        for mod in spec.custom_modules:
             try:
                 importlib.import_module(mod)
             except ModuleNotFoundError as exc:
@@ -464,7 +462,7 @@ class Worker:
         except requests.RequestException as exc:
             raise BackendUnreachable(f"the {what} download broke off {DOWNLOAD_TRIES} times: {exc}") from None
 
-    def _upload_model(self, model: Any, job_id: str, attempt: int, name: str, objects: dict[str, Any]) -> None:
+    def _upload_model(self, model: Any, job_id: str, attempt: int, name: str, objects: dict[str, ObjectRef]) -> None:
         """The trained model as a .keras file that says which weights each optimizer steps and what the model
         names, so the kernel (or a later job) loads it whole."""
         from aibro_core.kerasfile import keras_notes_quiet, note, note_optimizers
@@ -474,7 +472,7 @@ class Worker:
             with keras_notes_quiet():
                 model.save(path)
             note_optimizers(model, path)
-            note(path, "objects", objects)
+            note(path, "objects", {n: ref.model_dump(mode="json", exclude_none=True) for n, ref in objects.items()})
             self._put_artifact(job_id, attempt, name, path)
 
     def _put_artifact(self, job_id: str, attempt: int, name: str, source: Path) -> None:

@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from aibro_core.models import Data, DataNode, DataTop
 
-def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
+
+def load_tree(tree: DataNode | None, fetch: Callable[[str], Path]) -> Any:
     if tree is None:
         return None
-    if "blob" in tree:
-        arr = np.load(fetch(tree["blob"]), allow_pickle=False)
+    if tree.blob is not None:
+        arr = np.load(fetch(tree.blob), allow_pickle=False)
         if arr.dtype.kind in "US":  # text travels as a unicode array; Keras trains on Python strings (as given)
             if arr.ndim == 1:
                 return arr.astype(object)
@@ -27,17 +29,17 @@ def load_tree(tree: dict[str, Any] | None, fetch: Callable[[str], Path]) -> Any:
 
             return tf.constant(arr)  # Keras takes text of more than one axis as a string tensor, not as objects
         return arr
-    if "dataset" in tree:
-        ds = load_dataset(fetch(tree["dataset"]))
-        if tree.get("shuffle_batches"):  # a PyDataset's batches, which fit reorders each epoch
+    if isinstance(tree, DataTop) and tree.dataset is not None:
+        ds = load_dataset(fetch(tree.dataset))
+        if tree.shuffle_batches:  # a PyDataset's batches, which fit reorders each epoch
             ds = ds.shuffle(max(int(ds.cardinality()), 1), reshuffle_each_iteration=True)
-        return ds.repeat() if tree.get("repeat") else ds
-    if "list" in tree:
-        return [load_tree(t, fetch) for t in tree["list"]]
-    return {k: load_tree(t, fetch) for k, t in tree["dict"].items()}
+        return ds.repeat() if tree.repeat else ds
+    if tree.items is not None:
+        return [load_tree(t, fetch) for t in tree.items]
+    return {k: load_tree(t, fetch) for k, t in (tree.mapping or {}).items()}
 
 
-def notebook_arrays(name: str, trees: dict[str, Any], fetch: Callable[[str], Path]) -> types.ModuleType:
+def notebook_arrays(name: str, trees: dict[str, DataNode], fetch: Callable[[str], Path]) -> types.ModuleType:
     """The module the travelling definitions import the notebook's arrays from (a callback reading x_test): each
     loaded as the fit's arrays are, without pickle."""
     module = types.ModuleType(name, "the notebook's arrays its definitions read")
@@ -46,13 +48,13 @@ def notebook_arrays(name: str, trees: dict[str, Any], fetch: Callable[[str], Pat
     return module
 
 
-def fit_data(data: dict[str, Any], fetch: Callable[[str], Path]) -> tuple[Any, Any, Any, Any]:
+def fit_data(data: Data, fetch: Callable[[str], Path]) -> tuple[Any, Any, Any, Any]:
     """A job spec's `data` → (x, y, sample_weight, validation_data) as the worker hands them to `model.fit`."""
-    x, y, sw = (load_tree(data.get(k), fetch) for k in ("x", "y", "sample_weight"))
-    val = data.get("validation")
+    x, y, sw = (load_tree(part, fetch) for part in (data.x, data.y, data.sample_weight))
+    val = data.validation
     validation_data = None
-    if val:
-        parts = [load_tree(val.get(k), fetch) for k in ("x", "y", "sample_weight")]
+    if val is not None:
+        parts = [load_tree(part, fetch) for part in (val.x, val.y, val.sample_weight)]
         validation_data = tuple(p for p in parts if p is not None)
     return x, y, sw, validation_data
 

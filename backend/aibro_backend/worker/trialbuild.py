@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aibro_core.models import TrialBuild
+
 NOT_PASSED_ON = ("x", "y", "verbose")  # x and y go positionally; the worker's fit prints no progress bar
 
 
@@ -85,7 +87,7 @@ class TrialRun:
         return out
 
 
-def trial_run(trial: dict[str, Any]) -> TrialRun:
+def trial_run(trial: TrialBuild) -> TrialRun:
     """The trial's HyperModel (made again from its constructor arguments) or build function, and its
     hyperparameters: the study's space set to the trial's values."""
     try:
@@ -95,23 +97,23 @@ def trial_run(trial: dict[str, Any]) -> TrialRun:
             "keras-tuner is not installed on this machine: add requirements=['keras-tuner'] to the search (the "
             "kernel's version), or install it where the worker runs"
         ) from None
-    module, _, name = trial["build"].partition(":")
+    module, _, name = trial.build.partition(":")
     found = getattr(importlib.import_module(module), name, None)
     hypermodel = None
-    if trial.get("arguments") is not None:
+    if trial.arguments is not None:
         if not (isinstance(found, type) and issubclass(found, kt.HyperModel)):
             raise RuntimeError(f"the job's code has no keras_tuner.HyperModel {name!r} in {module}: the study's")
-        hypermodel = found(**trial["arguments"])
+        hypermodel = found(**trial.arguments)
     elif not callable(found):
         raise RuntimeError(f"the job's code has no function {name!r} in {module}: the study's build function")
-    hp = kt.HyperParameters.from_config(trial["hyperparameters"])
-    hp.values = dict(trial["values"])
+    hp = kt.HyperParameters.from_config(trial.hyperparameters)
+    hp.values = dict(trial.values)
     build = found if hypermodel is None else hypermodel.build
-    return TrialRun(name, build, hypermodel, hp, trial.get("fit_args"))
+    return TrialRun(name, build, hypermodel, hp, trial.fit_args)
 
 
 def build_trial_model(
-    trial: dict[str, Any], path: Path, earlier: Callable[[str, int | None], Path], objects: dict[str, Any]
+    trial: TrialBuild, path: Path, earlier: Callable[[str, int | None], Path], objects: dict[str, Any]
 ) -> TrialRun:
     """Build, check and save the trial's model at `path`, its classes Keras cannot describe saved as the kernel
     saves them (`objects`, the job's resolved object references). A trial that resumes an earlier one (Hyperband's
@@ -122,8 +124,8 @@ def build_trial_model(
 
     run = trial_run(trial)
     model = run.build(run.hp)
-    if trial.get("resume_job"):
-        start_from(model, earlier(trial["resume_job"], trial.get("resume_epoch")))
+    if trial.resume_job:
+        start_from(model, earlier(trial.resume_job, trial.resume_epoch))
     if getattr(model, "optimizer", None) is None and run.fit_args is None:
         what = run.name if run.hypermodel is None else f"{run.name}.build"
         raise RuntimeError(

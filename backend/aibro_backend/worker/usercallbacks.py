@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aibro_core.files import private_dir
+from aibro_core.models import Callback, OwnCallback
 from aibro_core.objectrefs import decode
 from aibro_core.vocabulary import CWD_SLOT
 
@@ -54,8 +56,7 @@ class FileReturn:
         kernel-side directory, where the worker is."""
         if not kernel_cwd:
             return contextlib.nullcontext()
-        folder = self.root / CWD_SLOT
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_dir(self.root / CWD_SLOT)
         self.bases[str(folder)] = kernel_cwd
         return _inside(folder)
 
@@ -82,16 +83,17 @@ def _safe(part: str) -> str:
     return part if part[:1].isalnum() or part[:1] == "_" else "_" + part[:127]
 
 
-def build_callbacks(specs: list[dict[str, Any]], files: FileReturn) -> list[Any]:
+def build_callbacks(specs: list[Callback], files: FileReturn) -> list[Any]:
+    """The job's callbacks, made here with the arguments the user gave (a known callback's checked config holds
+    only those: Keras' own defaults apply to the rest)."""
     import keras
 
     built = []
     for i, spec in enumerate(specs):
-        module = spec.get("module")
-        source = importlib.import_module(module) if module else keras.callbacks
-        cls = getattr(source, spec["class"])
-        kwargs = {k: decode(v, files, f"{i}/{k}") for k, v in (spec.get("config") or {}).items()}
-        built.append(cls(**kwargs))
+        source = importlib.import_module(spec.module) if isinstance(spec, OwnCallback) else keras.callbacks
+        cls = getattr(source, spec.cls)
+        config = spec.config if isinstance(spec.config, dict) else spec.config.model_dump(exclude_unset=True)
+        built.append(cls(**{k: decode(v, files, f"{i}/{k}") for k, v in config.items()}))
     return built
 
 
@@ -126,7 +128,7 @@ class LineWriter(io.TextIOBase):
 
 def snapshot(path: Path, scratch: Path) -> Path:
     """A copy of a file a callback wrote, so a rewrite next epoch cannot race its upload."""
-    scratch.mkdir(parents=True, exist_ok=True)
+    private_dir(scratch)
     copy = scratch / f"{len(list(scratch.iterdir()))}-{path.name}"
     shutil.copyfile(path, copy)
     return copy
