@@ -6,6 +6,7 @@ machines it offers). The store keeps the model (storage/records.py) and the sche
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,7 +17,7 @@ from ..storage.records import job_spec_text
 from .base import ApiError
 
 
-def validate_spec(spec: dict[str, Any] | JobSpec, machines: dict[str, Any]) -> JobSpec:
+def validate_spec(spec: dict[str, Any] | JobSpec, machines: Mapping[str, object]) -> JobSpec:
     """Check a job spec (as it came, or one the backend derived from a stored one: a replay, a study's trial, whose
     changed fields are checked again as the row that keeps it will be read); raise ApiError(400) naming the problem
     and the fix."""

@@ -14,7 +14,7 @@ from aibro_core.jobpicture import JobPicture
 from aibro_core.models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinish, explain
 
 from ..storage.events import NewEvent, NoSuchJob
-from ..storage.records import SPEC_DUMP, InstanceRecord
+from ..storage.records import SPEC_DUMP, InstanceRecord, JobRecord
 from ..worker import version
 from .base import ApiError, BaseHandler
 from .workerbatch import read_fast
@@ -35,7 +35,7 @@ class WorkerHandler(BaseHandler):
         if (inst.last_seen or 0) < now - SEEN_TOUCH_S:
             self.backend.store.instances.update(inst.id, last_seen=now)
 
-    def assigned_job(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+    def assigned_job(self, job_id: str, attempt: int | None = None) -> JobRecord:
         """The job only if it is this instance's current assignment (and attempt, when given)."""
         inst = self.backend.store.instances.get(self.instance.id)  # fresh: an upload calls this again after awaits
         job = self.backend.store.jobs.get(job_id)
