@@ -26,8 +26,16 @@ def write_private(path: Path, data: dict | str) -> None:
 
 
 def private_dir(path: Path) -> Path:
-    """A folder only its owner reaches (0700): made so, or made so again when it was left open before."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """A folder only its owner reaches (0700): made so, or made so again when it was left open before. Every folder
+    made on the way to it is 0700 as well: a mode given at creation, never left to the process's umask."""
+    missing = [above for above in path.parents if not above.exists()]  # folders already there stay as they are
+    for above in reversed(missing):
+        try:
+            above.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process: left as it is
+            continue
+        os.chmod(above, 0o700)
+    path.mkdir(exist_ok=True, mode=0o700)
     os.chmod(path, 0o700)
     return path
 

@@ -28,6 +28,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aibro_core.files import private_dir
+
 from . import jobnet
 from .shipping import agent_argv
 
@@ -119,11 +121,10 @@ class Sandbox:
         return self.uid_base + int(user_id or 0) if self.drop_uid else None
 
     def prepare(self, path: Path, uid: int | None) -> None:
-        """A private directory the worker (and only it) can write."""
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """A private directory the worker (and only it) can write: 0700 from its creation, then given to its uid."""
+        private_dir(path)
         if uid is not None:
             os.chown(path, uid, uid)
-        os.chmod(path, 0o700)
 
     def command(
         self, argv: list[str], workdir: Path, writable: list[Path], uid: int | None, net_dir: Path | None = None

@@ -61,6 +61,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from aibro_core.files import private_dir
 from aibro_core.requirements import check_requirements, python_tag, requirements_hash, runtime_versions
 
 from . import netbridge
@@ -211,7 +212,7 @@ def _build(root: Path, reqs: list[str], label: str, report: Callable[[str], None
                 "worker's own packages. Fix: run the worker with an interpreter whose venv module works."
             )
         site_dir = root / os.path.relpath(os.path.realpath(purelib), os.path.realpath(root))
-        site_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(site_dir)
         helper = site_dir / _HELPER_PTH
         helper.write_text("".join(d + "\n" for d in _worker_package_dirs(root)))
         report(f"{label}: installing {', '.join(reqs)}")
@@ -332,7 +333,7 @@ def ensure_env(
     if (root / "ready").exists():
         report(f"{label} ready (cached)")
         return _site_of(root)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(cache_dir)
     with open(cache_dir / f"{digest}.lock", "a+b") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aibro_core.files import private_dir
+
 PATH_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*){0,15}\.py")
 
 
@@ -29,9 +31,9 @@ class UserCode:
                 if not isinstance(rel, str) or not PATH_RE.fullmatch(rel) or not isinstance(src, str):
                     raise ValueError(f"the code blob names a bad path {rel!r}")
                 dest = tmp / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
+                private_dir(dest.parent)
                 dest.write_text(src, encoding="utf-8")
-            tmp.mkdir(parents=True, exist_ok=True)
+            private_dir(tmp)
             tmp.rename(self.dir)
         self._before: set[str] = set()
 
