@@ -75,6 +75,8 @@ def cmd_backend(args: argparse.Namespace) -> int:
         f"sandbox: {info.get('sandbox', 'none')}"
         + (f" ({info['sandbox_warning']})" if info.get("sandbox_warning") else "")
     )
+    if info.get("job_memory"):  # an older backend does not say
+        print(f"memory per job: {info['job_memory']['summary']}")
     if target.embedded:
         print(backend_process_status(config.home()))
     return 0

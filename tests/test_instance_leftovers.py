@@ -1,13 +1,21 @@
-"""Issue 39 item 4, the leftovers, replayed: worker folders are made 0700 whatever the umask."""
+"""Issue 39 item 4, the leftovers, replayed: worker folders are made 0700 whatever the umask, and a backend of
+several users gives each job its share of the machine's memory by default (the end-to-end test follows)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from aibro_backend.scheduling.jobmemory import JobMemory
+from aibro_core.models import Machine
+
+GiB = 2**30
 
 
 def _modes(root: Path) -> dict[str, str]:
@@ -49,3 +57,58 @@ def test_worker_folders_are_made_0700_whatever_the_umask(tmp_path: Path) -> None
     work = tmp_path / "state" / "workers" / "inst-1"
     assert (work / "code" / ("1" * 64) / "pkg" / "sub" / "mod.py").exists(), "the code was unpacked"
     assert _modes(tmp_path / "state") == {}, "every folder made on the way, on either side, is 0700"
+
+
+# -- 3. the memory each job may hold ------------------------------------------------------------------------------
+def _machine(provider: str, memory_gib: float) -> Machine:
+    return Machine(
+        machine_id=f"{provider}-m",
+        provider=provider,
+        gpu_type=None,
+        gpu_count=0,
+        vcpus=4,
+        memory_gib=memory_gib,
+        price_per_hour=0.0,
+        on_demand_price_per_hour=0.0,
+        availability="available",
+    )
+
+
+@pytest.mark.fast
+def test_the_memory_limit_is_a_shared_backends_share_unless_the_operator_sets_one() -> None:
+    local, remote = _machine("local", 64.0), _machine("ray", 16.0)
+    shared = JobMemory(setting=None, users=3, host_bytes=64 * GiB, local_slots=8)
+    assert (shared.set_by, shared.limit(local), shared.limit(remote)) == ("share", 8 * GiB, 16 * GiB)
+    assert shared.view()["local_bytes"] == 8 * GiB
+    assert re.match(r"8\.0 GiB on this backend's host \(its 64\.0 GiB over 8 local slots\)", shared.view()["summary"])
+    assert "AIBRO_JOB_MAX_MEMORY_BYTES" in shared.view()["summary"]
+    alone = dataclasses.replace(shared, users=1)
+    assert (alone.set_by, alone.limit(local), alone.limit(remote), alone.view()["local_bytes"]) == ("none", 0, 0, None)
+    assert "not limited" in alone.view()["summary"] and "AIBRO_JOB_MAX_MEMORY_BYTES" in alone.view()["summary"]
+    operator = dataclasses.replace(shared, setting=3 * GiB)
+    assert (operator.set_by, operator.limit(local), operator.limit(remote)) == ("setting", 3 * GiB, 3 * GiB)
+    assert operator.view()["summary"] == "3.0 GiB (AIBRO_JOB_MAX_MEMORY_BYTES)"
+    off = dataclasses.replace(shared, setting=0)
+    assert (off.set_by, off.limit(local)) == ("none", 0)
+    assert off.view()["summary"] == "not limited (AIBRO_JOB_MAX_MEMORY_BYTES=0)"
+
+
+@pytest.mark.fast
+def test_a_cloud_machine_gets_its_jobs_memory_limit_in_its_user_data(tmp_path: Path) -> None:
+    from aibro_backend.providers import shipping
+    from aibro_backend.providers.aws import build_user_data, parse_user_data_env
+    from aibro_backend.providers.aws_config import AwsConfig
+
+    agent = shipping.served(tmp_path / "agent")
+    cfg = AwsConfig.model_construct(
+        region="us-east-1",
+        subnet_id="subnet-1",
+        security_group_ids=("sg-1",),
+        s3_bucket="bucket",
+        instance_profile="profile",
+        backend_public_url="https://aibro.example.test:8888",
+    )
+    token = "aibro_e_" + "x" * 32
+    env = parse_user_data_env(build_user_data(cfg, "inst-1", token, agent, job_memory_bytes=16 * GiB))
+    assert env["AIBRO_JOB_MAX_MEMORY_BYTES"] == str(16 * GiB)
+    assert "AIBRO_JOB_MAX_MEMORY_BYTES" not in parse_user_data_env(build_user_data(cfg, "inst-1", token, agent))

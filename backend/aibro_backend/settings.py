@@ -85,8 +85,11 @@ class BackendSettings(EnvSettings):
     job_max_open_files: int = Field(JobLimits.max_open_files, ge=1, description="Files a job may hold open.")
     job_max_processes: int = Field(JobLimits.max_processes, ge=1, description="Processes and threads of a job.")
     job_max_disk_bytes: int = Field(JobLimits.max_disk_bytes, ge=1, description="Bytes a job's folder may hold.")
-    job_max_memory_bytes: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="Memory of a job's processes (unset: the machine's memory bounds it)."
+    job_max_memory_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="Memory one job's processes may hold; 0: no limit. Unset: on a backend of several users, each "
+        "job's share of its machine (this host's memory over its local slots, or a remote machine's own memory); "
+        "on a backend of one user, no limit.",
     )
     job_network: Annotated[Literal["backend", "host"], Lower] = Field(
         "backend",

@@ -1132,6 +1132,17 @@ class Quota(Response):
     max_pending_uploads: int
 
 
+class JobMemory(Response):
+    """The memory one job may hold (its worker and every process it starts); a job over it ends naming it."""
+
+    set_by: Literal["setting", "share", "none"] = Field(
+        description="`setting`: the operator's AIBRO_JOB_MAX_MEMORY_BYTES; `share`: unset on a backend of several "
+        "users, so each job's share of its machine; `none`: no limit"
+    )
+    local_bytes: int | None = Field(None, description="the limit of a job on this backend's own host (null: none)")
+    summary: str = Field(description="the limit in words, with the setting that changes it")
+
+
 class Health(Response):
     ok: bool
     user: str
@@ -1141,6 +1152,7 @@ class Health(Response):
     )
     sandbox_warning: str | None = Field(None, description="present when workers run unconfined: what that means")
     quota: Quota
+    job_memory: JobMemory | None = Field(None, description="the memory each job may hold on this backend")
     events_port: int | None = Field(
         None,
         description="the port of this host where the event long-polls are also answered, at less CPU (absent: "

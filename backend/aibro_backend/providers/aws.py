@@ -165,6 +165,7 @@ def build_user_data(
     spot: bool = False,
     ca_pem: str | None = None,
     tensorflow: str | None = None,
+    job_memory_bytes: int = 0,
 ) -> str:
     """The first-boot script: writes the worker's environment and a systemd unit that starts it on every boot.
 
@@ -174,7 +175,8 @@ def build_user_data(
     the CA certificate(s) that verify the backend's HTTPS (public), written to /etc/aibro/ca.pem for the agent.
     The agent is the wheel this backend serves (GET /worker/agent), installed only when its SHA-256 is `agent`'s;
     its dependencies come from the image's Python when it has them (--system-site-packages), else from pip, with
-    TensorFlow at `tensorflow` (the launching job's kernel's major.minor) when given.
+    TensorFlow at `tensorflow` (the launching job's kernel's major.minor) when given. `job_memory_bytes`: what
+    each job may hold of the machine's memory (scheduling/jobmemory.py; 0: no limit).
     """
     if not _INSTANCE_ID.match(instance_id):
         raise ValueError(f"instance id {instance_id!r} must be 1-40 letters, digits, '.', '_' or '-'")
@@ -194,6 +196,7 @@ def build_user_data(
             ("AIBRO_SHUTDOWN_ON_LOSS", "1"),  # a backend gone for good: the agent shuts the machine down
             *((("AIBRO_SPOT_WATCH", "1"),) if spot else ()),  # poll IMDS for the 2-minute interruption notice
             *((("AIBRO_CA_BUNDLE", CA_PATH),) if ca_pem else ()),
+            *((("AIBRO_JOB_MAX_MEMORY_BYTES", str(int(job_memory_bytes))),) if job_memory_bytes > 0 else ()),
         )
     )
     ca = f"cat > {CA_PATH} <<'AIBRO_CA'\n{ca_pem.strip()}\nAIBRO_CA\nchmod 644 {CA_PATH}\n" if ca_pem else ""
@@ -474,7 +477,14 @@ class AwsProvider(provider_base.Provider):
                 "AIBRO_WORKER_TOKEN never goes into user data)"
             )
         user_data = build_user_data(
-            self.config, instance_id, token, self.agent, spot=spot, ca_pem=_backend_ca(), tensorflow=request.tensorflow
+            self.config,
+            instance_id,
+            token,
+            self.agent,
+            spot=spot,
+            ca_pem=_backend_ca(),
+            tensorflow=request.tensorflow,
+            job_memory_bytes=int(request.env.get("AIBRO_JOB_MAX_MEMORY_BYTES") or 0),  # written back as a number
         )
         with self._lock:
             known = self._tracked.get(instance_id)

@@ -39,9 +39,10 @@ INHERITED = frozenset(
     | {*_PROXIES, *(p.lower() for p in _PROXIES)}
 )
 INHERITED_PREFIXES = ("TF_", "CUDA_", "NVIDIA_", "XLA_", "AIBRO_JOB_")  # AIBRO_JOB_MAX_*: worker/joblimits.py
-# What the scheduler may hand a worker in launch(env): where and how to reach the backend, its instance id, and
-# the per-hash environment cache.
-FROM_SCHEDULER = frozenset({"AIBRO_INSTANCE_ID", "AIBRO_ENV_CACHE", "AIBRO_ENROLL_TOKEN"})
+# What the scheduler may hand a worker in launch(env): where and how to reach the backend, its instance id, the
+# per-hash environment cache, and the memory its jobs may hold (scheduling/jobmemory.py: over the operator's setting
+# the worker inherits, as it may differ per machine).
+FROM_SCHEDULER = frozenset({"AIBRO_INSTANCE_ID", "AIBRO_ENV_CACHE", "AIBRO_ENROLL_TOKEN", "AIBRO_JOB_MAX_MEMORY_BYTES"})
 FROM_SCHEDULER_PREFIXES = ("AIBRO_WORKER_",)
 
 
@@ -81,15 +82,20 @@ def worker_python(configured: str | None) -> str:
     return os.path.abspath(found)  # not resolved: a venv's python is a symlink that must stay the venv's
 
 
-def _memory_gib() -> float:
+def memory_bytes() -> int:
+    """This host's memory (MemTotal), 0 where /proc/meminfo cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
-    return 0.0
+    return 0
+
+
+def _memory_gib() -> float:
+    return round(memory_bytes() / 2**30, 1)
 
 
 def _gpus() -> list[str]:
@@ -189,6 +195,10 @@ class LocalProvider(Provider):
                 Machine(**base, machine_id="local-gpu-all", gpu_type=self._gpu_names[0], gpu_count=gpus, capacity=1)
             )
         return offers
+
+    def slots(self) -> int:
+        """The jobs this host's machines run at once: the CPU machine's capacity, one per GPU machine."""
+        return sum(offer.capacity or 1 for offer in self.offers())
 
     def _visible_devices(self, machine_id: str) -> str:
         if machine_id == "local-cpu":

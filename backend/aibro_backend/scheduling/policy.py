@@ -21,6 +21,7 @@ class Policy:
     max_cool_down_s: float = DEFAULTS.max_cool_down_s
     allow_unsafe: str = DEFAULTS.allow_unsafe
     spare_worker: bool = DEFAULTS.spare_worker
+    job_max_memory_bytes: int | None = DEFAULTS.job_max_memory_bytes  # unset: see scheduling/jobmemory.py
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Policy:

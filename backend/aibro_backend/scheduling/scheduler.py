@@ -560,7 +560,8 @@ class Scheduler:
         # token instead; the worker exchanges it for a fresh worker token (POST /worker/enroll), `token` is unused.
         enroll = new_token("e") if self.providers[provider_name].enrolls else None
         offer = self.offer(machine_id)
-        env[MEMORY_VARIABLE] = launch_limit(self.policy, self.store, self.providers, offer)  # jobmemory.py
+        if memory := launch_limit(self.policy, self.store, self.providers, offer):  # jobmemory.py
+            env[MEMORY_VARIABLE] = str(memory)
         price = float(offer.price_per_hour if offer is not None else 0.0)
         self.store.instances.create(
             instance_id,

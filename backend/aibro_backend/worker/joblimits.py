@@ -27,7 +27,7 @@ class JobLimits:
     max_open_files: int = 4096
     max_processes: int = 4096  # tasks of the job's uid: TensorFlow alone runs a hundred threads or more
     max_disk_bytes: int = 20 * GiB
-    max_memory_bytes: int = 0  # 0: the machine's memory bounds it
+    max_memory_bytes: int = 0  # 0: none (the backend sets one per job: scheduling/jobmemory.py)
 
     def apply(self) -> None:
         """The rlimits of this worker process, inherited by everything it starts."""
@@ -41,7 +41,7 @@ class JobLimits:
         used = folder_bytes(folder, skip)
         if used > self.max_disk_bytes:
             raise OverLimit(
-                f"the job's folder holds {_size(used)}, over its limit of {_size(self.max_disk_bytes)} "
+                f"the job's folder holds {size_text(used)}, over its limit of {size_text(self.max_disk_bytes)} "
                 "(AIBRO_JOB_MAX_DISK_BYTES where the backend runs): write less (fewer or smaller files and "
                 "checkpoints), or ask the backend's operator to raise it"
             )
@@ -59,7 +59,7 @@ class JobLimits:
                 )
             if isinstance(seen, OSError) and seen.errno == errno.EFBIG:
                 return (
-                    f"the job wrote a file over {_size(self.max_disk_bytes)}, its disk limit "
+                    f"the job wrote a file over {size_text(self.max_disk_bytes)}, its disk limit "
                     "(AIBRO_JOB_MAX_DISK_BYTES where the backend runs): write smaller files"
                 )
             if isinstance(seen, BlockingIOError) or (isinstance(seen, OSError) and seen.errno == errno.EAGAIN):
@@ -71,7 +71,8 @@ class JobLimits:
         return None
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """Bytes as a person reads them in a limit's message (1.5 GiB, 300.0 MiB)."""
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / (1 << 20):.1f} MiB"
 
 
@@ -139,9 +140,10 @@ class MemoryWatch:
         self.peak = max(self.peak, used)
         if self.limit and used > self.limit and self.over is None:
             self.over = (
-                f"the job held {_size(used)} of memory (its worker and every process it started), over its limit of "
-                f"{_size(self.limit)} (AIBRO_JOB_MAX_MEMORY_BYTES where the backend runs): use smaller batches, "
-                "data or models, or ask the backend's operator to raise it"
+                f"the job held {size_text(used)} of memory (its worker and every process it started), over its "
+                f"limit of {size_text(self.limit)} (AIBRO_JOB_MAX_MEMORY_BYTES where the backend runs; unset, a "
+                "backend of several users gives each job its share of the machine): use smaller batches, data or "
+                "models, or ask the backend's operator to raise it"
             )
             end_job_processes()
         return used

@@ -58,7 +58,7 @@ class WorkerSettings:
     job_max_processes: int = setting(JobLimits.max_processes, "Processes and threads of a job.", ge=1)
     job_max_disk_bytes: int = setting(JobLimits.max_disk_bytes, "Bytes a job's folder may hold.", ge=1)
     job_max_memory_bytes: int = setting(
-        JobLimits.max_memory_bytes, "Memory of a job's processes (0: the machine's memory bounds it).", ge=1
+        JobLimits.max_memory_bytes, "Memory of a job's processes (0: no limit); the launching backend sets it.", ge=0
     )
 
     def job_limits(self) -> JobLimits:
