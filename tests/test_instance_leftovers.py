@@ -1,18 +1,25 @@
-"""Issue 39 item 4, the leftovers, replayed: worker folders are made 0700 whatever the umask, and a backend of
-several users gives each job its share of the machine's memory by default (the end-to-end test follows)."""
+"""Issue 39 item 4, the three leftovers: a closed instance's folder is removed, worker folders are made 0700
+whatever the umask, and a backend of several users gives each job its share of the machine's memory by default
+(the end-to-end tests follow)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from records import record
 
+from aibro_backend.providers.local import LocalProvider
 from aibro_backend.scheduling.jobmemory import JobMemory
+from aibro_core import vocabulary as v
+from aibro_core.files import private_dir
 from aibro_core.models import Machine
 
 GiB = 2**30
@@ -23,6 +30,48 @@ def _modes(root: Path) -> dict[str, str]:
     folders = [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]
     modes = {str(p.relative_to(root)): oct(stat.S_IMODE(p.stat().st_mode)) for p in folders}
     return {path: mode for path, mode in modes.items() if mode != "0o700"}
+
+
+# -- 1. a closed instance's folder is removed ----------------------------------------------------------------------
+
+
+@pytest.mark.fast
+def test_a_sweep_removes_all_but_live_workers_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LocalProvider.sweep on its own: the folders of live workers stay (a handed-over spare's under its link),
+    every other goes with its worker.log kept aside; a log the job's code replaced by a link is not followed;
+    logs kept over a week go; and alive() removes the folder of a worker it finds gone."""
+    monkeypatch.setenv("AIBRO_SANDBOX", "none")
+    state = tmp_path / "state"
+    local = LocalProvider(state, capacity=2)
+    workers, logs = private_dir(state / "workers"), state / "worker-logs"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the backend's own file")
+    for name in ("inst-live", "inst-dead", "inst-closed", "spare-old", "spare-used", "inst-linked", "inst-adopted"):
+        folder = private_dir(workers / name / "cache")
+        (folder / "input.npy").write_bytes(b"data")
+        (workers / name / "worker.log").write_text(f"{name} printed this")
+    (workers / "inst-linked" / "worker.log").unlink()
+    (workers / "inst-linked" / "worker.log").symlink_to(secret)  # what a job's code could leave in its folder
+    (workers / "inst-warm").symlink_to("spare-used")  # a spare handed over, linked under its instance's name
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    private_dir(logs)
+    (logs / "inst-old.log").write_text("from last month")
+    os.utime(logs / "inst-old.log", (time.time() - 8 * 86400,) * 2)
+    live = {"inst-live": os.getpid(), "inst-warm": os.getpid(), "inst-dead": ended.pid, "inst-adopted": os.getpid()}
+
+    assert local.sweep(live) == 4
+    assert sorted(p.name for p in workers.iterdir()) == ["inst-adopted", "inst-live", "inst-warm", "spare-used"]
+    assert {p.name: p.read_text() for p in logs.iterdir()} == {
+        f"{name}.log": f"{name} printed this" for name in ("inst-dead", "inst-closed", "spare-old")
+    }
+    assert secret.read_text() == "the backend's own file", "the link was removed, never followed"
+    assert _modes(logs) == {} and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in logs.iterdir())
+
+    gone = dataclasses.replace(record("inst-adopted", "local-cpu", "local", v.COOLING), pid=ended.pid)
+    assert local.alive(gone) is False and not (workers / "inst-adopted").exists()
+    assert (logs / "inst-adopted.log").read_text() == "inst-adopted printed this"
+    local.close()
 
 
 # -- 2. worker folders are made 0700 -------------------------------------------------------------------------------

@@ -101,19 +101,6 @@ def test_a_stopped_backend_leaves_no_process_of_a_running_job_behind(tmp_path: P
         assert gone(marker), f"still running after the backend stopped: {marked(marker)}"
 
 
-def test_a_closed_instance_keeps_only_its_log(client: BackendClient, aibro_home: Path) -> None:
-    x, y = slow_data(500)
-    trainer = Training(client)
-    job = trainer.submit(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=0)
-    assert trainer.watch(job["job_id"]).status == "COMPLETED"
-    inst = client.job(job["job_id"])["instance_id"]
-    folder = aibro_home / "state" / "workers" / inst
-    assert _until(lambda: {i["id"]: i["status"] for i in client.instances()}.get(inst) == "CLOSED", 120)
-    left = lambda: sorted(p.name for p in folder.resolve().iterdir())  # noqa: E731
-    assert _until(lambda: left() == ["worker.log"], 60), f"{folder} still holds {left()}"
-    assert "aibro.worker" in (folder / "worker.log").read_text()
-
-
 @pytest.fixture(autouse=True)
 def _no_leftovers() -> Any:
     yield

@@ -60,7 +60,8 @@ def test_the_first_job_runs_on_the_spare_and_a_new_spare_follows(tmp_path: Path,
         spare = wait_spare(home)
         assert client.policy()["spare_worker"] is True
         x, y = digits[0][:256], digits[1][:256]
-        job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=0)
+        job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600)
+        # warm after it: a closed instance's folder goes (test_instance_leftovers.py), and this one is looked at
         events = wait_for(client, job["job_id"], _final)
         assert client.job(job["job_id"])["status"] == v.COMPLETED, events[-3:]
         inst = client.job(job["job_id"])["instance_id"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -25,6 +27,8 @@ from .spare import SPARE_DELAY_S, SPARE_MACHINE, Spare, SpareCrashes
 
 if TYPE_CHECKING:
     from aibro_core.models import Machine
+
+log = logging.getLogger("aibro.local")
 
 # What a worker inherits from the backend's own environment: what any process needs, the host's network settings
 # (proxies, CA bundles: the worker's pip installs a job's requirements) and the TensorFlow / GPU knobs an operator
@@ -122,25 +126,38 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
-def clear_workdir(workdir: Path | None) -> None:
-    """A closed instance keeps only its worker.log: its inputs, code, caches, tokens and outputs go."""
-    if workdir is None or not workdir.exists():
+WORKER_LOGS = "worker-logs"  # <state>/worker-logs/<instance>.log: what a closed instance's worker printed
+WORKER_LOG_KEEP_S = 7 * 86400  # then it goes too
+
+
+def remove_workdir(workdir: Path | None, logs: Path) -> None:
+    """A closed instance's folder goes whole: its inputs, code, caches, token and outputs. Its worker.log (why a
+    worker was lost) is kept for the operator as `logs/<instance>.log`, 0600 in a 0700 folder, for a week."""
+    if workdir is None or not (workdir.exists() or workdir.is_symlink()):
         return
     real = workdir.resolve()  # a spare's folder, linked under the instance's name
-    for entry in real.iterdir():
-        if entry.name == "worker.log":
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+    printed = real / "worker.log"
+    if printed.is_file() and not printed.is_symlink():  # the job's code owns the folder: follow nothing it left
+        kept = private_dir(logs) / f"{workdir.name}.log"
+        try:
+            os.replace(printed, kept)
+            os.chmod(kept, 0o600)  # whoever wrote it last (the job's code could have replaced the backend's)
+        except OSError as exc:
+            log.warning("could not keep %s (%s); it goes with its folder", printed, exc)
+    if real.is_dir():
+        shutil.rmtree(real, ignore_errors=True)
+    else:
+        real.unlink(missing_ok=True)
+    if workdir.is_symlink():
+        workdir.unlink(missing_ok=True)
 
 
 class LocalProvider(Provider):
     """Offers what this host really has: its CPUs as `local-cpu`, and each GPU as `local-gpuN`.
 
     Each instance is a worker process `python -I -m aibro_backend.worker` in a fresh private directory
-    (`<state>/workers/<instance>/`, also its cwd), whose environment holds only the allow-listed basics and
+    (`<state>/workers/<instance>/`, also its cwd, removed when the instance closes: `remove_workdir`, `sweep`),
+    whose environment holds only the allow-listed basics and
     TensorFlow/GPU knobs (see `worker_env`): a worker never sees the client's files, packages or PYTHONPATH, nor
     the backend's state or credentials. Isolated mode (`-I`) keeps PYTHONPATH, the user site and the cwd off its
     sys.path.
@@ -170,7 +187,8 @@ class LocalProvider(Provider):
         self.net_dir = jobnet.socket_dir(self.state_dir) if jobnet.isolated(self.sandbox.kind, os.environ) else None
         self.capacity = capacity or max(1, os.cpu_count() or 1)
         self._procs: dict[int, subprocess.Popen] = {}
-        self._workdirs: dict[int, Path] = {}  # an instance's folder, cleared once its worker has exited
+        self._workdirs: dict[int, Path] = {}  # an instance's folder, removed once its worker has exited
+        self.logs = self.state_dir / WORKER_LOGS
         self._gpu_names = _gpus()
         self.enrolls = settings.local_enroll
 
@@ -315,7 +333,7 @@ class LocalProvider(Provider):
         for pid, proc in list(self._procs.items()):
             if proc.poll() is not None:
                 self._procs.pop(pid, None)
-                clear_workdir(self._workdirs.pop(pid, None))
+                remove_workdir(self._workdirs.pop(pid, None), self.logs)
         if self._spare is not None and not self._spare.alive():
             self.prime(self._spare.user_id)  # died unused (killed, out of memory): start another, unless it keeps dying
         if self._prime_later is not None and time.monotonic() >= self._prime_later[1]:
@@ -323,12 +341,16 @@ class LocalProvider(Provider):
             self.prime(user_id)
 
     def alive(self, instance: InstanceRecord) -> bool:
+        """Whether its worker runs; one that is gone (the scheduler closes its instance now) leaves no folder."""
         pid = instance.pid
         proc = self._procs.get(pid) if pid else None
         if proc is not None and proc.poll() is not None:
             self._procs.pop(pid, None)
-            return False
-        return pid_alive(pid)
+        elif pid_alive(pid):
+            return True
+        self._workdirs.pop(pid or 0, None)
+        remove_workdir(self.state_dir / "workers" / instance.id, self.logs)
+        return False
 
     def terminate(self, instance: InstanceRecord) -> None:
         pid = instance.pid
@@ -350,4 +372,30 @@ class LocalProvider(Provider):
                 pass
         self._workdirs.pop(pid, None)
         if not pid_alive(pid):
-            clear_workdir(self.state_dir / "workers" / instance.id)
+            remove_workdir(self.state_dir / "workers" / instance.id, self.logs)
+
+    def sweep(self, live: Mapping[str, int | None]) -> int:
+        """Remove the folders of instances whose worker is gone, and the week-old logs of closed ones; how many
+        folders went. `live`: the local instances the store holds as live or closing, with their worker's pid.
+        At start this cleans up after instances that closed while the backend was down (or that an older version
+        left), and every sweep after it catches what an exit missed. The spare's folder, and that of any worker
+        this backend started that has not been reaped yet, stay."""
+        root = self.state_dir / "workers"
+        if not root.is_dir():
+            return 0
+        keep = {path.name for pid, path in self._workdirs.items() if pid in self._procs and pid_alive(pid)}
+        if self._spare is not None:
+            keep.add(self._spare.workdir.name)
+        keep |= {name for name, pid in live.items() if pid_alive(pid)}
+        keep |= {os.readlink(root / name) for name in list(keep) if (root / name).is_symlink()}  # a spare's, linked
+        removed = 0
+        for entry in sorted(root.iterdir()):
+            if entry.name not in keep:
+                remove_workdir(entry, self.logs)
+                removed += 1
+        cutoff = time.time() - WORKER_LOG_KEEP_S
+        for old in self.logs.glob("*.log") if self.logs.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if old.lstat().st_mtime < cutoff:
+                    old.unlink()
+        return removed

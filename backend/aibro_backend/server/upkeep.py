@@ -1,5 +1,6 @@
-"""The backend's periodic work besides the scheduler's tick: sweeping stale uploads and tokens, adopting and
-reconciling cloud machines, and the garbage collector's tuning that keeps collections from stalling the loop."""
+"""The backend's periodic work besides the scheduler's tick: sweeping stale uploads, tokens and the folders of closed
+local instances, adopting and reconciling cloud machines, and the garbage collector's tuning that keeps collections
+from stalling the loop."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tornado.ioloop import IOLoop, PeriodicCallback
+
+from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 
 from ..settings import BackendSettings
 from ..storage import claims
@@ -21,8 +24,10 @@ STUDY_STEP_MS = 250  # how often running studies report ended trials and fill th
 
 
 def sweep(backend: Backend) -> None:
-    """Partial uploads untouched for the TTL go; so do tokens expired for over a week. With the S3 backing, claims
-    not yet proven are published and upload keys due for deletion go (storage/claims.py)."""
+    """Partial uploads untouched for the TTL go; so do tokens expired for over a week, and the folders of local
+    instances whose worker is gone (the first sweep, at start, those of instances closed while the backend was
+    down). With the S3 backing, claims not yet proven are published and upload keys due for deletion go
+    (storage/claims.py)."""
     limits = limits_of(backend)
     if backend.blobs.s3 is not None:
         IOLoop.current().spawn_callback(_claims_upkeep, backend, backend.blobs.s3)
@@ -31,8 +36,17 @@ def sweep(backend: Backend) -> None:
         if removed:
             log.info("deleted %d partial uploads untouched for %g s", removed, limits.partial_ttl_s)
         backend.store.tokens.drop_expired()
+        sweep_worker_folders(backend)
     except Exception:  # noqa: BLE001 - a sweep that fails tries again next time
         log.exception("sweep failed")
+
+
+def sweep_worker_folders(backend: Backend) -> None:
+    """This host's worker folders: only the live instances' stay (providers/local.py, LocalProvider.sweep)."""
+    live = backend.store.instances.list(statuses=(*INSTANCE_LIVE, CLOSING))
+    removed = backend.local.sweep({i.id: i.pid for i in live if i.provider == backend.local.name})
+    if removed:
+        log.info("removed the folders of %d closed local instances (their logs are in %s)", removed, backend.local.logs)
 
 
 async def _claims_upkeep(backend: Backend, s3: S3Backing) -> None:
