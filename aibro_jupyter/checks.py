@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
 
 from .dataset_blob import is_dataset
 from .errors import ValidationError
+from .fitrequest import FitRequest
 
 # A NaN/label scan reads at most this many elements at a time, whatever the array's size (memmaps included).
 CHUNK_ELEMENTS = 1 << 22
@@ -52,27 +53,19 @@ def _example(name: str, value: str) -> str:
 
 
 # -- job arguments -----------------------------------------------------------------------------------------
-def check_job_args(
-    machine_ids: Any,
-    cool_down_period_s: Any,
-    description: Any,
-    wait_request_s: Any,
-    wait_new_job_create_s: Any,
-    wait_new_job_create_interval: Any,
-    names: dict[str, str] | None = None,
-) -> None:
-    """Types and ranges of the job's own arguments (not the fit's)."""
-    n = typed_names(names)
-    _check_machine_ids(machine_ids, n["machine_ids"])
+def check_job_args(request: FitRequest) -> None:
+    """Types and ranges of the job's own arguments (not the fit's), named as the user typed them."""
+    n = typed_names(request.argnames)
+    _check_machine_ids(request.machine_ids, n["machine_ids"])
     _check_seconds(
-        cool_down_period_s,
+        request.cool_down_period_s,
         n["cool_down_period_s"],
         MAX_COOL_DOWN_S,
         f"how long the machine stays warm for the next job, between 0 and {MAX_COOL_DOWN_S} (one week), "
         f"e.g. {_example(n['cool_down_period_s'], '600')}, or 0 to release it at once",
     )
     _check_seconds(
-        wait_request_s,
+        request.wait_request_s,
         n["wait_request_s"],
         MAX_WAIT_REQUEST_S,
         f"how long to wait for a machine before trying the next one in the list, at most {MAX_WAIT_REQUEST_S} "
@@ -80,19 +73,19 @@ def check_job_args(
         f"e.g. {_example(n['wait_request_s'], '60')}",
     )
     _check_seconds(
-        wait_new_job_create_s,
+        request.wait_new_job_create_s,
         n["wait_new_job_create_s"],
         None,
         "how long to wait for a job slot when you are at the job limit, "
         f"e.g. {_example(n['wait_new_job_create_s'], '600')}, or 0 to fail at once",
     )
     _check_seconds(
-        wait_new_job_create_interval,
+        request.wait_new_job_create_interval,
         n["wait_new_job_create_interval"],
         None,
         f"how often to ask for a job slot while waiting, e.g. {_example(n['wait_new_job_create_interval'], '5')}",
     )
-    name = n["description"]
+    name, description = n["description"], request.description
     if not isinstance(description, str):
         raise ValidationError(
             f"{name} must be a string, got {_show(description)}: pass a short note shown in job lists, "
@@ -711,44 +704,24 @@ def _scan(arr: np.ndarray, want_range: bool = False, ignore: Any = None) -> _Sca
 
 
 # -- everything, in order ---------------------------------------------------------------------------------
-def check_before_upload(
-    policy: Any,
-    model: Any,
-    x: Any,
-    y: Any,
-    sample_weight: Any,
-    validation_data: Any,
-    *,
-    machine_ids: Any,
-    cool_down_period_s: Any,
-    description: Any,
-    wait_request_s: Any,
-    wait_new_job_create_s: Any,
-    wait_new_job_create_interval: Any,
-    argnames: dict[str, str] | None = None,
-) -> None:
-    """Job arguments, then the size from nbytes against `policy()["max_job_bytes"]`, then the contents."""
-    names = typed_names(argnames)
-    check_job_args(
-        machine_ids,
-        cool_down_period_s,
-        description,
-        wait_request_s,
-        wait_new_job_create_s,
-        wait_new_job_create_interval,
-        names,
-    )
+def check_before_upload(policy: Callable[[], dict[str, Any]], request: FitRequest) -> None:
+    """Job arguments, then the size from nbytes against `policy()["max_job_bytes"]`, then the contents against the
+    model (none for a HyperModel whose own fit makes what reaches the model)."""
+    names = typed_names(request.argnames)
+    check_job_args(request)
     limits = policy()
-    cap = limits.get("max_cool_down_s")
-    if cap is not None and cool_down_period_s > cap:
+    cap, cool_down = limits.get("max_cool_down_s"), request.cool_down_period_s
+    if cap is not None and cool_down > cap:
         raise ValidationError(
-            f"{names['cool_down_period_s']}={cool_down_period_s:g} is over this backend's cap of {cap:g} s (a warm "
+            f"{names['cool_down_period_s']}={cool_down:g} is over this backend's cap of {cap:g} s (a warm "
             f"machine is held at most that long): use at most {_example(names['cool_down_period_s'], f'{cap:g}')}"
         )
+    x, y, validation_data = request.train_X, request.train_Y, request.validation_data
+    sample_weight = request.sample_weight
     for value, name in ((x, names["train_X"]), (y, names["train_Y"]), (sample_weight, names["sample_weight"])):
         check_tree(value, name)
     for i, part in enumerate(_validation_parts(validation_data)):
         check_tree(part, f"{names['validation_data']}[{i}]")
     parts = data_sizes(x, y, sample_weight, validation_data, names)
     check_size(sum(parts.values()), int(limits["max_job_bytes"]), names, parts)
-    check_fit_data(model, x, y, sample_weight, validation_data, names)
+    check_fit_data(None if request.hypermodel_fit else request.model, x, y, sample_weight, validation_data, names)

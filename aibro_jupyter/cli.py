@@ -165,6 +165,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .errors import ValidationError
+    from .fitrequest import FitRequest
     from .progress import TextProgress
     from .training import Training
 
@@ -190,7 +191,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise ValidationError(f"{args.model}: cannot load it as a Keras model ({exc})") from None
     val = (load(args.val_x), load(args.val_y)) if args.val_x else None
     trainer = Training()
-    job = trainer.submit(
+    request = FitRequest(
         model,
         load(args.x),
         load(args.y),
@@ -209,6 +210,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             "train_Y": "--y",
         },
     )
+    job = trainer.submit(request)
     print(f"{job['job_id']} started on {', '.join(job['machines'])}", flush=True)
     if args.detach:
         return 0

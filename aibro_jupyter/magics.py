@@ -24,6 +24,7 @@ from .cellfits import CellFits
 from .cellsplit import FitInBlock, SplitCell, fit_cell, split_cell
 from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
+from .fitrequest import FitRequest
 from .progress import JobView, TextProgress, local_notice, printed, worker_note
 from .timeline_table import format_timelines
 from .training import Training, format_machines
@@ -129,7 +130,7 @@ class CloudMagics(Magics):
     ) -> dict[str, Any]:
         """Create the job of one fit (the cell's options, the fit's bound arguments); returns the job."""
         x, y = fit_args.pop("x", None), fit_args.pop("y", None)
-        return self.trainer.submit(
+        request = FitRequest(
             model,
             x,
             y,
@@ -158,6 +159,7 @@ class CloudMagics(Magics):
                 "sample_weight": "sample_weight",
             },
         )
+        return self.trainer.submit(request)
 
     @magic_arguments()
     @argument("--machine", "-m", default=None, help="ordered machine list each trial runs on, e.g. local-cpu")
@@ -209,23 +211,22 @@ class CloudMagics(Magics):
         cool_down = args.cool_down if args.cool_down is not None else (self.default_cool_down or 0)
         if machines is None:
             machines, cool_down = await self._pick(cool_down)
-        study_id = start_study(
-            self.trainer,
-            tuner,
+        request = FitRequest(
+            None,  # each trial's model is the tuner's
             fit_args.pop("x", None),
             fit_args.pop("y", None),
-            parallel=args.parallel,
-            description=args.description,
-            verbose=not args.quiet,
             machine_ids=machines,
             batch_size=fit_args.pop("batch_size", None),
             epochs=fit_args.pop("epochs", 1),
             validation_data=fit_args.pop("validation_data", None),
+            description=args.description,
             cool_down_period_s=cool_down,
-            wait_request_s=args.wait_request,
             fit_kwargs=fit_args,
+            wait_request_s=args.wait_request,
             requirements=args.requirements,
-            search_args=search_args,
+        )
+        study_id = start_study(
+            self.trainer, tuner, request, parallel=args.parallel, verbose=not args.quiet, search_args=search_args
         )
         again = f"%cloud_attach {study_id} --tuner {tuner_src} --into {args.into}"
         if args.detach:

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from aibro_core.jobpicture import JobPicture
 from aibro_core.kerasfile import keras_notes_quiet
 
 from .errors import StudyFailed, ValidationError
+from .fitrequest import FitRequest
 from .randomstate import random_state_kept
 from .rebuildplan import kept_arguments
 
@@ -144,45 +146,43 @@ def oracle_spec(tuner: Any, own_fit: bool = False) -> dict[str, Any]:
     return spec
 
 
-def run_search(
-    training: Any, tuner: Any, x: Any, y: Any = None, *, verbose: bool = True, **options: Any
-) -> tuple[str, Any]:
-    """Start the study, follow it to its end (printing each trial as it starts and ends), fill `tuner` with its
-    results and return (study id, the best trial's trained model, or None when no trial completed)."""
-    study_id = start_study(training, tuner, x, y, verbose=verbose, **options)
+def follow_to_end(training: Any, tuner: Any, study_id: str, verbose: bool = True) -> Any:
+    """Follow a study to its end (printing each trial as it starts and ends), fill `tuner` with its results and
+    return the best trial's trained model (None when no trial completed); a study that ended FAILED raises, after
+    its results are in the tuner, as KerasTuner's search does."""
     study = follow(training.client, study_id, verbose)
     assert study is not None  # follow returns None only when stopped
     model = finish(training, tuner, study)
     check_ended(study)
-    return study_id, model
+    return model
+
+
+def given_args(request: FitRequest) -> set[str]:
+    """The arguments a search call that made `request` was given, as a HyperModel's own fit is to get them: the
+    ones set, and `epochs` (a FitRequest always has one; a caller that knows it was not given drops it)."""
+    given = {k for k in ("batch_size", "validation_data") if getattr(request, k) is not None}
+    return given | {"epochs"} | set(request.fit_kwargs or {})
 
 
 def start_study(
     training: Any,
     tuner: Any,
-    x: Any,
-    y: Any = None,
+    request: FitRequest,
     *,
     parallel: int = 1,
-    description: str = "",
     verbose: bool = True,
     search_args: set[str] | None = None,
-    **fit: Any,
 ) -> str:
     """Check everything, upload the data and the build function's (or HyperModel's) code once, and start the
-    study; its id. `search_args` names the arguments the search call was given (default: those `fit` holds): a
-    HyperModel's own fit gets exactly those, as from KerasTuner."""
+    study; its id. `request.model` is not read: each trial's model is the tuner's. `search_args` names the
+    arguments the search call was given (default: `given_args`): a HyperModel's own fit gets exactly those, as
+    from KerasTuner."""
     travelling, arguments, own_fit = travelling_hypermodel(tuner)
     oracle = oracle_spec(tuner, own_fit)
     sample = tuner.hypermodel.build(tuner.oracle.hyperparameters.copy())  # the space's defaults, checked on the data
-    if fit.get("epochs") is None:
-        fit.pop("epochs", None)  # not given: fit's default (1), and a HyperModel's own fit is not given one
     if search_args is None:
-        search_args = {k for k in ("batch_size", "validation_data", "epochs") if fit.get(k) is not None}
-        search_args |= set(fit.get("fit_kwargs") or {})
-    bundle, spec = training.prepare(
-        sample, x, y, description=description, build=travelling, hypermodel_fit=own_fit, **fit
-    )
+        search_args = given_args(request)
+    bundle, spec = training.prepare(replace(request, model=sample, build=travelling, hypermodel_fit=own_fit))
     try:
         spec["trial"]["hyperparameters"] = oracle["hyperparameters"]
         if arguments is not None:
@@ -194,7 +194,7 @@ def start_study(
     finally:
         shutil.rmtree(bundle.workdir, ignore_errors=True)
     executions = int(getattr(tuner, "executions_per_trial", 1) or 1)
-    body = {"oracle": oracle, "job": spec, "parallel": parallel, "description": description}
+    body = {"oracle": oracle, "job": spec, "parallel": parallel, "description": request.description}
     if executions > 1:
         body["executions_per_trial"] = executions
     study = training.client.t.json("POST", "/studies", json=body)

@@ -10,6 +10,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from .config import resolve, say_once_unconfined, start_embedded
 from .dataset_blob import from_pydataset, is_dataset, is_pydataset
 from .errors import ApiError, JobFailed, ValidationError
 from .filereturn import FilesBack
+from .fitrequest import FitRequest
 from .kerasnames import attached_objects, keras_configs, plan_names
 from .prices import hourly
 from .progress import JobView, TextProgress
@@ -153,101 +155,44 @@ class Training:
         return self._client
 
     # -- submit -----------------------------------------------------------------------------------
-    def submit(
-        self,
-        model: Any,
-        train_X: Any,
-        train_Y: Any = None,
-        machine_ids: str | list[str] | None = None,
-        batch_size: int | None = None,
-        epochs: int = 1,
-        validation_data: Any = None,
-        description: str = "",
-        cool_down_period_s: float = 0,
-        fit_kwargs: dict[str, Any] | None = None,
-        wait_request_s: float = 60,
-        wait_new_job_create_s: float = 0,
-        wait_new_job_create_interval: float = 5,
-        record: bool = True,
-        safe_mode: bool = True,
-        meta: dict[str, str] | None = None,
-        requirements: list[str] | str | None = None,
-        argnames: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """Validate everything, upload what the backend lacks, and create the job; returns the job.
-
-        `argnames` maps these Python argument names to what the user typed (`--cool-down` in %%cloud_fit), so
-        errors name the argument the user knows."""
-        bundle, spec = self.prepare(**{k: val for k, val in locals().items() if k != "self"})
+    def submit(self, request: FitRequest) -> dict[str, Any]:
+        """Validate everything, upload what the backend lacks, and create the job; returns the job."""
+        bundle, spec = self.prepare(request)
         try:
             bundle.upload(self.client)
             spec.update(model=bundle.model_sha, data=bundle.data)
-            return self._create(spec, wait_new_job_create_s, wait_new_job_create_interval)
+            return self._create(spec, request.wait_new_job_create_s, request.wait_new_job_create_interval)
         finally:
             shutil.rmtree(bundle.workdir, ignore_errors=True)
 
-    def prepare(
-        self,
-        model: Any,
-        train_X: Any,
-        train_Y: Any = None,
-        machine_ids: str | list[str] | None = None,
-        batch_size: int | None = None,
-        epochs: int = 1,
-        validation_data: Any = None,
-        description: str = "",
-        cool_down_period_s: float = 0,
-        fit_kwargs: dict[str, Any] | None = None,
-        wait_request_s: float = 60,
-        wait_new_job_create_s: float = 0,
-        wait_new_job_create_interval: float = 5,
-        record: bool = True,
-        safe_mode: bool = True,
-        meta: dict[str, str] | None = None,
-        requirements: list[str] | str | None = None,
-        argnames: dict[str, str] | None = None,
-        build: Any = None,
-        hypermodel_fit: bool = False,
-    ) -> tuple[b.Bundle, dict[str, Any]]:
+    def prepare(self, request: FitRequest) -> tuple[b.Bundle, dict[str, Any]]:
         """Every check and everything written locally (the saved model, datasets, the code blob), nothing sent:
-        the bundle to upload and the job spec that names it. The caller removes `bundle.workdir`. With `build` (a
-        search's build function, search.py), `model` is one it built, checked against the data but not sent: the
-        function travels as code instead and the spec's `trial` names it; with `hypermodel_fit` (a HyperModel whose
-        own fit trains the model: it may prepare the data, or compile, itself) neither the data nor the compile is
-        checked against that model."""
-        fit_kwargs = dict(fit_kwargs or {})
+        the bundle to upload and the job spec that names it. The caller removes `bundle.workdir`. With
+        `request.build` (a search's build function, search.py), `request.model` is one it built, checked against
+        the data but not sent: the function travels as code instead and the spec's `trial` names it; with
+        `request.hypermodel_fit` (a HyperModel whose own fit trains the model: it may prepare the data, or
+        compile, itself) neither the data nor the compile is checked against that model."""
+        model, train_Y, build, hypermodel_fit = request.model, request.train_Y, request.build, request.hypermodel_fit
+        fit_kwargs = dict(request.fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
-        shuffle_batches = is_pydataset(train_X) and bool(fit_kwargs.get("shuffle", True))
-        train_X, validation_data = _pydatasets_as_datasets(train_X, train_Y, validation_data)
-        check_before_upload(  # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
-            lambda: self.client.policy(),
-            None if hypermodel_fit else model,
-            train_X,
-            train_Y,
-            fit_kwargs.get("sample_weight"),
-            validation_data,
-            machine_ids=machine_ids,
-            cool_down_period_s=cool_down_period_s,
-            description=description,
-            wait_request_s=wait_request_s,
-            wait_new_job_create_s=wait_new_job_create_s,
-            wait_new_job_create_interval=wait_new_job_create_interval,
-            argnames=argnames,
-        )
-        epochs = _check_epochs(fit_kwargs.pop("epochs", epochs))
-        b.check_model(model, safe_mode, compiled=not hypermodel_fit)
+        shuffle_batches = is_pydataset(request.train_X) and bool(fit_kwargs.get("shuffle", True))
+        train_X, validation_data = _pydatasets_as_datasets(request.train_X, train_Y, request.validation_data)
+        # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
+        check_before_upload(self.client.policy, replace(request, train_X=train_X, validation_data=validation_data))
+        epochs = _check_epochs(fit_kwargs.pop("epochs", request.epochs))
+        b.check_model(model, request.safe_mode, compiled=not hypermodel_fit)
         if is_dataset(train_X) and fit_kwargs.get("validation_split"):
             raise ValidationError(
                 "validation_split cannot split a tf.data.Dataset: pass validation_data=another dataset instead, "
                 "e.g. ds.take(n) for validation and ds.skip(n) for training"
             )
-        batch_size = fit_batch_size(batch_size, "batch_size", train_X)
+        batch_size = fit_batch_size(request.batch_size, "batch_size", train_X)
         if fit_kwargs.get("validation_batch_size") is not None:
             held_out = validation_data[0] if isinstance(validation_data, (tuple, list)) and validation_data else None
             fit_kwargs["validation_batch_size"] = fit_batch_size(
                 fit_kwargs["validation_batch_size"], "validation_batch_size", held_out
             )
-        reqs = requirements_from(requirements, (argnames or {}).get("requirements", "requirements"))
+        reqs = requirements_from(request.requirements, (request.argnames or {}).get("requirements", "requirements"))
         travelling = plan_callbacks(fit_kwargs.pop("callbacks", None))
         compile_args = plan_compile(model, travelling)
         for note in travelling.notes:
@@ -257,7 +202,7 @@ class Training:
         names = plan_names(model, extra=keras_configs(travelling.specs, compile_args))
         code = plan_code(names.travel + travelling.objects + ([build] if build is not None else []))
         warn_missing_requirements(code, reqs)
-        machines = _machine_list(machine_ids, self.client.machines())
+        machines = _machine_list(request.machine_ids, self.client.machines())
         limit = self.client.policy()["max_job_bytes"]
         bundle = b.new_bundle()
         try:
@@ -286,7 +231,7 @@ class Training:
                     "train on a sample, or use lower precision (float32/uint8)"
                 )
             if build is None:
-                b.save_model(model, bundle, names, safe_mode)
+                b.save_model(model, bundle, names, request.safe_mode)
             code_spec = None
             if code.files:
                 code_spec = {"blob": bundle.add(BytesSource(code.blob(), "code")), "modules": code.modules}
@@ -304,7 +249,7 @@ class Training:
             fit["batch_size"] = batch_size
         spec = {
             "model": bundle.model_sha,
-            "safe_mode": safe_mode,
+            "safe_mode": request.safe_mode,
             "custom_modules": sorted(code.installed),
             "code": code_spec,
             "requirements": reqs,
@@ -313,11 +258,11 @@ class Training:
             "fit": fit,
             "callbacks": travelling.specs,
             "machines": machines,
-            "description": description,
-            "cool_down_s": cool_down_period_s,
-            "wait_request_s": wait_request_s,
-            "record": record,
-            "meta": meta or {},
+            "description": request.description,
+            "cool_down_s": request.cool_down_period_s,
+            "wait_request_s": request.wait_request_s,
+            "record": request.record,
+            "meta": request.meta or {},
             "seed": kernel_seed(),
             "compile": compile_args,
             "objects": names.refs,
@@ -417,25 +362,9 @@ class Training:
     ) -> tuple[str, Any, Any]:
         """Train `model` remotely; returns (job_id, trained_model, history). The trained weights and optimizer
         state land in the same `model` object. Ctrl-C detaches: the job goes on, `Training.attach` resumes."""
+        request = FitRequest.of_call(locals())  # every argument a FitRequest has, by name
         self = cls()
-        job = self.submit(
-            model,
-            train_X,
-            train_Y,
-            machine_ids,
-            batch_size,
-            epochs,
-            validation_data,
-            description,
-            cool_down_period_s,
-            fit_kwargs,
-            wait_request_s,
-            wait_new_job_create_s,
-            wait_new_job_create_interval,
-            record,
-            safe_mode,
-            requirements=requirements,
-        )
+        job = self.submit(request)
         job_id = job["job_id"]
         if verbose:
             print(f"[{job_id}] submitted to {', '.join(job['machines'])}", flush=True)
@@ -470,36 +399,23 @@ class Training:
         """Run a KerasTuner tuner's search remotely: each trial is a job on `machine_ids`, up to `parallel` at
         once, driven by the backend (the study goes on without this kernel); `cool_down_period_s` keeps a machine
         warm for the next trial. Returns (study_id, the best trial's trained model)."""
-        from .search import run_search
+        from .search import follow_to_end, given_args, start_study
 
-        return run_search(
-            cls(),
-            tuner,
-            train_X,
-            train_Y,
-            parallel=parallel,
-            description=description,
-            verbose=verbose,
-            machine_ids=machine_ids,
-            batch_size=batch_size,
-            epochs=epochs,
-            validation_data=validation_data,
-            fit_kwargs=fit_kwargs,
-            requirements=requirements,
-            cool_down_period_s=cool_down_period_s,
+        request = FitRequest.of_call(  # each trial's model is the tuner's; an epochs not given is fit's default
+            locals(), model=None, epochs=1 if epochs is None else epochs
         )
+        given = given_args(request) - ({"epochs"} if epochs is None else set())  # a HyperModel's own fit gets none
+        training = cls()
+        study_id = start_study(training, tuner, request, parallel=parallel, verbose=verbose, search_args=given)
+        return study_id, follow_to_end(training, tuner, study_id, verbose)
 
     @classmethod
     def attach_study(cls, study_id: str, tuner: Any = None, verbose: bool = True) -> Any:
         """Follow a study (started from another kernel, or before this one restarted) to its end: every trial so
         far, then the rest as they end; its results go into `tuner` when given; returns the best trial's model."""
-        from .search import check_ended, finish, follow
+        from .search import follow_to_end
 
-        self = cls()
-        study = follow(self.client, study_id, verbose)
-        model = finish(self, tuner, study)
-        check_ended(study)  # a study that ended FAILED raises here too, as from online_search and the cell
-        return model
+        return follow_to_end(cls(), tuner, study_id, verbose)  # one that ended FAILED raises, as from the cell
 
     @classmethod
     def attach(cls, job_id: str, model: Any = None, verbose: bool = True, safe_mode: bool = True) -> tuple[Any, Any]:

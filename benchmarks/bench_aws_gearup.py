@@ -41,6 +41,7 @@ from backend_proc import own_backend  # noqa: E402
 from aibro_backend.providers.aws_config import load_aws_config  # noqa: E402
 from aibro_core import vocabulary as v  # noqa: E402
 from aibro_jupyter.client import BackendClient  # noqa: E402
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.timeline_table import per_substatus  # noqa: E402
 from aibro_jupyter.training import Training  # noqa: E402
 
@@ -84,7 +85,9 @@ def wait_instance(client: BackendClient, instance_id: str, state: tuple[str, str
 
 
 def run_job(tr: Training, machine: str, cool_down: float, x: Any, y: Any) -> dict[str, Any]:
-    job = tr.submit(model(), x, y, machine_ids=machine, epochs=1, batch_size=64, cool_down_period_s=cool_down)
+    job = tr.submit(
+        FitRequest(model(), x, y, machine_ids=machine, epochs=1, batch_size=64, cool_down_period_s=cool_down)
+    )
     view = tr.watch(job["job_id"])
     if view.status != v.COMPLETED:
         raise SystemExit(f"{job['job_id']} ended {view.status}: {view.errors}")
@@ -143,7 +146,7 @@ def first_boot(root: Path, aws_env: dict[str, str], x: Any, y: Any) -> list[str]
     backend_id = load_aws_config(config).backend_id
     with own_backend(root / "boot-home", "--provider", "aws", "--aws-config", str(config), **aws_env) as b:
         tr = Training(b.client())
-        job = tr.submit(model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, batch_size=64)
+        job = tr.submit(FitRequest(model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, batch_size=64))
         ec2 = boto3.Session(region_name=REGION).client("ec2")
         user_data = ""
         while not user_data:

@@ -33,6 +33,7 @@ from backend_proc import own_backend  # noqa: E402 - the tests' harness
 
 from aibro_core import vocabulary as v  # noqa: E402
 from aibro_jupyter.client import BackendClient  # noqa: E402
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.timeline_table import per_substatus  # noqa: E402
 from aibro_jupyter.training import Training  # noqa: E402
 
@@ -49,7 +50,7 @@ def _gear_up_env(client: BackendClient, requirements: list[str], tag: str) -> tu
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(256, 8)).astype("float32"), rng.integers(0, 2, 256)
     job = Training(client).submit(
-        _model(), x, y, machine_ids="local-cpu", epochs=1, requirements=requirements, description=tag
+        FitRequest(_model(), x, y, machine_ids="local-cpu", epochs=1, requirements=requirements, description=tag)
     )
     while (view := client.job(job["job_id"]))["status"] not in v.JOB_FINAL:
         time.sleep(0.5)

@@ -35,6 +35,7 @@ import numpy as np
 
 from aibro_jupyter import config
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.training import Training
 
 MACHINE = "local-cpu"
@@ -251,7 +252,7 @@ def wait_final(client: BackendClient, job_id: str) -> dict[str, Any]:
 
 def run_job(client: BackendClient, model: keras.Model, x: np.ndarray, y: np.ndarray, **kw: Any) -> dict[str, Any]:
     """Submit and wait until the job is final; the job as the backend shows it."""
-    job = Training(client).submit(model, x, y, machine_ids=MACHINE, cool_down_period_s=COOL_DOWN_S, **kw)
+    job = Training(client).submit(FitRequest(model, x, y, machine_ids=MACHINE, cool_down_period_s=COOL_DOWN_S, **kw))
     return wait_final(client, job["job_id"])
 
 
@@ -453,7 +454,7 @@ def section_b(client: BackendClient, quick: bool) -> list[Row]:
         before = client.counters().get("blob_bytes_received", 0)
         t0 = time.perf_counter()
         job = training.submit(
-            model, x, y, machine_ids=MACHINE, epochs=1, batch_size=2048, cool_down_period_s=COOL_DOWN_S
+            FitRequest(model, x, y, machine_ids=MACHINE, epochs=1, batch_size=2048, cool_down_period_s=COOL_DOWN_S)
         )
         took.append(time.perf_counter() - t0)
         sent.append(client.counters().get("blob_bytes_received", 0) - before)
@@ -480,13 +481,15 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
     x, y = make_data(2048, seed=4)
     training = Training(client)
     job = training.submit(
-        build_model(seed=5),
-        x,
-        y,
-        machine_ids=MACHINE,
-        epochs=epochs,
-        batch_size=128,
-        cool_down_period_s=COOL_DOWN_S,
+        FitRequest(
+            build_model(seed=5),
+            x,
+            y,
+            machine_ids=MACHINE,
+            epochs=epochs,
+            batch_size=128,
+            cool_down_period_s=COOL_DOWN_S,
+        ),
     )
     latency: list[float] = []
     epoch_end_work: list[float] = []

@@ -47,6 +47,8 @@ from aibro_jupyter.training import Training
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from ray_cluster import POOL, RayCluster  # noqa: E402 - the tests' throwaway cluster on this host
 
+from aibro_jupyter.fitrequest import FitRequest
+
 COOL_DOWN_S = 600
 
 
@@ -97,7 +99,15 @@ def backend(home: Path, address: str, node_resource: str | None) -> Iterator[Bac
 
 def job_on(client: BackendClient, machine: str, x: np.ndarray, y: np.ndarray, epochs: int) -> dict[str, Any]:
     job = Training(client).submit(
-        build_model(SEED), x, y, machine_ids=machine, epochs=epochs, batch_size=BATCH, cool_down_period_s=COOL_DOWN_S
+        FitRequest(
+            build_model(SEED),
+            x,
+            y,
+            machine_ids=machine,
+            epochs=epochs,
+            batch_size=BATCH,
+            cool_down_period_s=COOL_DOWN_S,
+        )
     )
     return wait_final(client, job["job_id"])
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from aibro_jupyter.fitrequest import FitRequest
+
 
 def data(n: int = 20000) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
@@ -72,7 +74,7 @@ def main() -> int:
     trainer = Training()
     for machine in ("local-gpu-all", "local-gpu0"):
         notes: list[str] = []
-        job = trainer.submit(build(), x, y, machine_ids=machine, epochs=args.epochs, batch_size=args.batch)
+        job = trainer.submit(FitRequest(build(), x, y, machine_ids=machine, epochs=args.epochs, batch_size=args.batch))
         view = trainer.watch(job["job_id"], [lambda _v, ev, notes=notes: notes.append(worker_note(ev) or "")])
         _, history = trainer.collect(view)
         seconds = [e["seconds"] for e in view.history.values()]

@@ -18,6 +18,7 @@ import requests
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.progress import JobView
 
 from conftest import make_model
@@ -219,7 +220,7 @@ def test_replay_overrides_are_checked(client: BackendClient, finished_job: str) 
 @pytest.fixture(scope="module")
 def finished_job(client: BackendClient, digits: tuple) -> str:
     x, y = digits[0][:64], digits[1][:64]
-    job_id = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2)["job_id"]
+    job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2))["job_id"]
     wait_for(client, job_id, lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs))
     assert client.job(job_id)["status"] == v.COMPLETED
     return job_id
@@ -236,7 +237,9 @@ def _worker_token(home: Path, instance_id: str) -> str:
 def training_job(client: BackendClient, aibro_home: Path) -> Any:
     """A job that trains for a while: (job_id, attempt, worker token)."""
     x, y = slow_data(2000)
-    job_id = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16)["job_id"]
+    job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16))[
+        "job_id"
+    ]
     wait_for(client, job_id, lambda evs: any(e["type"] == "epoch" for e in evs))
     job = client.job(job_id)
     yield job_id, job["attempt"], _worker_token(aibro_home, job["instance_id"])

@@ -25,6 +25,7 @@ from aibro_backend.providers.aws import parse_user_data_env, tag_map  # noqa: E4
 from aibro_backend.providers.aws_config import least_policy, load_aws_config  # noqa: E402
 from aibro_core import vocabulary as v  # noqa: E402
 from aibro_jupyter import Training  # noqa: E402
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model  # noqa: E402
 from helpers import aibro_cli, slow_data, user_env  # noqa: E402
@@ -115,7 +116,9 @@ def test_a_job_on_an_aws_machine_launches_a_tagged_instance_with_only_an_enrollm
     with own_backend(tmp_path / "home", "--provider", "aws", "--aws-config", str(config), **moto["env"]) as b:
         client = b.client()
         x, y = slow_data(200)
-        job = Training(client).submit(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, wait_request_s=0)
+        job = Training(client).submit(
+            FitRequest(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, wait_request_s=0)
+        )
         deadline = time.monotonic() + 60
         found: list[dict[str, Any]] = []
         while not found and time.monotonic() < deadline:
@@ -250,7 +253,9 @@ def test_after_a_sigkill_the_restarted_backend_adopts_its_machine_and_the_job_fi
         url = first.url
         with PlayedInstances(backend_id, url, tmp_path / "machines", moto["env"]) as played:
             client = first.client()
-            job = Training(client).submit(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=4, batch_size=16)
+            job = Training(client).submit(
+                FitRequest(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=4, batch_size=16)
+            )
             wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
             first.proc.kill()
             first.proc.wait(timeout=30)

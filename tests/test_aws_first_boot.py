@@ -26,6 +26,7 @@ from aibro_backend.providers import shipping
 from aibro_backend.providers.aws_config import load_aws_config
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model, scratch
 from helpers import slow_data
@@ -90,7 +91,7 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
     monkeypatch.setenv("AIBRO_TOKEN", b.token)
     x, y = slow_data(300)
     first = Training(client).submit(
-        make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=2, batch_size=32, cool_down_period_s=900
+        FitRequest(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=2, batch_size=32, cool_down_period_s=900)
     )
     ec2_id, user_data = _running_instance(cloud["backend_id"])
     served = shipping.served(b.home)
@@ -123,7 +124,9 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
         # back with its per-instance token (the enrollment token is burnt) and trains the next job, warm
         machine.power_off()
         machine.boot(None)
-        second = Training(client).submit(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, batch_size=32)
+        second = Training(client).submit(
+            FitRequest(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, batch_size=32)
+        )
         job2 = _wait_done(client, second["job_id"], machine)
         assert job2["status"] == v.COMPLETED, (job2, machine.log("aibro-worker.log")[-3000:])
         assert job2["instance_id"] == job["instance_id"], "the rebooted machine trained it"

@@ -22,6 +22,7 @@ from kernel_helpers import drain, run_cell, start_kernel
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training, config
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.progress import JobView, local_notice
 from aibro_jupyter.training import connect
 
@@ -155,7 +156,7 @@ def test_collect_right_after_a_restart_finds_the_backend_on_its_new_port(
     client = connect()
     trainer = Training(client)
     x, y = slow_data(600)
-    view = trainer.watch(trainer.submit(make_model(), x, y, machine_ids="local-cpu", epochs=2)["job_id"])
+    view = trainer.watch(trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2))["job_id"])
     assert view.status == v.COMPLETED, view.errors
     old_url = client.url
     killed = _kill_backend(own_home)
@@ -195,7 +196,9 @@ def test_a_configured_backend_is_retried_with_backoff(tmp_path: Path) -> None:
         url = json.loads((home / "backend.json").read_text())["url"]
         client = BackendClient(url, json.loads((home / "credentials.json").read_text())["token"])
         x, y = slow_data(3000)
-        job_id = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=4)["job_id"]
+        job_id = Training(client).submit(
+            FitRequest(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=4)
+        )["job_id"]
         seen: list[dict] = []
         for ev in client.follow(job_id):
             seen.append(ev)

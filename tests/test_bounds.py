@@ -9,20 +9,13 @@ from aibro_core import bounds
 from aibro_core.models import JobSpec
 from aibro_jupyter.checks import check_job_args, fit_batch_size
 from aibro_jupyter.errors import ValidationError
+from aibro_jupyter.fitrequest import FitRequest
 
 pytestmark = pytest.mark.fast
 
 
-def _args(**over: object) -> dict[str, object]:
-    args: dict[str, object] = {
-        "machine_ids": "local-cpu",
-        "cool_down_period_s": 0,
-        "description": "",
-        "wait_request_s": 60,
-        "wait_new_job_create_s": 0,
-        "wait_new_job_create_interval": 5,
-    }
-    return {**args, **over}
+def _args(**over: object) -> FitRequest:
+    return FitRequest(None, None, **{"machine_ids": "local-cpu", **over})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -35,9 +28,9 @@ def _args(**over: object) -> dict[str, object]:
 )
 def test_the_kernel_refuses_just_past_each_bound(name: str, most: int) -> None:
     at, past = ("x" * most, "x" * (most + 1)) if name == "description" else (most, most + 1)
-    check_job_args(**_args(**{name: at}))
+    check_job_args(_args(**{name: at}))
     with pytest.raises(ValidationError, match=name):
-        check_job_args(**_args(**{name: past}))
+        check_job_args(_args(**{name: past}))
 
 
 def test_the_backends_document_says_the_same_numbers() -> None:

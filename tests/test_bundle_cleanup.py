@@ -16,6 +16,7 @@ from aibro_core.errors import BackendUnreachable, ValidationError
 from aibro_core.vocabulary import COMPLETED
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 
@@ -48,7 +49,7 @@ def _data(n: int = 256) -> tuple[np.ndarray, np.ndarray]:
 def test_successful_submit_and_collect(own_client: BackendClient, tmpdir_of_submit: Path) -> None:
     x, y = _data()
     trainer = Training(own_client)
-    job = trainer.submit(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64)
+    job = trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64))
     assert not list(tmpdir_of_submit.glob("aibro-bundle-*")), "the bundle is gone as soon as submit returns"
     view = trainer.watch(job["job_id"])
     assert view.status == COMPLETED, view.errors
@@ -59,13 +60,13 @@ def test_successful_submit_and_collect(own_client: BackendClient, tmpdir_of_subm
 def test_unknown_machine_fails_before_encoding(own_client: BackendClient, tmpdir_of_submit: Path) -> None:
     x, y = _data()
     with pytest.raises(ValidationError, match="unknown machine"):
-        Training(own_client).submit(make_model(), x, y, machine_ids="no-such-machine")
+        Training(own_client).submit(FitRequest(make_model(), x, y, machine_ids="no-such-machine"))
 
 
 def test_mismatched_lengths_fail_while_encoding(own_client: BackendClient, tmpdir_of_submit: Path) -> None:
     x, y = _data()
     with pytest.raises(ValidationError):
-        Training(own_client).submit(make_model(), x, y[:-3], machine_ids="local-cpu")
+        Training(own_client).submit(FitRequest(make_model(), x, y[:-3], machine_ids="local-cpu"))
 
 
 @pytest.mark.parametrize("limit", [4_000, 70_000], ids=["data-over-limit", "model-over-limit"])
@@ -77,7 +78,7 @@ def test_over_the_limit_fails_after_encoding(
     x, y = _data()
     monkeypatch.setattr(own_client, "policy", lambda: {"max_job_bytes": limit})
     with pytest.raises(ValidationError, match=f"over the {limit}-byte limit"):
-        Training(own_client).submit(make_model(), x, y, machine_ids="local-cpu")
+        Training(own_client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu"))
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("disk on fire"), BackendUnreachable("gone mid-upload")])
@@ -97,5 +98,5 @@ def test_failure_inside_the_upload(
 
     monkeypatch.setattr(own_client.t, "send", failing_send)
     with pytest.raises(type(exc), match=str(exc)):
-        Training(own_client).submit(make_model(), x, y, machine_ids="local-cpu")
+        Training(own_client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu"))
     assert calls, "the submit got as far as the upload"

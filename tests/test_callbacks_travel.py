@@ -22,6 +22,7 @@ from test_validation import fresh_data, nothing_uploaded  # noqa: F401 - a fixtu
 from aibro_core.errors import ValidationError
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 
@@ -161,13 +162,15 @@ def test_a_checkpoint_file_is_in_the_kernel_before_its_epoch_is_reported(client:
             seen.append((epoch, (tmp_path / f"ckpt-{epoch:02d}.keras").exists()))
 
     job = Training(client).submit(
-        make_model(),
-        x,
-        y,
-        machine_ids="local-cpu",
-        epochs=3,
-        batch_size=64,
-        fit_kwargs={"callbacks": [keras.callbacks.ModelCheckpoint(str(target))]},
+        FitRequest(
+            make_model(),
+            x,
+            y,
+            machine_ids="local-cpu",
+            epochs=3,
+            batch_size=64,
+            fit_kwargs={"callbacks": [keras.callbacks.ModelCheckpoint(str(target))]},
+        ),
     )
     view = Training(client).watch(job["job_id"], [watcher])
     assert view.status == "COMPLETED", view.errors
@@ -217,7 +220,9 @@ def test_a_callback_that_cannot_run_remotely_is_named_with_what_to_do(client: Ba
     x, y = fresh_data()
     remote = keras.callbacks.RemoteMonitor(root="http://example.invalid")
     with pytest.raises(ValidationError, match=r"RemoteMonitor .* a worker cannot reach .*%cloud_attach"):
-        Training(client).submit(make_model(), x, y, machine_ids="local-cpu", fit_kwargs={"callbacks": [remote]})
+        Training(client).submit(
+            FitRequest(make_model(), x, y, machine_ids="local-cpu", fit_kwargs={"callbacks": [remote]})
+        )
 
 
 def test_a_callback_argument_that_cannot_travel_is_named(client: BackendClient) -> None:
@@ -228,7 +233,7 @@ def test_a_callback_argument_that_cannot_travel_is_named(client: BackendClient) 
 
     with pytest.raises(ValidationError, match=r"callback Holds.* is defined inside another function"):
         Training(client).prepare(
-            make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [Holds(1)]}
+            FitRequest(make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [Holds(1)]})
         )
     from aibro_jupyter.argcodec import encode
 
@@ -246,12 +251,16 @@ def test_a_callback_holding_a_vocabulary_travels_and_one_too_big_is_refused_nami
 
     words = [f"word{i}" for i in range(20_000)]
     bundle, spec = Training(client).prepare(
-        make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [cm.Vocabulary(words)]}
+        FitRequest(
+            make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [cm.Vocabulary(words)]}
+        )
     )
     shutil.rmtree(bundle.workdir)
     assert spec["callbacks"][0]["config"]["index_to_word"] == words
     huge = ["w" * 40] * 30_000  # about 1.3 MB as JSON: over the request a job spec travels in
     with pytest.raises(ValidationError, match=r"job spec is \d+ characters as JSON.*too big to travel inline"):
         Training(client).prepare(
-            make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [cm.Vocabulary(huge)]}
+            FitRequest(
+                make_model(), *fresh_data(), machine_ids="local-cpu", fit_kwargs={"callbacks": [cm.Vocabulary(huge)]}
+            )
         )

@@ -24,6 +24,7 @@ from aibro_backend.worker.datatree import fit_data
 from aibro_core.errors import ValidationError
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 N = 96
 rng = np.random.default_rng(7)
@@ -163,14 +164,16 @@ def kernel_then_worker(client: BackendClient, case: Case) -> tuple[str | None, s
     fit_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in named}
     try:
         bundle, spec = Training(client).prepare(
-            case.model(),
-            kwargs.get("x"),
-            kwargs.get("y"),
-            machine_ids="local-cpu",
-            batch_size=kwargs.get("batch_size"),
-            epochs=kwargs.get("epochs", 1),
-            validation_data=kwargs.get("validation_data"),
-            fit_kwargs=fit_kwargs,
+            FitRequest(
+                case.model(),
+                kwargs.get("x"),
+                kwargs.get("y"),
+                machine_ids="local-cpu",
+                batch_size=kwargs.get("batch_size"),
+                epochs=kwargs.get("epochs", 1),
+                validation_data=kwargs.get("validation_data"),
+                fit_kwargs=fit_kwargs,
+            ),
         )
     except ValidationError as exc:
         return str(exc), None

@@ -22,6 +22,7 @@ from aibro_backend.storage.store import Store
 from aibro_backend.storage.tokens import hash_token
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import backend_db, instance_pid, slow_data, wait_for, worker_process
@@ -52,7 +53,7 @@ def _environ(pid: int) -> dict[str, str]:
 def test_a_job_trains_through_an_enrolled_worker_and_the_token_is_kept_0600(backend: OwnBackend) -> None:
     client = backend.client()
     x, y = slow_data(3000)
-    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16)
+    job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16))
     wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
     instance_id = client.job(job["job_id"])["instance_id"]
     env = _environ(worker_process(instance_pid(backend.home, instance_id)))
@@ -85,7 +86,7 @@ def test_a_restart_reuses_the_kept_token_and_a_burnt_enrollment_buys_nothing(
     """The agent restarted after a stop/start: its enrollment token is burnt, the token file is what lets it in."""
     client = backend.client()
     x, y = slow_data(3000)
-    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16)
+    job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16))
     wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
     instance_id = client.job(job["job_id"])["instance_id"]
     env = _environ(worker_process(instance_pid(backend.home, instance_id)))

@@ -21,6 +21,7 @@ from backend_proc import own_backend
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import answered_again, slow_data, wait_for
@@ -54,7 +55,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     with own_backend(tmp_path_factory.mktemp("evport") / "home") as b:
         client = b.client()
         x, y = slow_data(300)
-        job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=32)
+        job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=32))
         wait_for(
             client,
             job["job_id"],
@@ -146,7 +147,7 @@ def test_a_long_poll_there_wakes_when_an_event_lands(trained: dict) -> None:
     waiter.start()
     time.sleep(1.0)
     x, y = slow_data(100)
-    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=32)
+    job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=32))
     waiter.join(60)
     assert got["page"]["events"] and got["page"]["events"][0]["job_id"] == job["job_id"]
     assert got["s"] < 45, "the long-poll ran out instead of waking"

@@ -10,6 +10,7 @@ from backend_proc import own_backend
 
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import slow_data, wait_for
@@ -27,10 +28,10 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
         x, y = slow_data(3000)
         # alice trains until canceled below, so bob's job queues behind her whatever the load
         first = Training(alice).submit(
-            make_model(), x, y, machine_ids="local-cpu", epochs=1000, batch_size=16, cool_down_period_s=600
+            FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1000, batch_size=16, cool_down_period_s=600)
         )
         wait_for(alice, first["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
-        second = Training(bob).submit(make_model(1), x[:500], y[:500], machine_ids="local-cpu", epochs=1)
+        second = Training(bob).submit(FitRequest(make_model(1), x[:500], y[:500], machine_ids="local-cpu", epochs=1))
         queued = wait_for(
             bob,
             second["job_id"],
@@ -66,7 +67,7 @@ def test_one_bad_job_row_never_blocks_everyone_elses(tmp_path: Path) -> None:
     with own_backend(home) as backend:
         client = backend.client()
         x, y = slow_data(200)
-        good = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1)
+        good = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1))
         wait_for(client, good["job_id"], _final, timeout=300)
         spec = json.loads(
             sqlite3.connect(str(home / "state" / "aibro.db")).execute("SELECT spec FROM jobs").fetchone()[0]
@@ -80,7 +81,7 @@ def test_one_bad_job_row_never_blocks_everyone_elses(tmp_path: Path) -> None:
         )
         db.commit()
         db.close()
-        after = Training(client).submit(make_model(2), x, y, machine_ids="local-cpu", epochs=1)
+        after = Training(client).submit(FitRequest(make_model(2), x, y, machine_ids="local-cpu", epochs=1))
         wait_for(client, after["job_id"], _final, timeout=300)
         assert client.job(after["job_id"])["status"] == v.COMPLETED
         deadline = time.monotonic() + 30

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from kernel_helpers import run_cell, start_kernel
 
+from aibro_jupyter.fitrequest import FitRequest
+
 SETUP = """
 import os, json
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -176,7 +178,7 @@ def test_two_devices_train_under_mirrored_strategy(tmp_path: Path) -> None:
         model = make_model()
         start = model.get_weights()
         job = trainer.submit(
-            model, x, y, machine_ids="local-cpu", epochs=2, batch_size=64, fit_kwargs={"shuffle": False}
+            FitRequest(model, x, y, machine_ids="local-cpu", epochs=2, batch_size=64, fit_kwargs={"shuffle": False})
         )
         view = trainer.watch(job["job_id"], [note])
         trained, history = trainer.collect(view, model)

@@ -13,6 +13,7 @@ from backend_proc import own_backend
 from greedy_layer import Greedy
 
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import slow_data
@@ -50,7 +51,7 @@ def test_a_job_over_its_limit_ends_naming_it(trainer: Training, greed: dict[str,
     import re
 
     x, y = slow_data(512)
-    job = trainer.submit(greedy_model(**greed), x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
+    job = trainer.submit(FitRequest(greedy_model(**greed), x, y, machine_ids="local-cpu", epochs=2, batch_size=64))
     view = trainer.watch(job["job_id"])
     assert view.status == "CANCELED", "the job should have failed"
     assert view.errors and re.search(named, view.errors[-1]), view.errors
@@ -59,7 +60,9 @@ def test_a_job_over_its_limit_ends_naming_it(trainer: Training, greed: dict[str,
 def test_a_job_within_its_limits_trains(trainer: Training, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the files the job writes come back next to the "notebook"
     x, y = slow_data(512)
-    job = trainer.submit(greedy_model(files=50, chunks_mb=2), x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
+    job = trainer.submit(
+        FitRequest(greedy_model(files=50, chunks_mb=2), x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
+    )
     assert trainer.watch(job["job_id"]).status == "COMPLETED"
     assert sorted(p.name for p in tmp_path.glob("chunk-*.bin")) == ["chunk-0.bin", "chunk-1.bin"]
 

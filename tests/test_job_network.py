@@ -23,6 +23,7 @@ from aibro_backend.providers import jobnet
 from aibro_backend.worker.netbridge import Bridge
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import slow_data
@@ -42,7 +43,9 @@ def test_a_sandboxed_job_reaches_the_backend_and_nothing_else(client: BackendCli
     model.compile("adam", "sparse_categorical_crossentropy")
     x, y = slow_data(500)
     trainer = Training(client)
-    job = trainer.submit(model, x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=600)
+    job = trainer.submit(
+        FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=600)
+    )
     view = trainer.watch(job["job_id"])
     assert view.status == "COMPLETED", view.errors  # the worker talked to the backend the whole time
     report = aibro_home / "state" / "workers" / client.job(job["job_id"])["instance_id"] / "netprobe.json"

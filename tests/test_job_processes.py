@@ -18,6 +18,7 @@ from spawner_layer import Spawner
 
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import slow_data, wait_for
@@ -65,7 +66,9 @@ def test_a_completed_job_leaves_no_process_behind(client: BackendClient) -> None
     x, y = slow_data(2000)
     trainer = Training(client)
     job = trainer.submit(
-        spawning_model(marker), x, y, machine_ids="local-cpu", epochs=2, batch_size=64, cool_down_period_s=600
+        FitRequest(
+            spawning_model(marker), x, y, machine_ids="local-cpu", epochs=2, batch_size=64, cool_down_period_s=600
+        )
     )
     assert seen(marker), "the layer's processes never started on the worker (the test proves nothing then)"
     view = trainer.watch(job["job_id"])
@@ -78,7 +81,9 @@ def test_a_canceled_job_leaves_no_process_behind(client: BackendClient) -> None:
     x, y = slow_data(6000)
     trainer = Training(client)
     job = trainer.submit(
-        spawning_model(marker), x, y, machine_ids="local-cpu", epochs=500, batch_size=32, cool_down_period_s=600
+        FitRequest(
+            spawning_model(marker), x, y, machine_ids="local-cpu", epochs=500, batch_size=32, cool_down_period_s=600
+        )
     )
     assert seen(marker)
     wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
@@ -93,7 +98,9 @@ def test_a_stopped_backend_leaves_no_process_of_a_running_job_behind(tmp_path: P
     x, y = slow_data(6000)
     with own_backend(tmp_path / "home") as backend:
         trainer = Training(backend.client())
-        job = trainer.submit(spawning_model(marker), x, y, machine_ids="local-cpu", epochs=500, batch_size=32)
+        job = trainer.submit(
+            FitRequest(spawning_model(marker), x, y, machine_ids="local-cpu", epochs=500, batch_size=32)
+        )
         assert seen(marker)
         wait_for(backend.client(), job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
         backend.proc.send_signal(signal.SIGTERM)  # `aibro backend stop`: a clean stop

@@ -13,6 +13,7 @@ from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import aibro_cli, slow_data, wait_for
@@ -44,21 +45,23 @@ def test_at_the_limit_a_job_fails_clearly_or_waits_for_a_slot(
 ) -> None:
     x, y = slow_data(3000)
     trainer = Training(limited)
-    first = trainer.submit(make_model(), x, y, machine_ids="local-cpu", epochs=3, batch_size=16)["job_id"]
+    first = trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=3, batch_size=16))["job_id"]
     with pytest.raises(ApiError) as err:
-        trainer.submit(make_model(1), x[:200], y[:200], machine_ids="local-cpu", epochs=1)
+        trainer.submit(FitRequest(make_model(1), x[:200], y[:200], machine_ids="local-cpu", epochs=1))
     assert err.value.status == 429
     assert "the limit is 1" in str(err.value) and "--wait-slot" in str(err.value)
     assert [j["job_id"] for j in limited.jobs()] == [first], "the refused job was not created"
 
     second = trainer.submit(
-        make_model(1),
-        x[:200],
-        y[:200],
-        machine_ids="local-cpu",
-        epochs=1,
-        wait_new_job_create_s=600,
-        wait_new_job_create_interval=0.5,
+        FitRequest(
+            make_model(1),
+            x[:200],
+            y[:200],
+            machine_ids="local-cpu",
+            epochs=1,
+            wait_new_job_create_s=600,
+            wait_new_job_create_interval=0.5,
+        ),
     )["job_id"]
     assert "waiting for a job slot" in capfd.readouterr().err
     first_job = limited.job(first)

@@ -23,6 +23,7 @@ from test_validation import TRIPWIRE, fresh_data, nothing_uploaded  # noqa: F401
 from aibro_core.errors import ValidationError
 from aibro_jupyter import Training, checks
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.kerasnames import plan_names
 
 from conftest import make_model
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.fast
 
 def _submit(client: BackendClient, model: Any, x: Any, y: Any, **kw: Any) -> dict[str, Any]:
     kw.setdefault("machine_ids", "local-cpu")
-    return Training(client).submit(model, x, y, **kw)
+    return Training(client).submit(FitRequest(model, x, y, **kw))
 
 
 def two_inputs() -> keras.Model:
@@ -289,16 +290,33 @@ def test_bad_cool_down_through_online_fit(client: BackendClient) -> None:
 
 
 def test_numpy_numbers_are_fine() -> None:
-    checks.check_job_args(["a", "b"], np.float32(600), "", np.int64(60), 0, 5, None)
-    checks.check_job_args("a,b", 0, "x" * 500, 0.5, 10, 0.1, None)
+    checks.check_job_args(_job(["a", "b"], np.float32(600), "", np.int64(60), 0, 5))
+    checks.check_job_args(_job("a,b", 0, "x" * 500, 0.5, 10, 0.1))
 
 
 def test_argnames_name_what_the_user_typed() -> None:
     names = {"cool_down_period_s": "--cool-down", "machine_ids": "--machine"}
     with pytest.raises(ValidationError, match=r"^--cool-down cannot be negative, got -5.0: .*e.g. --cool-down 600"):
-        checks.check_job_args(None, -5.0, "", 60, 0, 5, names)
+        checks.check_job_args(_job(None, -5.0, "", 60, 0, 5, names))
     with pytest.raises(ValidationError, match=r"^--machine must be"):
-        checks.check_job_args(3, 0, "", 60, 0, 5, names)
+        checks.check_job_args(_job(3, 0, "", 60, 0, 5, names))
+
+
+def _job(
+    machines: Any, cool_down: Any, description: Any, wait: Any, wait_slot: Any, interval: Any, names: Any = None
+) -> FitRequest:
+    """A request with these job arguments (the checks read nothing else of it)."""
+    return FitRequest(
+        None,
+        None,
+        machine_ids=machines,
+        description=description,
+        cool_down_period_s=cool_down,
+        wait_request_s=wait,
+        wait_new_job_create_s=wait_slot,
+        wait_new_job_create_interval=interval,
+        argnames=names,
+    )
 
 
 # -- size ---------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import tensorflow as tf
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from helpers import epochs_seen, instance_pid, wait_for
 
@@ -115,7 +116,9 @@ def test_a_gan_whose_worker_dies_resumes_with_both_optimizers_state(client: Back
         loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
     )
     data = tf.data.Dataset.from_tensor_slices(_images(4800)).batch(16)
-    job_id = Training(client).submit(gan, data, machine_ids="local-cpu", epochs=4, cool_down_period_s=120)["job_id"]
+    job_id = Training(client).submit(FitRequest(gan, data, machine_ids="local-cpu", epochs=4, cool_down_period_s=120))[
+        "job_id"
+    ]
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
     first = client.job(job_id)["instance_id"]
     os.killpg(instance_pid(aibro_home, first), signal.SIGKILL)

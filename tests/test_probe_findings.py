@@ -33,6 +33,7 @@ from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import answered_again, instance_pid, slow_data, wait_for, worker_process
@@ -165,7 +166,7 @@ def worker_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OwnBa
     with own_backend(home, AIBRO_SANDBOX="none", AIBRO_WORKER_PYTHON=str(wrapper)) as b:
         client = b.client()
         x, y = slow_data(2000)
-        job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16)
+        job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16))
         job_id = job["job_id"]
         wait_for(client, job_id, lambda evs: any(e["type"] == v.EV_EPOCH for e in evs))
         job = client.job(job_id)

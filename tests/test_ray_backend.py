@@ -29,6 +29,7 @@ from ray_cluster import POOL, RayCluster, free_port, ray_available, start_cluste
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import epochs_seen, slow_data, user_env, wait_for
@@ -246,7 +247,9 @@ def test_three_jobs_spread_over_two_nodes_and_the_third_waits_with_the_clusters_
     x, y = slow_data(3000)
     training = Training(client)
     jobs = [
-        training.submit(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=8, description=f"spread {k}")
+        training.submit(
+            FitRequest(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=8, description=f"spread {k}")
+        )
         for k in range(3)
     ]
     ids = [j["job_id"] for j in jobs]
@@ -260,7 +263,9 @@ def test_three_jobs_spread_over_two_nodes_and_the_third_waits_with_the_clusters_
     assert (job["status"], job["substatus"]) == (v.QUEUING, v.REQUESTING_SERVER)
     assert last_status_message(client, waiting) == f"waiting for 1 CPU on the Ray cluster ({cluster.address})"
     # A job that lists a fallback does not wait: the local machine takes it at once.
-    fallback = training.submit(make_model(), x[:200], y[:200], machine_ids=["ray-cpu1", "local-cpu"], epochs=1)
+    fallback = training.submit(
+        FitRequest(make_model(), x[:200], y[:200], machine_ids=["ray-cpu1", "local-cpu"], epochs=1)
+    )
     until("the fallback on local-cpu", lambda: client.job(fallback["job_id"])["machine_id"] == "local-cpu", 60)
     placed = [instance(client, client.job(j)["instance_id"])["placement"] for j in running]
     assert all(p["node_id"] and p["node_ip"] and p["ray_address"] == cluster.address for p in placed), placed
@@ -283,13 +288,15 @@ def test_a_job_waiting_for_a_gpu_says_so_then_passes_over_after_wait_request_s(
     x, y = slow_data(3000)
     training = Training(client)
     busy = [
-        training.submit(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=80, description=f"busy {k}")
+        training.submit(
+            FitRequest(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=80, description=f"busy {k}")
+        )
         for k in range(2)
     ]
     # Long (canceled below): a busy job that ended early would free node b and let Ray place the GPU job.
     until("both nodes busy", lambda: all(client.job(j["job_id"])["status"] == v.TRAINING for j in busy))
     gpu = training.submit(
-        make_model(), x[:200], y[:200], machine_ids=["ray-gpu1", "local-cpu"], epochs=1, wait_request_s=20
+        FitRequest(make_model(), x[:200], y[:200], machine_ids=["ray-gpu1", "local-cpu"], epochs=1, wait_request_s=20)
     )
     said = f"waiting for 1 GPU on the Ray cluster ({cluster.address})"
     until("the GPU job waiting", lambda: last_status_message(client, gpu["job_id"]) == said, 60)
@@ -313,7 +320,7 @@ def test_killing_the_node_resumes_on_the_other_one_with_every_epoch_once(
     x, y = slow_data(3000)
     epochs = 16  # enough left after the kill that the job cannot finish before its node's loss is noticed
     job_id = Training(client).submit(
-        make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=epochs, description="node killed"
+        FitRequest(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=epochs, description="node killed")
     )["job_id"]
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2, timeout=600)
     first = client.job(job_id)["instance_id"]
@@ -339,7 +346,7 @@ def test_ray_stop_fails_the_job_naming_the_cluster(backend: OwnBackend, cluster:
     # Far more epochs than the node's workers take to notice their raylet is gone, even on a loaded box: a worker
     # that outlives the cluster long enough to finish would rightly complete the job.
     job_id = Training(client).submit(
-        make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=500, description="cluster stopped"
+        FitRequest(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=500, description="cluster stopped")
     )["job_id"]
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 1, timeout=600)
     for name in list(cluster.sessions):
@@ -352,7 +359,7 @@ def test_ray_stop_fails_the_job_naming_the_cluster(backend: OwnBackend, cluster:
     machines = {m["machine_id"]: m for m in client.machines()}
     assert machines["ray-cpu1"]["availability"] == "unreachable" and machines["ray-cpu1"]["available"] == 0
     # A job submitted now fails at once with the same words; the local provider still trains.
-    later = Training(client).submit(make_model(), x[:100], y[:100], machine_ids="ray-cpu1", epochs=1)
+    later = Training(client).submit(FitRequest(make_model(), x[:100], y[:100], machine_ids="ray-cpu1", epochs=1))
     wait_for(client, later["job_id"], final, timeout=60)
     assert cluster.address in (client.job(later["job_id"])["error"] or "")
     assert os.path.exists(backend.home / "backend.json"), "the backend itself stays up"

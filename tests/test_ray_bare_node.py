@@ -20,6 +20,7 @@ from ray_cluster import POOL, RayCluster, ray_available
 from aibro_backend.providers import shipping
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model, scratch
 from helpers import slow_data
@@ -85,7 +86,7 @@ def test_a_node_without_aibro_trains_a_job_on_the_shipped_agent(backend: OwnBack
     client = backend.client()
     x, y = slow_data(300)
     job_id = Training(client).submit(
-        make_model(), x, y, machine_ids="ray-cpu1", epochs=2, batch_size=32, cool_down_period_s=300
+        FitRequest(make_model(), x, y, machine_ids="ray-cpu1", epochs=2, batch_size=32, cool_down_period_s=300)
     )["job_id"]
     deadline = time.monotonic() + 900
     while client.job(job_id)["status"] not in (v.COMPLETED, v.CANCELED):

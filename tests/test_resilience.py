@@ -17,6 +17,7 @@ import pytest
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training, config
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import backend_db, epochs_seen, instance_pid, slow_data, wait_for
@@ -79,14 +80,16 @@ def test_worker_killed_resumes_from_checkpoint(client: BackendClient, aibro_home
     x, y = slow_data(3000)
     epochs = 6
     job = Training(client).submit(
-        make_model(),
-        x,
-        y,
-        machine_ids="local-cpu",
-        batch_size=16,
-        epochs=epochs,
-        validation_data=(x[:500], y[:500]),
-        cool_down_period_s=600,
+        FitRequest(
+            make_model(),
+            x,
+            y,
+            machine_ids="local-cpu",
+            batch_size=16,
+            epochs=epochs,
+            validation_data=(x[:500], y[:500]),
+            cool_down_period_s=600,
+        ),
     )
     job_id = job["job_id"]
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
@@ -112,7 +115,7 @@ def test_backend_killed_and_restarted_loses_nothing(client: BackendClient, aibro
     x, y = slow_data(3000)
     epochs = 6
     job = Training(client).submit(
-        make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=epochs, cool_down_period_s=600
+        FitRequest(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=epochs, cool_down_period_s=600)
     )
     job_id = job["job_id"]
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)

@@ -28,6 +28,7 @@ from aibro_core import vocabulary as v  # noqa: E402
 from aibro_core.errors import ApiError  # noqa: E402
 from aibro_jupyter import Training, blobsource  # noqa: E402
 from aibro_jupyter.blobsource import ArraySource, BytesSource  # noqa: E402
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model  # noqa: E402
 from helpers import backend_db, slow_data, wait_for, wait_until  # noqa: E402
@@ -206,7 +207,7 @@ def test_the_same_data_again_uploads_nothing_and_a_local_job_also_uses_s3(aws: d
     x, y = _big_data()
     before = client.counters().get("blob_bytes_s3", 0)
     model = make_model(seed=3)
-    job = Training(client).submit(model, x, y, machine_ids="local-cpu", epochs=1, batch_size=256)
+    job = Training(client).submit(FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, batch_size=256))
     sent = client.counters().get("blob_bytes_s3", 0) - before
     head = client.t.request("HEAD", f"/blobs/{_spec(aws['backend'], job['job_id'])['model']}")
     assert sent == int(head.headers["X-Blob-Size"]), "only the model was uploaded: the data was there already"

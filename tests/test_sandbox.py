@@ -17,6 +17,7 @@ from backend_proc import own_backend
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.errors import ApiError
+from aibro_jupyter.fitrequest import FitRequest
 
 from helpers import backend_db, wait_for
 
@@ -101,7 +102,7 @@ def test_a_lambda_job_cannot_read_the_backend_or_other_users(
     )
     # warm (cooling), so that its folder with the report stays until the test reads it
     job = Training(client).submit(
-        model, x, y, machine_ids="local-cpu", epochs=1, safe_mode=False, cool_down_period_s=600
+        FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, safe_mode=False, cool_down_period_s=600)
     )
     wait_for(client, job["job_id"], lambda evs: any(_final(e) for e in evs), timeout=300)
     done = client.job(job["job_id"])
@@ -148,7 +149,7 @@ def test_cool_down_over_the_cap_is_refused(client: BackendClient, digits: Any) -
     assert client.policy()["max_cool_down_s"] == 3600
     x, y = digits[0][:64], digits[1][:64]
     with pytest.raises(ValidationError, match=r"cool_down_period_s=7200 is over this backend's cap of 3600 s"):
-        Training(client).submit(make_model(), x, y, machine_ids="local-cpu", cool_down_period_s=7200)
+        Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", cool_down_period_s=7200))
     spec = {"model": "0" * 64, "data": {"x": {"blob": "0" * 64}}, "fit": {"epochs": 1}, "machines": ["local-cpu"]}
     with pytest.raises(ApiError, match=r"over this backend's cap"):
         client.submit({**spec, "cool_down_s": 7200})
@@ -173,7 +174,9 @@ def test_exited_workers_are_reaped(client: BackendClient, aibro_home: Path, digi
 
     from conftest import make_model
 
-    job = Training(client).submit(make_model(), digits[0][:64], digits[1][:64], machine_ids="local-cpu", epochs=1)
+    job = Training(client).submit(
+        FitRequest(make_model(), digits[0][:64], digits[1][:64], machine_ids="local-cpu", epochs=1)
+    )
     wait_for(client, job["job_id"], lambda evs: any(_final(e) for e in evs), timeout=300)
     instance = client.job(job["job_id"])["instance_id"]
     backend_pid = json.loads((aibro_home / "backend.json").read_text())["pid"]

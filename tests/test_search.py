@@ -35,6 +35,7 @@ from searchmodels import (
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.search import TrialHistories
 
 from helpers import slow_data, wait_until
@@ -146,7 +147,7 @@ def test_a_trial_cannot_start_from_another_users_job(backend: Any, tmp_path: Pat
     """`resume_job` lets a trial read one earlier job's model, only when that job is of the same user."""
     alice = Training(backend.client())
     x, y = slow_data(200, seed=6)
-    theirs = alice.submit(build_model(kt.HyperParameters()), x, y, machine_ids="local-cpu")["job_id"]
+    theirs = alice.submit(FitRequest(build_model(kt.HyperParameters()), x, y, machine_ids="local-cpu"))["job_id"]
     assert alice.watch(theirs, []).status == v.COMPLETED
     mallory = backend.add_user(f"mallory-{tmp_path.name[-6:]}")
     training = Training(mallory)
@@ -208,18 +209,10 @@ def test_cancelling_a_study_cancels_its_running_trials_and_starts_no_more(
     x, y = slow_data(6000, seed=4)
     tuner = kt.RandomSearch(build_model, objective="val_accuracy", max_trials=10, directory=str(tmp_path))
     training = Training(client)
-    study_id = start_study(
-        training,
-        tuner,
-        x,
-        y,
-        parallel=2,
-        machine_ids="local-cpu",
-        epochs=200,
-        batch_size=16,
-        validation_data=slow_data(100, seed=5),
-        verbose=False,
+    request = FitRequest(
+        None, x, y, machine_ids="local-cpu", epochs=200, batch_size=16, validation_data=slow_data(100, seed=5)
     )
+    study_id = start_study(training, tuner, request, parallel=2, verbose=False)
 
     def running() -> list[dict[str, Any]]:
         trials = client.t.json("GET", f"/studies/{study_id}")["trials"]
@@ -465,7 +458,7 @@ def _assert_best_models_load_whole(tuner: Any) -> Any:
 def _trial_spec(training: Training, x: Any, y: Any) -> dict[str, Any]:
     """A trial job's spec made by hand (the build function at its space's defaults), its data uploaded."""
     hp = kt.HyperParameters()
-    bundle, spec = training.prepare(build_model(hp), x, y, machine_ids="local-cpu", build=build_model)
+    bundle, spec = training.prepare(FitRequest(build_model(hp), x, y, machine_ids="local-cpu", build=build_model))
     try:
         bundle.upload(training.client)
     finally:

@@ -24,6 +24,7 @@ import requests
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import aibro_cli, instance_pid, user_env, wait_for
@@ -198,7 +199,9 @@ def local_job(
     """A tiny job of user "local" (its instance is kept cooling); yields (job_id, sha of its x blob)."""
     x, y = digits[0][:64], digits[1][:64]
     trainer = Training(client)
-    job_id = trainer.submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600)["job_id"]
+    job_id = trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600))[
+        "job_id"
+    ]
     yield job_id, _npy_sha(x)
     wait_final(client, job_id)
     inst_id = client.job(job_id)["instance_id"]

@@ -20,6 +20,7 @@ from backend_proc import own_backend
 from browser import jupyterlab
 
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import kill_workers, make_model
 
@@ -199,7 +200,9 @@ def test_proxy_follows_jobs_cancels_and_never_leaks_the_token(fresh_lab, digits,
     from aibro_jupyter.training import Training
 
     job = Training(client).submit(
-        make_model(), np.repeat(x, 8, axis=0), np.repeat(y, 8, axis=0), "local-cpu", epochs=30, description="proxy"
+        FitRequest(
+            make_model(), np.repeat(x, 8, axis=0), np.repeat(y, 8, axis=0), "local-cpu", epochs=30, description="proxy"
+        )
     )
     listed = requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=30).json()
     assert [j["job_id"] for j in listed["jobs"]] == [j["job_id"] for j in client.jobs()]

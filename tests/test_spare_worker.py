@@ -13,6 +13,7 @@ from backend_proc import own_backend
 
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import instance_pid, wait_for, worker_process
@@ -60,8 +61,9 @@ def test_the_first_job_runs_on_the_spare_and_a_new_spare_follows(tmp_path: Path,
         spare = wait_spare(home)
         assert client.policy()["spare_worker"] is True
         x, y = digits[0][:256], digits[1][:256]
-        job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600)
-        # warm after it: a closed instance's folder goes (test_instance_leftovers.py), and this one is looked at
+        job = Training(client).submit(
+            FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600)
+        )  # warm after it: a closed instance's folder goes (test_instance_leftovers.py), this one is looked at
         events = wait_for(client, job["job_id"], _final)
         assert client.job(job["job_id"])["status"] == v.COMPLETED, events[-3:]
         inst = client.job(job["job_id"])["instance_id"]
@@ -82,7 +84,9 @@ def test_a_spare_is_never_handed_to_another_user(tmp_path: Path, digits) -> None
         bob = backend.add_user("bob")
         spare = wait_spare(home)  # started for the backend's own user, "local"
         x, y = digits[0][:128], digits[1][:128]
-        job = Training(bob).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=0)
+        job = Training(bob).submit(
+            FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=0)
+        )
         wait_for(bob, job["job_id"], _final)
         assert bob.job(job["job_id"])["status"] == v.COMPLETED
         assert worker_process(instance_pid(home, bob.job(job["job_id"])["instance_id"])) != spare, (

@@ -19,6 +19,7 @@ from fake_imds import FakeImds
 
 from aibro_backend.worker.spot import INSTANCE_ACTION, SpotWatch, spot_watch_from_env
 from aibro_core import vocabulary as v
+from aibro_jupyter.fitrequest import FitRequest
 
 
 def test_the_watch_speaks_imdsv2_and_sets_its_notice_only_on_an_interruption() -> None:
@@ -124,13 +125,15 @@ def test_a_reclaimed_spot_machine_resumes_on_a_new_one_with_every_epoch_once(
     n, batch, epochs = 8000, 16, 4
     x, y = slow_data(n)
     job = Training(client).submit(
-        make_model(),
-        x,
-        y,
-        machine_ids="g4dn.xlarge",
-        batch_size=batch,
-        epochs=epochs,
-        validation_data=(x[:500], y[:500]),
+        FitRequest(
+            make_model(),
+            x,
+            y,
+            machine_ids="g4dn.xlarge",
+            batch_size=batch,
+            epochs=epochs,
+            validation_data=(x[:500], y[:500]),
+        ),
     )
     job_id = job["job_id"]
     # Mid-way through epoch 1 (its batches are running): AWS gives its two-minute notice (the fixture's fake IMDS).

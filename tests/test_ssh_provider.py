@@ -28,6 +28,7 @@ from ray_cluster import free_port
 from aibro_backend.providers import shipping
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model, scratch
 from helpers import slow_data
@@ -228,7 +229,9 @@ def test_a_host_whose_sshd_goes_away_has_its_job_resumed_on_the_next_host(
 ) -> None:
     client = backend.client()
     x, y = slow_data(3000)
-    job = Training(client).submit(make_model(), x, y, machine_ids=["ssh:a", "ssh:b"], epochs=6, batch_size=16)
+    job = Training(client).submit(
+        FitRequest(make_model(), x, y, machine_ids=["ssh:a", "ssh:b"], epochs=6, batch_size=16)
+    )
     deadline = time.monotonic() + 600
     while client.job(job["job_id"])["epochs_done"] < 1:
         assert time.monotonic() < deadline, client.job(job["job_id"])
@@ -255,7 +258,7 @@ def test_a_host_whose_key_changed_is_refused_naming_it(backend: OwnBackend, host
     server.start()
     client = backend.client()
     x, y = slow_data(64)
-    job = Training(client).submit(make_model(), x, y, machine_ids="ssh:a", epochs=1)
+    job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="ssh:a", epochs=1))
     done = _wait(client, job["job_id"])
     messages = " ".join(e["data"].get("message", "") for e in client.events(job["job_id"], 0)["events"])
     assert done["status"] == v.CANCELED and "SSH host key of a (127.0.0.1" in messages and "changed" in messages
@@ -267,7 +270,7 @@ def test_stopping_the_backend_stops_its_workers(hosts: dict[str, Any], tmp_path:
     with own_backend(home, "--provider", "ssh", "--ssh-hosts", str(hosts["file"])) as b:
         client = b.client()
         x, y = slow_data(3000)
-        job = Training(client).submit(make_model(), x, y, machine_ids="ssh:b", epochs=50, batch_size=16)
+        job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="ssh:b", epochs=50, batch_size=16))
         deadline = time.monotonic() + 600
         while client.job(job["job_id"])["status"] != v.TRAINING:
             assert time.monotonic() < deadline
@@ -311,7 +314,7 @@ def test_a_restarted_backend_finds_its_running_worker_and_the_job_completes(
         port = str(urlsplit(b.url).port)
         client = b.client()
         x, y = slow_data(2000)
-        job = Training(client).submit(make_model(), x, y, machine_ids="ssh:b", epochs=8, batch_size=16)
+        job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="ssh:b", epochs=8, batch_size=16))
         deadline = time.monotonic() + 600
         while client.job(job["job_id"])["epochs_done"] < 1:
             assert time.monotonic() < deadline, client.job(job["job_id"])

@@ -25,6 +25,7 @@ from aibro_core import vocabulary as v
 from aibro_core.transport import UntrustedCertificate
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
 from helpers import slow_data, user_env, wait_for
@@ -111,7 +112,7 @@ def test_a_client_with_the_ca_bundle_trains_end_to_end_and_one_without_is_refuse
     client = BackendClient(b.url, b.token, ca_bundle=ca)
     assert client.health()["user"]
     x, y = slow_data(400)
-    job = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=32)
+    job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=32))
     events = wait_for(
         client,
         job["job_id"],

@@ -17,6 +17,7 @@ from aibro_backend.providers.local import pid_alive
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training, bundle
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.kerasnames import plan_names
 
 from conftest import make_model
@@ -162,7 +163,7 @@ def test_second_job_reuses_the_warm_worker(client: BackendClient, first_job, dig
     probe = bundle.new_bundle()
     bundle.save_model(model, probe, plan_names(model))
     model_bytes = (probe.workdir / "model.keras").stat().st_size
-    job = Training(client).submit(model, x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600)
+    job = Training(client).submit(FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600))
     Training(client).watch(job["job_id"])
     second = client.job(job["job_id"])
     assert second["status"] == v.COMPLETED
@@ -202,9 +203,9 @@ def test_events_long_poll(client: BackendClient, first_job) -> None:  # noqa: AN
 
 def test_events_long_poll_returns_when_an_event_arrives(client: BackendClient, digits) -> None:  # noqa: ANN001
     x, y = digits[0][:64], digits[1][:64]
-    job_id = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600)[
-        "job_id"
-    ]
+    job_id = Training(client).submit(
+        FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600)
+    )["job_id"]
     seen = 0
     waits = []
     while True:
@@ -221,7 +222,7 @@ def test_events_long_poll_returns_when_an_event_arrives(client: BackendClient, d
 def test_cancel_stops_within_about_a_batch(client: BackendClient) -> None:
     x, y = slow_data(n=40000)  # one epoch is ~2500 batches, several seconds: a stop at epoch end would show
     job = Training(client).submit(
-        make_model(), x, y, machine_ids="local-cpu", epochs=50, batch_size=16, cool_down_period_s=600
+        FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=50, batch_size=16, cool_down_period_s=600)
     )
     job_id = job["job_id"]
     events = wait_for(client, job_id, lambda evs: any(e["type"] == "batch" for e in evs))
@@ -284,7 +285,7 @@ def test_cool_down_expiry_closes_the_instance(client: BackendClient, aibro_home:
 
     x, y, _, _ = digits
     job = Training(client).submit(
-        make_model(), x[:200], y[:200], machine_ids="local-cpu", epochs=1, cool_down_period_s=1
+        FitRequest(make_model(), x[:200], y[:200], machine_ids="local-cpu", epochs=1, cool_down_period_s=1)
     )
     Training(client).watch(job["job_id"])
     inst_id = client.job(job["job_id"])["instance_id"]

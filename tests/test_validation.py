@@ -27,6 +27,7 @@ from aibro_core.vocabulary import JOB_FINAL
 from aibro_jupyter import Training
 from aibro_jupyter.bundle import check_model
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.kerasnames import plan_names
 
 from conftest import kill_workers, make_model
@@ -102,7 +103,7 @@ def _final(event: dict[str, Any]) -> bool:
 
 def _submit(client: BackendClient, model: Any, x: Any, y: Any, **kw: Any) -> dict[str, Any]:
     kw.setdefault("machine_ids", "local-cpu")
-    return Training(client).submit(model, x, y, **kw)
+    return Training(client).submit(FitRequest(model, x, y, **kw))
 
 
 # -- the model ----------------------------------------------------------------------------------------
@@ -286,13 +287,17 @@ def test_spec_the_backend_would_refuse_is_refused_before_upload(client: BackendC
 def test_backend_unreachable_names_the_url() -> None:
     x, y = fresh_data()
     with pytest.raises(BackendUnreachable, match=r"cannot reach .*http://127.0.0.1:9.*aibro backend start"):
-        Training(BackendClient("http://127.0.0.1:9", "x")).submit(make_model(), x, y, machine_ids="local-cpu")
+        Training(BackendClient("http://127.0.0.1:9", "x")).submit(
+            FitRequest(make_model(), x, y, machine_ids="local-cpu")
+        )
 
 
 def test_wrong_token(client: BackendClient, nothing_uploaded: None) -> None:
     x, y = fresh_data()
     with pytest.raises(AuthError, match=rf"{client.url} rejected the token.*aibro login.*AIBRO_TOKEN"):
-        Training(BackendClient(client.url, "wrong-token")).submit(make_model(), x, y, machine_ids="local-cpu")
+        Training(BackendClient(client.url, "wrong-token")).submit(
+            FitRequest(make_model(), x, y, machine_ids="local-cpu")
+        )
 
 
 def test_backend_refuses_bad_specs_too(client: BackendClient, nothing_uploaded: None) -> None:
@@ -347,7 +352,7 @@ def test_data_over_the_limit_is_refused_before_upload(limited: BackendClient) ->
     x, y = fresh_data(256)  # 256 * 64 float32 = 64 kB, over the 10 kB limit
     before = _uploaded(limited)
     with pytest.raises(ValidationError, match=r"over the 10000-byte limit per job: train on a sample.*float32"):
-        Training(limited).submit(make_model(), x, y, machine_ids="local-cpu")
+        Training(limited).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu"))
     assert _uploaded(limited) == before
 
 
@@ -357,5 +362,5 @@ def test_model_over_the_limit_is_refused_before_upload(limited: BackendClient) -
     x, y = fresh_data(4)
     before = _uploaded(limited)
     with pytest.raises(ValidationError, match=r"over the 10000-byte limit"):
-        Training(limited).submit(make_model(), x, y, machine_ids="local-cpu")
+        Training(limited).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu"))
     assert _uploaded(limited) == before

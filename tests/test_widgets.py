@@ -10,6 +10,7 @@ import pytest
 
 from aibro_core import vocabulary as v
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.progress import JobView
 from aibro_jupyter.training import Training
 from aibro_jupyter.widgets.picker import MachinePicker, marketplace_rows
@@ -27,15 +28,17 @@ EPOCHS = 3
 def done_job(client: BackendClient, digits) -> dict:  # noqa: ANN001
     x, y, xv, yv = digits
     job = Training(client).submit(
-        make_model(),
-        x[:600],
-        y[:600],
-        machine_ids="local-cpu",
-        epochs=EPOCHS,
-        batch_size=32,
-        validation_data=(xv, yv),
-        cool_down_period_s=600,
-        description="widgets",
+        FitRequest(
+            make_model(),
+            x[:600],
+            y[:600],
+            machine_ids="local-cpu",
+            epochs=EPOCHS,
+            batch_size=32,
+            validation_data=(xv, yv),
+            cool_down_period_s=600,
+            description="widgets",
+        ),
     )
     Training(client).watch(job["job_id"])
     return client.job(job["job_id"])

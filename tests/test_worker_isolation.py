@@ -27,6 +27,7 @@ from aibro_backend.providers.local import FROM_SCHEDULER, INHERITED, pid_alive
 from aibro_core import vocabulary as v
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model, scratch
 from helpers import instance_pid, run_as_user, slow_data, worker_process
@@ -261,7 +262,9 @@ def test_an_agent_of_other_code_never_runs_a_job(agent_venv: Path, tmp_path: Pat
         with own_backend(tmp_path / "home", AIBRO_WORKER_PYTHON=str(agent_venv), AIBRO_SPARE_WORKER="0") as b:
             client = b.client()
             x, y = slow_data(64)
-            job_id = Training(client).submit(make_model(), x, y, machine_ids="local-cpu", epochs=1)["job_id"]
+            job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1))[
+                "job_id"
+            ]
             deadline = time.monotonic() + 600
             while client.job(job_id)["status"] not in (v.COMPLETED, v.CANCELED):
                 assert time.monotonic() < deadline, client.job(job_id)
