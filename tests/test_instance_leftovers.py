@@ -1,26 +1,38 @@
-"""Issue 39 item 4, the three leftovers: a closed instance's folder is removed, worker folders are made 0700
-whatever the umask, and a backend of several users gives each job its share of the machine's memory by default
-(the end-to-end tests follow)."""
+"""Issue 39 item 4, the three leftovers, replayed: a closed instance's folder is removed (and a restarted backend
+removes those of instances that closed while it was down), worker folders are made 0700 whatever the umask, and a
+backend of several users gives each job its share of the machine's memory by default, names that limit when a job
+goes over it and shows it in `aibro backend status`."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import keras
 import pytest
+from backend_proc import own_backend
+from greedy_layer import Greedy
 from records import record
 
-from aibro_backend.providers.local import LocalProvider
+from aibro_backend.providers.local import LocalProvider, memory_bytes, pid_alive
 from aibro_backend.scheduling.jobmemory import JobMemory
+from aibro_backend.worker.joblimits import size_text
 from aibro_core import vocabulary as v
 from aibro_core.files import private_dir
 from aibro_core.models import Machine
+from aibro_jupyter import Training
+from aibro_jupyter.client import BackendClient
+from aibro_jupyter.fitrequest import FitRequest
+
+from conftest import kill_workers, make_model
+from helpers import aibro_cli, instance_pid, slow_data, wait_until
 
 GiB = 2**30
 
@@ -32,7 +44,52 @@ def _modes(root: Path) -> dict[str, str]:
     return {path: mode for path, mode in modes.items() if mode != "0o700"}
 
 
+def _instance_status(client: BackendClient, instance_id: str) -> str | None:
+    return {i["id"]: i["status"] for i in client.instances()}.get(instance_id)
+
+
 # -- 1. a closed instance's folder is removed ----------------------------------------------------------------------
+def test_a_closed_instance_leaves_no_folder_only_its_log(client: BackendClient, aibro_home: Path) -> None:
+    x, y = slow_data(500)
+    trainer = Training(client)
+    job = trainer.submit(
+        FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=0)
+    )
+    assert trainer.watch(job["job_id"]).status == v.COMPLETED
+    inst = client.job(job["job_id"])["instance_id"]
+    folder = aibro_home / "state" / "workers" / inst
+    kept = aibro_home / "state" / "worker-logs" / f"{inst}.log"
+    assert wait_until(lambda: _instance_status(client, inst) == v.CLOSED, 120)
+    assert wait_until(lambda: not folder.exists() and not folder.is_symlink(), 60), (
+        f"{folder} still holds {sorted(p.name for p in folder.resolve().iterdir())}"
+    )
+    assert "aibro.worker" in kept.read_text(), "its worker's log is kept for the operator"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+
+
+def test_a_restarted_backend_removes_the_folders_of_instances_closed_while_it_was_down(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    x, y = slow_data(500)
+    with own_backend(home) as backend:
+        client = backend.client()
+        trainer = Training(client)
+        job = trainer.submit(
+            FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=600)
+        )
+        assert trainer.watch(job["job_id"]).status == v.COMPLETED
+        inst = client.job(job["job_id"])["instance_id"]
+        worker = instance_pid(home, inst)
+        folder = home / "state" / "workers" / inst
+        assert folder.is_dir() and pid_alive(worker), "its instance cools: its worker and folder are still in use"
+        os.kill(backend.pid, signal.SIGKILL)  # the backend goes down without a word
+        backend.proc.wait(timeout=60)
+        kill_workers(home)  # and its instance's worker ends while it is down
+        assert wait_until(lambda: not pid_alive(worker), 60)
+    assert folder.is_dir(), "nothing removed the folder while the backend was down"
+    with own_backend(home) as backend:
+        assert wait_until(lambda: not folder.exists(), 120), "the restarted backend left the closed instance's folder"
+        assert "aibro.worker" in (home / "state" / "worker-logs" / f"{inst}.log").read_text()
+        assert wait_until(lambda: _instance_status(backend.client(), inst) == v.CLOSED, 60)
 
 
 @pytest.mark.fast
@@ -161,3 +218,38 @@ def test_a_cloud_machine_gets_its_jobs_memory_limit_in_its_user_data(tmp_path: P
     env = parse_user_data_env(build_user_data(cfg, "inst-1", token, agent, job_memory_bytes=16 * GiB))
     assert env["AIBRO_JOB_MAX_MEMORY_BYTES"] == str(16 * GiB)
     assert "AIBRO_JOB_MAX_MEMORY_BYTES" not in parse_user_data_env(build_user_data(cfg, "inst-1", token, agent))
+
+
+def greedy_model(hold_mb: int) -> keras.Model:
+    model = keras.Sequential([keras.Input((64,)), Greedy(hold_mb=hold_mb), *make_model().layers])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+def test_a_shared_backend_holds_each_job_to_its_share_of_memory(tmp_path: Path) -> None:
+    """No AIBRO_JOB_MAX_MEMORY_BYTES: alone, its user's jobs are not limited; once a second user is added, a job
+    that holds more than its share (this host's memory over its local slots, made 1.5 GiB here by the slots) ends
+    naming that limit and the setting, and `aibro backend status` shows it."""
+    home = tmp_path / "home"
+    slots = -(-memory_bytes() // (3 * GiB // 2))  # as many local slots as make a share of 1.5 GiB at most
+    share = size_text(memory_bytes() // slots)
+    with own_backend(home, AIBRO_LOCAL_CAPACITY=str(slots)) as backend:
+
+        def status() -> str:
+            done = aibro_cli(home, "backend", "status", AIBRO_BACKEND_URL=backend.url, AIBRO_TOKEN=backend.token)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        assert "memory per job: not limited, as this backend has one user" in status()
+        bob = backend.add_user("bob")
+        assert f"memory per job: {share} on this backend's host" in status(), status()
+        assert bob.health()["job_memory"]["set_by"] == "share"
+
+        x, y = slow_data(512)
+        trainer = Training(bob)
+        job = trainer.submit(FitRequest(greedy_model(1000), x, y, machine_ids="local-cpu", epochs=2, batch_size=64))
+        view = trainer.watch(job["job_id"])
+        assert view.status == v.CANCELED, "the job held more than its share"
+        named = rf"held .* of memory .* over its limit of {re.escape(share)} \(AIBRO_JOB_MAX_MEMORY_BYTES"
+        assert view.errors and re.search(named, view.errors[-1]), view.errors
+        assert "share of the machine" in view.errors[-1] and "operator" in view.errors[-1]
