@@ -96,7 +96,8 @@ def callback_files(spec: JobSpec) -> list[CallbackFiles]:
     working directory, which stands for the kernel's."""
     out = []
     for i, cb in enumerate(spec.callbacks):
-        for arg, value in cb.config.items():
+        config = cb.config if isinstance(cb.config, dict) else {}  # a checked config (EarlyStopping's) names no file
+        for arg, value in config.items():
             if (
                 isinstance(value, dict)
                 and value.get("__path__") in ("file", "dir")

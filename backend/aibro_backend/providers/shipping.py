@@ -32,6 +32,7 @@ from ..worker.version import code_files, version_of
 AGENT_REQUIRES = (
     "numpy",
     "packaging>=23",
+    "pydantic>=2",
     "requests>=2.28",
     "tensorflow>=2.16",
     "keras>=3.3",
