@@ -118,3 +118,28 @@ def test_the_typescript_reducer_under_node(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     for case, seen in zip(CASES, json.loads(run.stdout), strict=True):
         assert seen == case["picture"], case["name"]
+
+
+def test_the_job_view_names_the_files_a_callback_writes_and_a_row_it_cannot_read(tmp_path: Path) -> None:
+    """A job with a checked callback (EarlyStopping's config is a model, naming no file) beside one writing a file
+    shows that file and the working directory; a row this version's JobSpec refuses still shows, with no machines."""
+    store = Store(tmp_path / "aibro.db")
+    try:
+        uid = store.users.ensure("u")
+        callbacks = [
+            {"class": "EarlyStopping", "config": {"patience": 2}},
+            {"class": "CSVLogger", "config": {"filename": {"__path__": "file", "kernel": "/home/u/log.csv"}}},
+        ]
+        store.jobs.create("job-1", uid, job_spec(callbacks=callbacks, cwd="/home/u"))
+        files = job_view(store.jobs.get("job-1"), store, {}).files
+        assert [(f.slot, f.kind, f.kernel) for f in files] == [
+            ("1/filename", "file", "/home/u/log.csv"),
+            ("job/cwd", "dir", "/home/u"),
+        ]
+        store.db.execute("UPDATE jobs SET spec=? WHERE id='job-1'", ('{"machines": "nowhere"}',))
+        row = store.jobs.get("job-1")
+        assert row.spec is None
+        view = job_view(row, store, {})
+        assert (view.machines, view.files, view.epochs) == ([], [], 1)
+    finally:
+        store.close()
