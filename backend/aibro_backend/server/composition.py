@@ -19,7 +19,6 @@ from ..scheduling.scheduler import Scheduler
 from ..settings import BackendSettings
 from ..storage.blobs import BlobStore
 from ..storage.bus import EventBus
-from ..storage.s3blobs import s3_backing
 from ..storage.store import Store
 from ..worker.version import agent_version
 from .accesslog import log_request
@@ -53,7 +52,7 @@ def build_backend(home: Path, extra: ExtraProviders | None = None) -> Backend:
     providers.update(extra.table())
     holder: dict[str, Backend] = {}
     scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, bus.publish)
-    blobs = BlobStore(state / "blobs", s3_backing(extra.aws))
+    blobs = BlobStore(state / "blobs", extra.s3_backing())
     backend = Backend(home, store, blobs, policy, bus, scheduler, local)
     backend.extra["limits"] = Limits.of(settings, policy)
     holder["b"] = backend

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..providers import shipping
 from ..settings import BackendSettings
+from ..storage.s3blobs import S3Backing
 
 if TYPE_CHECKING:
     from ..providers.aws import AwsProvider
@@ -26,6 +27,14 @@ class ExtraProviders:
     aws: AwsProvider | None = None
     ray: RayProvider | None = None
     ssh: SshProvider | None = None
+
+    def s3_backing(self) -> S3Backing | None:
+        """Where the AWS provider keeps bytes (its bucket and prefix); None without it: bytes stay on disk. Every job
+        of such a backend, local ones included, then keeps its bytes in S3: one store, one backing."""
+        if self.aws is None:
+            return None
+        config = self.aws.config
+        return S3Backing(self.aws.session, config.s3_bucket, config.s3_prefix, config.region)
 
     def table(self) -> dict[str, Provider]:
         """The scheduler's providers by name, those loaded only."""

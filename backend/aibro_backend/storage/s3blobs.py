@@ -215,12 +215,3 @@ class S3Backing:
 
 def _code(exc: Exception) -> str:
     return str(getattr(exc, "response", {}).get("Error", {}).get("Code") or exc)
-
-
-def s3_backing(aws: Any) -> S3Backing | None:
-    """The S3 backing of the AWS provider's bucket and prefix (None without the provider: bytes stay on disk).
-    Every job of such a backend, local ones included, then keeps its bytes in S3: one store, one backing."""
-    if aws is None:
-        return None
-    config = aws.config
-    return S3Backing(aws.session, config.s3_bucket, config.s3_prefix, config.region)
