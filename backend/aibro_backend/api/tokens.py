@@ -10,7 +10,6 @@ import math
 
 from aibro_core import models
 
-from ..server.limits import limits_of
 from .base import ApiError, UserHandler
 
 MAX_EXPIRES_IN_S = 10 * 365 * 86400.0
@@ -27,7 +26,7 @@ class TokensHandler(UserHandler):
     def post(self) -> None:
         body = self.body_model(models.TokenMint, "the token request")  # unknown fields are refused, like every body
         expires_in_s = check_expires_in(body.expires_in_s)
-        store, cap = self.backend.store, limits_of(self.backend).max_tokens_per_user
+        store, cap = self.backend.store, self.backend.limits.max_tokens_per_user
         live = store.tokens.live(self.uid)
         if live >= cap:
             raise ApiError(

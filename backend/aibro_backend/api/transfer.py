@@ -28,7 +28,6 @@ from aibro_core import vocabulary as v
 from aibro_core.models import ENV_KEY_PATTERN, NameUpload, S3Upload
 
 from ..providers import shipping
-from ..server.limits import limits_of
 from ..server.state import Backend
 from ..storage import claims
 from ..storage.blobs import (
@@ -194,7 +193,7 @@ class BlobHandler(StreamedUpload, UserHandler):
             self.set_status(200)
         else:
             self.set_header("X-Received", str(self.backend.blobs.received(check, str(self.uid))))
-            self.set_header("X-Chunk-Max", str(limits_of(self.backend).chunk_max_body))
+            self.set_header("X-Chunk-Max", str(self.backend.limits.chunk_max_body))
             self.set_status(404)
         self.finish()
 
@@ -251,7 +250,7 @@ class UnnamedUploadHandler(StreamedUpload, UserHandler):
         if self.backend.blobs.s3 is not None:
             self.set_header(VIA_S3, "s3")
         self.set_header("X-Received", str(self.backend.blobs.upload_received(check, str(self.uid))))
-        self.set_header("X-Chunk-Max", str(limits_of(self.backend).chunk_max_body))
+        self.set_header("X-Chunk-Max", str(self.backend.limits.chunk_max_body))
         self.finish()
 
     def start_put(self, upload_id: str) -> None:
@@ -370,7 +369,7 @@ class WorkerArtifactHandler(StreamedUpload, WorkerHandler):
         max_job = self.backend.policy.max_job_bytes
         if total > max_job:
             raise ApiError(413, f"an artifact of {total} bytes is over the {max_job}-byte limit per job")
-        limits = limits_of(self.backend)
+        limits = self.backend.limits
         held = self.backend.blobs.held(f"job~{job_id}")
         if held + length > limits.max_partial_bytes:
             raise ApiError(429, f"this job's unfinished artifact uploads hold {held} bytes: finish one first")
@@ -480,7 +479,7 @@ def _refuse_in_s3(handler: UserHandler | WorkerHandler, instead: str) -> None:
 
 def quota(backend: Backend, uid: int) -> dict[str, int]:
     """What a user holds of the backend's storage and their limits (models.Quota, in /health)."""
-    limits = limits_of(backend)
+    limits = backend.limits
     pending, uploads = backend.blobs.pending(str(uid))
     return {
         "stored_bytes": backend.store.blobs.stored_bytes(uid),
@@ -494,7 +493,7 @@ def quota(backend: Backend, uid: int) -> dict[str, int]:
 
 def _check_partial_quota(handler: UserHandler, length: int, new: bool) -> None:
     """429 when this chunk would pass the user's limit of unfinished bytes, or start an upload past their number."""
-    limits = limits_of(handler.backend)
+    limits = handler.backend.limits
     held, uploads = handler.backend.blobs.pending(str(handler.uid))
     if new and uploads >= limits.max_partial_uploads:
         raise ApiError(
@@ -531,7 +530,7 @@ def _pinned(handler: UserHandler) -> dict[str, int]:
 def _check_stored_room(handler: UserHandler, size: int) -> dict[str, int]:
     """413 unless a blob of `size` bytes fits the user's stored-bytes limit beside what their active jobs read
     (everything else can make room); returns those jobs' blobs."""
-    limit = limits_of(handler.backend).max_stored_bytes
+    limit = handler.backend.limits.max_stored_bytes
     if size > limit:
         raise ApiError(
             413,
@@ -567,7 +566,7 @@ def _keep(handler: UserHandler, sha: str, size: int, s3_key: str | None = None) 
         if blobs.s3 is None and not store.blobs.held(sha):
             blobs.remove_blob(sha)  # published by this upload for nobody
         raise
-    over = store.blobs.stored_bytes(handler.uid) + size - limits_of(backend).max_stored_bytes
+    over = store.blobs.stored_bytes(handler.uid) + size - backend.limits.max_stored_bytes
     dropped = 0
     for old, old_size in store.blobs.by_use(handler.uid):
         if over <= 0:

@@ -115,11 +115,11 @@ class HealthHandler(UserHandler):
         from ..scheduling.jobmemory import JobMemory
 
         health = {"ok": True, "user": self.user["name"], "version": __version__, "quota": quota(self.backend, self.uid)}
-        health["sandbox"] = self.backend.extra.get("sandbox", "none")
+        health["sandbox"] = self.backend.sandbox
         memory = JobMemory.of(self.backend.policy, self.backend.store, self.backend.scheduler.providers)
         health["job_memory"] = memory.view()  # what each job may hold (`aibro backend status` shows it)
-        if self.backend.extra.get("sandbox_warning"):
-            health["sandbox_warning"] = self.backend.extra["sandbox_warning"]
+        if self.backend.sandbox_warning:
+            health["sandbox_warning"] = self.backend.sandbox_warning
         spare = next(filter(None, (p.spare_of(self.uid) for p in self.backend.scheduler.providers.values())), None)
         if spare:
             health["spare"] = spare  # a worker with TensorFlow loaded, waiting for this user's next job there

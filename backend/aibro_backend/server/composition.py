@@ -53,8 +53,7 @@ def build_backend(home: Path, extra: ExtraProviders | None = None) -> Backend:
     holder: dict[str, Backend] = {}
     scheduler = Scheduler(store, providers, policy, lambda: holder["b"].url, bus.publish)
     blobs = BlobStore(state / "blobs", extra.s3_backing())
-    backend = Backend(home, store, blobs, policy, bus, scheduler, local)
-    backend.extra["limits"] = Limits.of(settings, policy)
+    backend = Backend(home, store, blobs, policy, bus, scheduler, local, Limits.of(settings, policy))
     holder["b"] = backend
     return backend
 
@@ -80,9 +79,9 @@ def check_confinement(backend: Backend) -> None:
         log.error("%s", exc)
         print(f"aibro backend: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
-    backend.extra["sandbox"] = sandbox.kind
+    backend.sandbox = sandbox.kind
     if banner:
-        backend.extra["sandbox_warning"] = banner
+        backend.sandbox_warning = banner
         log.warning("%s", banner)
 
 

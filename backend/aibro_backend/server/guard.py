@@ -18,7 +18,7 @@ from aibro_core.compat import tornado as tornado_compat
 from ..api import worker
 from ..api.base import NO_TOKEN, ApiError, UserHandler, bearer_of, user_token
 from .accesslog import log_tornado
-from .limits import Limits, limits_of
+from .limits import Limits
 from .state import Backend
 
 log = logging.getLogger("aibro.backend")
@@ -46,7 +46,7 @@ def header_refusal(
     backend: Backend, handler_class: type, request: httputil.HTTPServerRequest
 ) -> tuple[int, str] | None:
     """Why this request is answered from its headers alone, or None. Also sets its body deadline and size cap."""
-    limits = limits_of(backend)
+    limits = backend.limits
     limit = _body_limit(handler_class, limits)
     streamed = tornado_compat.streams_request_body(handler_class)
     conn = request.connection
@@ -164,4 +164,4 @@ class GuardedApplication(tornado.web.Application):
         backend = (target_kwargs or {}).get("backend")
         if backend is None:
             return inner
-        return _Guard(inner, request, lambda: header_refusal(backend, target_class, request), limits_of(backend))
+        return _Guard(inner, request, lambda: header_refusal(backend, target_class, request), backend.limits)

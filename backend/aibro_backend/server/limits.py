@@ -65,11 +65,3 @@ class Limits:
                 "max_stored_bytes": settings.max_stored_bytes or 10 * policy.max_job_bytes,
             }
         )
-
-
-def limits_of(backend: object) -> Limits:
-    """The running backend's limits (composition.build_backend puts them in `backend.extra`)."""
-    extra = getattr(backend, "extra", {})
-    if "limits" not in extra:
-        extra["limits"] = Limits.from_env(backend.policy)  # type: ignore[attr-defined]
-    return extra["limits"]

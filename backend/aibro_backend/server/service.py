@@ -21,7 +21,7 @@ from ..providers import jobnet
 from ..settings import BackendSettings
 from ..tuning.studies import StudyDriver
 from .composition import build_app, build_backend, check_confinement, ensure_local_user
-from .limits import Limits, limits_of
+from .limits import Limits
 from .listener import GuardedHTTPServer, connection_cap, raise_fd_limit
 from .loaders import ExtraProviders
 from .state import Backend
@@ -38,7 +38,7 @@ async def serve(
     ensure_local_user(backend)
     check_confinement(backend)
     backend.local.prime(backend.store.users.ensure("local"))  # the embedded user's spare
-    limits = limits_of(backend)
+    limits = backend.limits
     app = build_app(backend)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -12,6 +12,7 @@ from ..storage.blobs import BlobStore
 from ..storage.bus import EventBus
 from ..storage.groupcommit import GroupCommit
 from ..storage.store import Store
+from .limits import Limits
 
 if TYPE_CHECKING:
     from ..providers.local import LocalProvider
@@ -26,9 +27,11 @@ class Backend:
     bus: EventBus
     scheduler: Scheduler
     local: LocalProvider  # also in scheduler.providers; what only it has (its sandbox, spare, job network)
+    limits: Limits  # the request and storage bounds (server/limits.py)
     url: str = ""
     events_port: int | None = None  # the event port (api/eventport.py), announced by /health
-    extra: dict[str, Any] = field(default_factory=dict)
+    sandbox: str = "none"  # how user code is confined, as GET /health says (composition.check_confinement)
+    sandbox_warning: str | None = None  # said on every start and in GET /health when a shared backend runs unconfined
     group_commit: GroupCommit = field(init=False)  # worker batches of one loop turn share a transaction
 
     def __post_init__(self) -> None:

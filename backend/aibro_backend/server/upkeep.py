@@ -16,7 +16,6 @@ from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
 from ..settings import BackendSettings
 from ..storage import claims
 from ..storage.s3blobs import S3Backing
-from .limits import limits_of
 from .state import Backend
 
 log = logging.getLogger("aibro.backend")
@@ -28,7 +27,7 @@ def sweep(backend: Backend) -> None:
     instances whose worker is gone (the first sweep, at start, those of instances closed while the backend was
     down). With the S3 backing, claims not yet proven are published and upload keys due for deletion go
     (storage/claims.py)."""
-    limits = limits_of(backend)
+    limits = backend.limits
     if backend.blobs.s3 is not None:
         IOLoop.current().spawn_callback(_claims_upkeep, backend, backend.blobs.s3)
     try:
