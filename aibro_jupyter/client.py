@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aibro_core import vocabulary as v
 from aibro_core.backoff import Backoff, retry
 from aibro_core.errors import AibroError, ApiError, BackendUnreachable
+from aibro_core.models import JobSpec
 from aibro_core.presigned import ViewBody, upload_via_s3
 from aibro_core.transport import (
     EVENT_PORT_CONNECT_S,
@@ -266,8 +267,8 @@ class BackendClient:
         return self.t.json("DELETE", f"/auth/tokens/{token_id}")
 
     # -- jobs -------------------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.t.json("POST", "/jobs", json=spec)
+    def submit(self, spec: JobSpec) -> dict[str, Any]:
+        return self.t.json("POST", "/jobs", json=spec_json(spec))
 
     def jobs(self) -> list[dict[str, Any]]:
         return self.t.json("GET", "/jobs")["jobs"]
@@ -376,6 +377,12 @@ class BackendClient:
 
     def terminate(self, instance_id: str) -> dict[str, Any]:
         return self.t.json("POST", f"/instances/{instance_id}/terminate")
+
+
+def spec_json(spec: JobSpec) -> dict[str, Any]:
+    """A job spec as it travels: its fields by their JSON names, only those that were set (the backend keeps what
+    was set, and the worker hands Keras only the fit arguments the user set), so it reads back as the same spec."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def _chunk_resumable(exc: BaseException) -> bool:

@@ -27,10 +27,12 @@ from aibro_core.compat import keras_tuner as kt_compat
 from aibro_core.jobpicture import JobPicture
 from aibro_core.kerasfile import keras_notes_quiet
 
+from .client import spec_json
 from .errors import StudyFailed, ValidationError
 from .fitrequest import FitRequest
 from .randomstate import random_state_kept
 from .rebuildplan import kept_arguments
+from .training import uploaded
 
 ORACLE_KINDS = {
     "RandomSearchOracle": "RandomSearch",
@@ -183,18 +185,20 @@ def start_study(
     if search_args is None:
         search_args = given_args(request)
     bundle, spec = training.prepare(replace(request, model=sample, build=travelling, hypermodel_fit=own_fit))
+    trial: dict[str, Any] = {"hyperparameters": oracle["hyperparameters"]}  # the backend checks them with the study
+    if arguments is not None:
+        trial["arguments"] = arguments
+    if own_fit:
+        trial["fit_args"] = sorted(set(search_args) - {"x", "y", "verbose"})
     try:
-        spec["trial"]["hyperparameters"] = oracle["hyperparameters"]
-        if arguments is not None:
-            spec["trial"]["arguments"] = arguments
-        if own_fit:
-            spec["trial"]["fit_args"] = sorted(set(search_args) - {"x", "y", "verbose"})
         bundle.upload(training.client)
-        spec.update(data=bundle.data)
+        spec = uploaded(spec, bundle)
     finally:
         shutil.rmtree(bundle.workdir, ignore_errors=True)
+    assert spec.trial is not None  # prepare made a trial's spec: it was given the build function
+    spec = spec.model_copy(update={"trial": spec.trial.model_copy(update=trial)})
     executions = int(getattr(tuner, "executions_per_trial", 1) or 1)
-    body = {"oracle": oracle, "job": spec, "parallel": parallel, "description": request.description}
+    body = {"oracle": oracle, "job": spec_json(spec), "parallel": parallel, "description": request.description}
     if executions > 1:
         body["executions_per_trial"] = executions
     study = training.client.t.json("POST", "/studies", json=body)

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError as Invalid
 
 from aibro_core import vocabulary as v
 from aibro_core.bounds import MAX_EPOCHS
 from aibro_core.compat import keras as keras_compat
 from aibro_core.kerasfile import keras_notes_quiet
+from aibro_core.models import Data, JobSpec, explain
 from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
@@ -107,19 +109,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def check_spec(spec: dict[str, Any]) -> None:
-    """The backend's own JobSpec model, run here on the spec as it will travel: a spec the backend would refuse is
-    refused before a byte is uploaded, in the backend's words."""
-    from pydantic import ValidationError as Invalid
-
-    from aibro_core.models import JobSpec, explain
-
+def job_spec(**fields: Any) -> JobSpec:
+    """The backend's own JobSpec made of `fields` as they travel: through JSON, as the backend reads them (a tuple is
+    a list there, a class weight's key a string, NumPy's numbers cannot go), so a spec the backend would refuse is
+    refused before a byte is uploaded, in the backend's words, and the model sent is the one checked."""
     try:
-        JobSpec.model_validate_json(json.dumps(spec, allow_nan=False))
+        text = json.dumps(fields, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, Invalid):
-            raise ValidationError(explain(exc, "the job spec")) from None
         raise ValidationError(f"the job spec cannot travel as JSON: {exc}") from None
+    try:
+        return JobSpec.model_validate_json(text)
+    except Invalid as exc:
+        raise ValidationError(explain(exc, "the job spec")) from None
+
+
+def uploaded(spec: JobSpec, bundle: b.Bundle) -> JobSpec:
+    """`spec` as `prepare` checked it, a stand-in name for each blob its upload names, with the names the upload
+    gave them (`bundle.upload` has put them into `bundle.data`)."""
+    return spec.model_copy(update={"data": Data.model_validate_json(json.dumps(bundle.data))})
 
 
 def kernel_seed() -> int | None:
@@ -160,14 +167,16 @@ class Training:
         bundle, spec = self.prepare(request)
         try:
             bundle.upload(self.client)
-            spec.update(model=bundle.model_sha, data=bundle.data)
-            return self._create(spec, request.wait_new_job_create_s, request.wait_new_job_create_interval)
+            return self._create(
+                uploaded(spec, bundle), request.wait_new_job_create_s, request.wait_new_job_create_interval
+            )
         finally:
             shutil.rmtree(bundle.workdir, ignore_errors=True)
 
-    def prepare(self, request: FitRequest) -> tuple[b.Bundle, dict[str, Any]]:
+    def prepare(self, request: FitRequest) -> tuple[b.Bundle, JobSpec]:
         """Every check and everything written locally (the saved model, datasets, the code blob), nothing sent:
-        the bundle to upload and the job spec that names it. The caller removes `bundle.workdir`. With
+        the bundle to upload and the job spec that names it, checked with a stand-in name for each blob the upload
+        names (`uploaded` puts the real ones in). The caller removes `bundle.workdir`. With
         `request.build` (a search's build function, search.py), `request.model` is one it built, checked against
         the data but not sent: the function travels as code instead and the spec's `trial` names it; with
         `request.hypermodel_fit` (a HyperModel whose own fit trains the model: it may prepare the data, or
@@ -247,38 +256,35 @@ class Training:
         fit = {"epochs": epochs, **{k: _plain(val) for k, val in fit_kwargs.items()}}
         if batch_size is not None:
             fit["batch_size"] = batch_size
-        spec = {
-            "model": bundle.model_sha,
-            "safe_mode": request.safe_mode,
-            "custom_modules": sorted(code.installed),
-            "code": code_spec,
-            "requirements": reqs,
-            "versions": runtime_versions(),
-            "data": bundle.data,
-            "fit": fit,
-            "callbacks": travelling.specs,
-            "machines": machines,
-            "description": request.description,
-            "cool_down_s": request.cool_down_period_s,
-            "wait_request_s": request.wait_request_s,
-            "record": request.record,
-            "meta": request.meta or {},
-            "seed": kernel_seed(),
-            "compile": compile_args,
-            "objects": names.refs,
-            "cwd": str(Path.cwd()),
-        }
-        if build is not None:
-            spec.pop("model")
-            spec["trial"] = {"build": build_name(build), "hyperparameters": {}, "values": {}}
+        trial = {"build": build_name(build), "hyperparameters": {}, "values": {}} if build is not None else None
         try:
-            check_spec({**spec, "data": b.with_stand_ins(spec["data"])})
+            spec = job_spec(
+                **({"model": bundle.model_sha} if trial is None else {"trial": trial}),  # a trial's model is built
+                safe_mode=request.safe_mode,
+                custom_modules=sorted(code.installed),
+                code=code_spec,
+                requirements=reqs,
+                versions=runtime_versions(),
+                data=b.with_stand_ins(bundle.data),
+                fit=fit,
+                callbacks=travelling.specs,
+                machines=machines,
+                description=request.description,
+                cool_down_s=request.cool_down_period_s,
+                wait_request_s=request.wait_request_s,
+                record=request.record,
+                meta=request.meta or {},
+                seed=kernel_seed(),
+                compile=compile_args,
+                objects=names.refs,
+                cwd=str(Path.cwd()),
+            )
         except BaseException:
             shutil.rmtree(bundle.workdir, ignore_errors=True)
             raise
         return bundle, spec
 
-    def _create(self, spec: dict[str, Any], wait_s: float, interval: float) -> dict[str, Any]:
+    def _create(self, spec: JobSpec, wait_s: float, interval: float) -> dict[str, Any]:
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
             try:

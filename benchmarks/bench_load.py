@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from aibro_core import vocabulary as v
+from aibro_core.models import JobSpec
 
 HERE = Path(__file__).resolve()
 # The load generator (watchers, simulated workers) runs at this niceness: on a small machine the backend then gets
@@ -309,13 +310,15 @@ def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid: int,
     say(f"submitting {args.jobs_per_user} jobs for each of {len(tokens)} users")
     for _ in range(args.jobs_per_user):
         for token, client, sha in zip(tokens, clients, shas):
-            spec = {
-                "model": sha,
-                "data": {"x": {"blob": sha}, "y": {"blob": sha}},
-                "fit": {"epochs": 1_000_000, "batch_size": 8},
-                "machines": ["local-cpu"],
-                "cool_down_s": 0,
-            }
+            spec = JobSpec.model_validate(
+                {
+                    "model": sha,
+                    "data": {"x": {"blob": sha}, "y": {"blob": sha}},
+                    "fit": {"epochs": 1_000_000, "batch_size": 8},
+                    "machines": ["local-cpu"],
+                    "cool_down_s": 0.0,
+                }
+            )
             jobs.append((token, client.submit(spec)["job_id"]))
 
     # 9 watchers in 10 follow a job (all the team's jobs in turn), 1 in 10 a user; in `procs` processes

@@ -256,7 +256,7 @@ def test_a_callback_holding_a_vocabulary_travels_and_one_too_big_is_refused_nami
         )
     )
     shutil.rmtree(bundle.workdir)
-    assert spec["callbacks"][0]["config"]["index_to_word"] == words
+    assert spec.callbacks[0].config["index_to_word"] == words
     huge = ["w" * 40] * 30_000  # about 1.3 MB as JSON: over the request a job spec travels in
     with pytest.raises(ValidationError, match=r"job spec is \d+ characters as JSON.*too big to travel inline"):
         Training(client).prepare(

@@ -22,8 +22,9 @@ from aibro_backend.api.base import ApiError
 from aibro_backend.api.jobspec import validate_spec
 from aibro_backend.worker.datatree import fit_data
 from aibro_core.errors import ValidationError
+from aibro_core.models import Data, JobSpec
 from aibro_jupyter import Training
-from aibro_jupyter.client import BackendClient
+from aibro_jupyter.client import BackendClient, spec_json
 from aibro_jupyter.fitrequest import FitRequest
 
 N = 96
@@ -178,7 +179,7 @@ def kernel_then_worker(client: BackendClient, case: Case) -> tuple[str | None, s
     except ValidationError as exc:
         return str(exc), None
     try:
-        validate_spec(json.loads(json.dumps(spec)), {"local-cpu": {}})  # as POST /jobs takes it, after the wire
+        validate_spec(spec_json(spec), {"local-cpu": {}})  # as POST /jobs takes it, after the wire
     except ApiError as exc:
         shutil.rmtree(bundle.workdir, ignore_errors=True)
         return None, f"the backend refuses the job: {exc.message}"
@@ -188,24 +189,39 @@ def kernel_then_worker(client: BackendClient, case: Case) -> tuple[str | None, s
         shutil.rmtree(bundle.workdir, ignore_errors=True)
 
 
-def worker_fit(bundle: Any, spec: dict[str, Any]) -> str | None:
+def worker_fit(bundle: Any, spec: JobSpec) -> str | None:
     """The worker's own data loading (fit_data) and model loading over the bundle's bytes, then its fit."""
+    names = {key: f"{i:064x}" for i, key in enumerate(bundle.sources)}  # each blob a name, as an upload gives it
+    keys = {name: key for key, name in names.items()}
 
-    def fetch(key: str) -> Path:
-        path = bundle.workdir / f"blob-{key}"
+    def fetch(name: str) -> Path:
+        path = bundle.workdir / f"blob-{name}"
         if not path.exists():
             with open(path, "wb") as f:
-                for chunk in bundle.sources[key].chunks():
+                for chunk in bundle.sources[keys[name]].chunks():
                     f.write(chunk)
         return path
 
-    x, y, sw, validation_data = fit_data(spec["data"], fetch)
+    data = Data.model_validate_json(json.dumps(renamed(bundle.data, names)))
+    x, y, sw, validation_data = fit_data(data, fetch)
+    fit = spec.fit.model_dump(exclude_unset=True)  # as the worker's agent hands them to Keras
+    if fit.get("class_weight"):
+        fit["class_weight"] = {int(k): w for k, w in fit["class_weight"].items()}
     try:
-        model = keras.saving.load_model(bundle.workdir / "model.keras", safe_mode=spec["safe_mode"])
-        model.fit(x, y, sample_weight=sw, validation_data=validation_data, verbose=0, **spec["fit"])
+        model = keras.saving.load_model(bundle.workdir / "model.keras", safe_mode=spec.safe_mode)
+        model.fit(x, y, sample_weight=sw, validation_data=validation_data, verbose=0, **fit)
     except Exception as exc:  # noqa: BLE001 - any refusal by Keras on the worker counts
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     return None
+
+
+def renamed(tree: Any, names: dict[str, str]) -> Any:
+    """A data tree with each blob key (a digest, or an upload's placeholder) named by `names`."""
+    if isinstance(tree, dict):
+        return {k: renamed(v, names) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [renamed(v, names) for v in tree]
+    return names.get(tree, tree) if isinstance(tree, str) else tree
 
 
 def test_the_kernel_checks_refuse_exactly_what_keras_refuses(client: BackendClient) -> None:

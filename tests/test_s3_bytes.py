@@ -26,6 +26,7 @@ from backend_proc import own_backend  # noqa: E402
 from aibro_backend.providers.aws_config import load_aws_config  # noqa: E402
 from aibro_core import vocabulary as v  # noqa: E402
 from aibro_core.errors import ApiError  # noqa: E402
+from aibro_core.models import JobSpec  # noqa: E402
 from aibro_jupyter import Training, blobsource  # noqa: E402
 from aibro_jupyter.blobsource import ArraySource, BytesSource  # noqa: E402
 from aibro_jupyter.fitrequest import FitRequest
@@ -278,7 +279,7 @@ def test_another_user_gets_no_url_for_the_first_users_blob_or_job(aws: dict[str,
         assert hidden.value.status == 404
     # Nor does a job of hers name alice's blob: submitting one she does not hold is refused.
     with pytest.raises(ApiError, match="was not uploaded by this user"):
-        mallory.submit({**_spec(aws["backend"], job_id), "description": "borrowed"})
+        mallory.submit(JobSpec.model_validate({**_spec(aws["backend"], job_id), "description": "borrowed"}))
 
 
 def test_the_local_backend_keeps_bytes_on_disk(tmp_path: Path) -> None:

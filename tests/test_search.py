@@ -34,9 +34,12 @@ from searchmodels import (
 
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
+from aibro_core.models import JobSpec
 from aibro_jupyter import Training
+from aibro_jupyter.client import spec_json
 from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.search import TrialHistories
+from aibro_jupyter.training import uploaded
 
 from helpers import slow_data, wait_until
 
@@ -151,8 +154,7 @@ def test_a_trial_cannot_start_from_another_users_job(backend: Any, tmp_path: Pat
     assert alice.watch(theirs, []).status == v.COMPLETED
     mallory = backend.add_user(f"mallory-{tmp_path.name[-6:]}")
     training = Training(mallory)
-    spec = _trial_spec(training, x, y)
-    spec["trial"]["resume_job"] = theirs
+    spec = _trial_spec(training, x, y, resume_job=theirs)
     job_id = training.client.submit(spec)["job_id"]
     view = training.watch(job_id, [])
     assert view.status == v.CANCELED and view.errors, "the trial failed"
@@ -233,7 +235,7 @@ def test_a_study_its_trials_could_not_run_is_refused_before_it_starts(backend: A
     client = backend.client()
     training = Training(client)
     x, y = slow_data(200, seed=6)
-    spec = _trial_spec(training, x, y) | {"cool_down_s": 7200.0}
+    spec = spec_json(_trial_spec(training, x, y)) | {"cool_down_s": 7200.0}
     hp = kt.HyperParameters()
     oracle = {"kind": "RandomSearch", "objective": [{"name": "loss", "direction": "min"}], "max_trials": 2}
     before = len(client.t.json("GET", "/studies")["studies"])
@@ -455,14 +457,16 @@ def _assert_best_models_load_whole(tuner: Any) -> Any:
     return model
 
 
-def _trial_spec(training: Training, x: Any, y: Any) -> dict[str, Any]:
-    """A trial job's spec made by hand (the build function at its space's defaults), its data uploaded."""
+def _trial_spec(training: Training, x: Any, y: Any, **trial: Any) -> JobSpec:
+    """A trial job's spec made by hand (the build function at its space's defaults, and `trial`), its data
+    uploaded."""
     hp = kt.HyperParameters()
     bundle, spec = training.prepare(FitRequest(build_model(hp), x, y, machine_ids="local-cpu", build=build_model))
     try:
         bundle.upload(training.client)
     finally:
         shutil.rmtree(bundle.workdir, ignore_errors=True)
-    spec.update(data=bundle.data)
-    spec["trial"].update(hyperparameters=hp.get_config(), values=dict(hp.values))
-    return spec
+    spec = uploaded(spec, bundle)
+    assert spec.trial is not None
+    trial.update(hyperparameters=hp.get_config(), values=dict(hp.values))
+    return spec.model_copy(update={"trial": spec.trial.model_copy(update=trial)})

@@ -479,6 +479,12 @@ class OwnCallback(Request):
 
 
 def _callback_kind(value: Any) -> str:
+    """Which member of the union a callback is: read from its JSON when it is validated, and from the model it
+    already is when a spec is written out again (a spec the kernel sends, a row the store keeps)."""
+    if isinstance(value, (OwnCallback, KerasCallback)):
+        return "own" if isinstance(value, OwnCallback) else "keras"
+    if isinstance(value, Request):
+        return str(getattr(value, "cls", "keras"))  # EarlyStopping, ReduceLROnPlateau or TerminateOnNaN
     if isinstance(value, dict) and value.get("module"):
         return "own"
     if isinstance(value, dict) and value.get("class") in CALLBACK_CONFIGS:
