@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -26,16 +27,28 @@ from conftest import make_model
 
 EPOCHS = 3
 BATCH = 64  # 1400 digits rows: 21 full global batches and 56 rows, split 28 + 28 (no row dropped)
-HEARTBEAT_S = 10
+HEARTBEAT_S = 10  # the frozen-member case's bound (the product's default is 60)
 # One process on JAX, the same file, the same global batch: what the gang must reproduce.
+SEED = 7
+# One process on JAX, the same file, the same global batches (each epoch's rows in the gang's order for the seed):
+# what the gang must reproduce.
 REFERENCE = """
 import json, sys
 import numpy as np, keras
-model = keras.saving.load_model(sys.argv[1])
-h = model.fit(np.load(sys.argv[2]), np.load(sys.argv[3]), batch_size=int(sys.argv[4]), epochs=int(sys.argv[5]),
-              shuffle=False, verbose=0)
-np.savez(sys.argv[6], *model.get_weights())
-print(json.dumps(h.history))
+from aibro_backend.worker.gangfit import ShardPlan
+model_path, x_path, y_path, batch, epochs, seed, out = sys.argv[1:]
+model = keras.saving.load_model(model_path)
+x, y = np.load(x_path), np.load(y_path)
+plan = ShardPlan(len(x), int(batch), 2)
+history = {}
+for epoch in range(int(epochs)):
+    order = plan.order(int(seed), epoch)
+    h = model.fit(x[order], y[order], batch_size=int(batch), epochs=epoch + 1, initial_epoch=epoch, shuffle=False,
+                  verbose=0)
+    for k, v in h.history.items():
+        history.setdefault(k, []).extend(v)
+np.savez(out, *model.get_weights())
+print(json.dumps(history))
 """
 
 
@@ -52,10 +65,27 @@ def _spec(folder: Path, **changes: Any) -> GangSpec:
         out=str(folder / "trained.keras"),
         history=str(folder / "history.json"),
         weights=str(folder / "weights-{process_id}.npz"),
-        heartbeat_timeout_s=HEARTBEAT_S,
+        shuffle=True,
+        seed=SEED,
         init_timeout_s=120,
     )
     return replace(base, **changes)
+
+
+def _first_line(fifo: Path, procs: list[subprocess.Popen[bytes]], folder: Path, within_s: float) -> str:
+    """The first line member 0 writes to `fifo`, waited for (select) while every member lives, at most `within_s`."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: select waits for one to write
+    try:
+        deadline, got = time.monotonic() + within_s, b""
+        while b"\n" not in got:
+            ended = [i for i, p in enumerate(procs) if p.poll() is not None]
+            assert not ended, (folder / f"member-{ended[0]}.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no epoch ended"
+            if select.select([fd], [], [], 1.0)[0]:
+                got += os.read(fd, 4096)
+        return got.decode().splitlines()[0]
+    finally:
+        os.close(fd)
 
 
 def _weights(path: Path) -> list[np.ndarray]:
@@ -66,7 +96,7 @@ def _weights(path: Path) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def start(tmp_path_factory: pytest.TempPathFactory, digits: tuple[np.ndarray, ...]) -> Path:
     """The job's inputs as the kernel makes them: a model fitted one epoch here (TensorFlow: optimizer state with
-    22 iterations) and saved as .keras, the arrays as .npy."""
+    22 iterations) and saved as .keras, the arrays as .npy. The gang shuffles (one order per epoch for the seed)."""
     folder = tmp_path_factory.mktemp("gang")
     x, y = digits[0], digits[1]
     np.save(folder / "x.npy", x)
@@ -118,6 +148,7 @@ def reference(start: Path) -> tuple[dict[str, list[float]], list[np.ndarray]]:
             str(start / "y.npy"),
             str(BATCH),
             str(EPOCHS),
+            str(SEED),
             str(out),
         ],
         env={**os.environ, "KERAS_BACKEND": "jax"},
@@ -143,8 +174,13 @@ def test_two_members_train_one_model_as_one_process_would(
     assert len(history["loss"]) == EPOCHS
     np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(history["accuracy"], ref_history["accuracy"], atol=1.5 / 1400)  # a row may flip
-    for a, b in zip(mine, ref_weights, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-4)
+    # Float order differs (each step's rows are summed per member, then all-reduced), and Adam's m/sqrt(v) step
+    # magnifies that on weights whose gradients are near zero: within one step of its learning rate (1e-3), not
+    # bit-equal (measured: loss gap ~1e-6, weight gap ~2e-4 after 3 epochs).
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(mine, ref_weights, strict=True))
+    loss_gap = float(np.max(np.abs(np.subtract(history["loss"], ref_history["loss"]))))
+    print(f"gang vs one process: loss gap {loss_gap:.2e}, weight gap {gap:.2e}")
+    assert gap < 1e-3
 
 
 def test_the_trained_model_loads_here_on_tensorflow_with_its_optimizer_state(
@@ -191,12 +227,12 @@ def test_a_member_lost_mid_fit_ends_the_other(start: Path, tmp_path: Path, lost:
         history=str(tmp_path / "history.json"),
         weights=None,
         progress=str(progress),
+        heartbeat_timeout_s=HEARTBEAT_S,
     )
     procs = gangfit.start_local(spec, tmp_path)
     try:
-        with open(progress) as lines:  # blocks until member 0 ends its first epoch: both are mid-fit
-            first = lines.readline()
-        assert json.loads(first)["epoch"] == 0, (tmp_path / "member-0.log").read_text()[-3000:]
+        first = _first_line(progress, procs, tmp_path, within_s=300)  # member 0 ended an epoch: both are mid-fit
+        assert json.loads(first)["epoch"] == 0
         procs[lost].send_signal(how)
         lost_at = time.monotonic()
         other = procs[1 - lost]

@@ -26,7 +26,12 @@ What the scheduler and the agent must hand every member (`GangSpec`, JSON; see `
   trained `.keras`; the others write nothing), `history` (member 0's History as JSON), `progress` (optional: member 0
   writes a JSON line per epoch there, flushed, a FIFO works), `weights` (optional: every member's final weights as
   .npz, "{process_id}" in it replaced, for tests and checks).
-* `heartbeat_timeout_s`, `init_timeout_s`: how long a lost member may stall the others (below).
+* `heartbeat_timeout_s`, `init_timeout_s`, `shutdown_timeout_s`: how long a lost member may stall the others (below).
+
+Not yet here (the next steps): x/y as trees of arrays or a tf.data dataset (only one .npy each now), validation
+data (it too needs equal steps on every member), the user's callbacks (member 0's, as the agent's callbacks.py runs
+them; `progress` is the hook for the agent's epoch events), resuming from an epoch checkpoint (`initial_epoch` and a
+model file are enough on this side).
 
 The global batch of B rows at step k is rows [kB, (k+1)B) of the epoch's order (the identity, or one permutation per
 epoch drawn from `seed`, the same on every member); member i takes its i-th B/N of them, so the gang computes the
@@ -37,11 +42,16 @@ that epoch: every step identical to the one-process fit when N divides r, at mos
 (with `shuffle` they are different rows each epoch). A step must have the same shape on every member (a JAX global
 array), so an uneven split cannot run, and padding with zero-weight rows would change the loss' mean.
 
-Faults: a member that dies (killed, its host gone) stops the others: gloo's collectives on its connections fail at
-once, and a member stuck elsewhere is ended by the coordination service when the lost member's heartbeats have been
-missing for `heartbeat_timeout_s` (a lost coordinator likewise ends every member). A member that never arrives ends
-the others after `init_timeout_s`. The bounds are the spec's; a member ending so exits non-zero (JAX aborts the
-process), which is what the agent watches for.
+Faults, measured with 2 members on 127.0.0.1 (tests/test_gangfit.py): a member killed mid-fit (either one, the
+coordinator too) resets its gloo connections, the other's collective raises at once and `main` exits 1 within
+~0.2 s (without `os._exit` it would then wait in JAX's shutdown barrier for the lost member until the heartbeat
+bound). A member that stops answering without a reset (SIGSTOP here; a host frozen or cut off) is found by the
+coordination service when its heartbeats have been missing for `heartbeat_timeout_s`, and JAX aborts every other
+member (SIGABRT, status -6; ~9.4 s with 10). Default 60 s, not JAX's 100: the heartbeats come from a C++ thread, not
+Python, so a long step or a loaded host does not delay them, and a minute bounds what a job pays for a lost machine
+(a spot notice gives two). A member that never arrives ends the others after `init_timeout_s` (300: N machines of a
+gang may boot minutes apart); member 1 waits in the shutdown barrier while member 0 saves, up to
+`shutdown_timeout_s`. A member ending so exits non-zero, which is what the agent watches for.
 
 Saving: process 0 alone calling `model.save()` under the distribution deadlocks (saving makes a throwaway optimizer
 whose variables are a cross-process step). Every member holds every weight under `DataParallel`, so member 0 drops
@@ -58,7 +68,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +155,7 @@ class GangSpec:
     progress: str | None = None
     heartbeat_timeout_s: int = 60
     init_timeout_s: int = 300
-    fit_kwargs: dict[str, Any] = field(default_factory=dict)
+    shutdown_timeout_s: int = 300
 
     def __post_init__(self) -> None:
         if not 0 <= self.process_id < self.num_processes:
@@ -192,7 +202,7 @@ def _join(spec: GangSpec) -> None:
             coordinator_bind_address=bind,
             initialization_timeout=spec.init_timeout_s,
             heartbeat_timeout_seconds=spec.heartbeat_timeout_s,
-            shutdown_timeout_seconds=spec.init_timeout_s,
+            shutdown_timeout_seconds=spec.shutdown_timeout_s,
         )
     except Exception as exc:  # taken in the moment between the check and gRPC's bind
         if spec.process_id == 0 and any(m in str(exc).lower() for m in _BIND_FAILED):
@@ -228,8 +238,10 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     arrays = {name: np.load(p, mmap_mode="r") for name in _ARRAYS if (p := getattr(spec, name)) is not None}
     rows = len(arrays["x"])
     plan = ShardPlan(rows, spec.batch_size, spec.num_processes)
-    data = _shard_dataset(keras, plan, arrays, spec)
-    callbacks = [_Progress(keras, spec.progress)] if spec.progress and spec.process_id == 0 else []
+    data, epoch_order = _shard_dataset(keras, plan, arrays, spec)
+    callbacks = [epoch_order]
+    if spec.progress and spec.process_id == 0:
+        callbacks.append(_Progress(keras, spec.progress))
     history = model.fit(
         data,
         callbacks=callbacks,
@@ -237,7 +249,6 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
         initial_epoch=spec.initial_epoch,
         verbose=0,
         shuffle=False,  # the order is the dataset's: one permutation per epoch shared by all members
-        **spec.fit_kwargs,
     )
     if spec.weights:
         np.savez(spec.weights.format(process_id=spec.process_id), *model.get_weights())
@@ -266,8 +277,11 @@ def _Progress(keras: Any, path: str) -> Any:
     return Progress()
 
 
-def _shard_dataset(keras: Any, plan: ShardPlan, arrays: dict[str, np.ndarray], spec: GangSpec) -> Any:
-    """A PyDataset over this member's rows (Keras' own shuffling would differ between members)."""
+def _shard_dataset(keras: Any, plan: ShardPlan, arrays: dict[str, np.ndarray], spec: GangSpec) -> tuple[Any, Any]:
+    """A PyDataset over this member's rows (Keras' own shuffling would differ between members) and the callback that
+    tells it the epoch: Keras calls a PyDataset's `on_epoch_end` also when it resets its iterator, so counting those
+    calls drifts from the fit's epoch; `Callback.on_epoch_begin` gets the epoch itself, before the epoch's first
+    batch is read (one worker thread: no batch is read ahead)."""
 
     class Shard(keras.utils.PyDataset):
         def __init__(self) -> None:
@@ -284,10 +298,12 @@ def _shard_dataset(keras: Any, plan: ShardPlan, arrays: dict[str, np.ndarray], s
                 idx = np.sort(idx)  # memory-mapped reads in file order; the rows of a step are a set
             return tuple(np.asarray(arrays[name][idx]) for name in _ARRAYS if name in arrays)
 
-        def on_epoch_end(self) -> None:
-            self.epoch += 1
+    class EpochOrder(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            shard.epoch = epoch
 
-    return Shard()
+    shard = Shard()
+    return shard, EpochOrder()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
