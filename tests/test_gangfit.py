@@ -265,14 +265,20 @@ def test_every_member_takes_equal_steps_of_its_part_of_each_global_batch(rows: i
 
 
 @pytest.mark.fast
-def test_what_a_gang_cannot_run_is_refused_by_name() -> None:
+def test_what_a_gang_cannot_run_is_refused_by_name(tmp_path: Path) -> None:
     import keras  # on TensorFlow, as in the agent: fit_in_gang must refuse, never switch this process to JAX
 
     assert keras.backend.backend() == "tensorflow"
     with pytest.raises(ValueError, match="not a multiple of the 3 workers"):
         ShardPlan(100, 64, 3)
     with pytest.raises(ValueError, match="process_id 2"):
-        _spec(Path("/nonexistent"), process_id=2)
+        _spec(tmp_path, process_id=2)
+    np.save(tmp_path / "x.npy", np.zeros((10, 4), "float32"))
+    np.save(tmp_path / "y.npy", np.zeros(9, "int32"))
+    with pytest.raises(ValueError, match="differ in rows"):  # before any gang forms
+        gangfit.fit_in_gang(_spec(tmp_path))
+    np.save(tmp_path / "y.npy", np.zeros(10, "int32"))
     # This process imported Keras on TensorFlow: a gang member must be a process of its own.
     with pytest.raises(RuntimeError, match="process of its own"):
-        gangfit.fit_in_gang(_spec(Path("/nonexistent")))
+        gangfit.fit_in_gang(_spec(tmp_path))
+    assert os.environ.get("KERAS_BACKEND") != "jax"

@@ -13,9 +13,14 @@ What the scheduler and the agent must hand every member (`GangSpec`, JSON; see `
 * `coordinator` "HOST:PORT": where member 0 serves JAX's coordination service. Every member connects to it, so it is
   an address all of them reach; member 0 binds `bind` (default: 0.0.0.0 with that port; give the job network's
   address). The port must be free on member 0's host: the launcher picks it and starts again with another one when
-  member 0 says it is taken (`PORT_TAKEN_EXIT`). Gloo then opens further TCP connections between the members on
-  ephemeral ports (it publishes them through the coordinator): a sandbox must let the gang's members reach each
-  other on any port, not only on the coordinator's.
+  member 0 says it is taken (`PORT_TAKEN_EXIT`). Gloo then makes its own connections: each member listens on an
+  ephemeral port (seen with `ss`: one per member, besides the coordinator's) at the address its host name resolves
+  to, and publishes it through the coordinator. So (1) a sandbox must let the gang's members reach each other on any
+  port, not only the coordinator's, and (2) each member's host name must resolve to an address the others reach
+  (here it resolves to 127.0.0.1, fine for a local gang; Debian's /etc/hosts maps it to 127.0.1.1, which would break
+  a gang across hosts). jax 0.10 has no public setting for gloo's address; its private
+  `jaxlib._jax.make_gloo_tcp_collectives(client, hostname=, interface=)` takes one (would go in aibro_core/compat).
+  Not yet tried across real hosts.
 * `num_processes` N and `process_id` i (0 ≤ i < N; 0 is the coordinator and the only one that writes the model).
 * The shard: every member gets the SAME arrays (`x`, `y`, optional `sample_weight`: .npy files, opened memory-mapped,
   so a member reads only its rows) and the same `batch_size` (the global batch, as the user wrote it), `epochs`,
@@ -191,9 +196,10 @@ def _join(spec: GangSpec) -> None:
     if spec.process_id == 0 and not _can_bind(bind):
         # Checked here because jax 0.10 does not fail cleanly on a taken port (gRPC logs "No address added", then
         # the process raises or, as often, dies of SIGSEGV). A plain bind also fails against a port another gang's
-        # gRPC server holds with SO_REUSEPORT, which gRPC itself would share.
+        # gRPC server holds with SO_REUSEPORT (gRPC sets it on Linux, so gRPC itself would share the port).
         print(f"gangfit: the coordinator's address {bind} is taken", file=sys.stderr)
         raise SystemExit(PORT_TAKEN_EXIT)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # jax 0.10's default; CPU collectives need one
     try:
         jax.distributed.initialize(
             coordinator_address=spec.coordinator,
@@ -226,6 +232,11 @@ def _can_bind(address: str) -> bool:
 
 def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     """Join the gang, fit this member's shard, and (member 0) save the trained model. Returns the History."""
+    arrays = {name: np.load(p, mmap_mode="r") for name in _ARRAYS if (p := getattr(spec, name)) is not None}
+    rows = {name: len(a) for name, a in arrays.items()}
+    if len(set(rows.values())) != 1:
+        raise ValueError(f"the arrays differ in rows: {rows}")
+    plan = ShardPlan(rows["x"], spec.batch_size, spec.num_processes)  # refused before the gang forms
     keras = _jax_keras()
     _join(spec)
     # The same seed on every member before anything random runs: Keras' own initialize would agree on one by a
@@ -235,9 +246,6 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
 
     model = keras.saving.load_model(spec.model)
-    arrays = {name: np.load(p, mmap_mode="r") for name in _ARRAYS if (p := getattr(spec, name)) is not None}
-    rows = len(arrays["x"])
-    plan = ShardPlan(rows, spec.batch_size, spec.num_processes)
     data, epoch_order = _shard_dataset(keras, plan, arrays, spec)
     callbacks = [epoch_order]
     if spec.progress and spec.process_id == 0:
