@@ -72,12 +72,33 @@ def _spec(folder: Path, **changes: Any) -> GangSpec:
     return replace(base, **changes)
 
 
-def _first_line(fifo: Path, procs: list[subprocess.Popen[bytes]], folder: Path, within_s: float) -> str:
-    """The first line member 0 writes to `fifo`, waited for (select) while every member lives, at most `within_s`."""
+def _mid_fit(spec: GangSpec, folder: Path, within_s: float = 300, attempts: int = 5) -> list[subprocess.Popen[bytes]]:
+    """A gang started on a free port and waited for until member 0 has ended its first epoch (its first line in the
+    `progress` FIFO, read with select while every member lives): both members are then mid-fit. A port taken
+    before member 0 binds it (PORT_TAKEN_EXIT) starts the gang again on another one."""
+    for _ in range(attempts):
+        port = gangfit.free_port()
+        procs = gangfit.start_local(replace(spec, coordinator=f"127.0.0.1:{port}", bind=f"127.0.0.1:{port}"), folder)
+        try:
+            line = _first_line(Path(str(spec.progress)), procs, folder, within_s)
+        except BaseException:
+            _end(procs)
+            raise
+        if line is not None:
+            assert json.loads(line)["epoch"] == 0
+            return procs
+        _end(procs)
+    raise AssertionError(f"no free coordinator port in {attempts} attempts")
+
+
+def _first_line(fifo: Path, procs: list[subprocess.Popen[bytes]], folder: Path, within_s: float) -> str | None:
+    """Member 0's first line in `fifo`, or None if member 0 found its port taken."""
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: select waits for one to write
     try:
         deadline, got = time.monotonic() + within_s, b""
         while b"\n" not in got:
+            if procs[0].poll() == gangfit.PORT_TAKEN_EXIT:
+                return None
             ended = [i for i, p in enumerate(procs) if p.poll() is not None]
             assert not ended, (folder / f"member-{ended[0]}.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no epoch ended"
@@ -86,6 +107,12 @@ def _first_line(fifo: Path, procs: list[subprocess.Popen[bytes]], folder: Path, 
         return got.decode().splitlines()[0]
     finally:
         os.close(fd)
+
+
+def _end(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
 
 
 def _weights(path: Path) -> list[np.ndarray]:
@@ -217,11 +244,8 @@ def test_the_trained_model_loads_here_on_tensorflow_with_its_optimizer_state(
 def test_a_member_lost_mid_fit_ends_the_other(start: Path, tmp_path: Path, lost: int, how: int, within_s: int) -> None:
     progress = tmp_path / "progress"
     os.mkfifo(progress)
-    port = gangfit.free_port()
     spec = _spec(
         start,
-        coordinator=f"127.0.0.1:{port}",
-        bind=f"127.0.0.1:{port}",
         epochs=1000,
         out=str(tmp_path / "never.keras"),
         history=str(tmp_path / "history.json"),
@@ -229,10 +253,8 @@ def test_a_member_lost_mid_fit_ends_the_other(start: Path, tmp_path: Path, lost:
         progress=str(progress),
         heartbeat_timeout_s=HEARTBEAT_S,
     )
-    procs = gangfit.start_local(spec, tmp_path)
+    procs = _mid_fit(spec, tmp_path)
     try:
-        first = _first_line(progress, procs, tmp_path, within_s=300)  # member 0 ended an epoch: both are mid-fit
-        assert json.loads(first)["epoch"] == 0
         procs[lost].send_signal(how)
         lost_at = time.monotonic()
         other = procs[1 - lost]
@@ -240,9 +262,7 @@ def test_a_member_lost_mid_fit_ends_the_other(start: Path, tmp_path: Path, lost:
         assert code != 0
         print(f"member {1 - lost} exited {code} {time.monotonic() - lost_at:.1f} s after member {lost} was lost")
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        _end(procs)
     assert not (tmp_path / "never.keras").exists()
 
 

@@ -52,11 +52,11 @@ coordinator too) resets its gloo connections, the other's collective raises at o
 ~0.2 s (without `os._exit` it would then wait in JAX's shutdown barrier for the lost member until the heartbeat
 bound). A member that stops answering without a reset (SIGSTOP here; a host frozen or cut off) is found by the
 coordination service when its heartbeats have been missing for `heartbeat_timeout_s`, and JAX aborts every other
-member (SIGABRT, status -6; ~9.4 s with 10). Default 60 s, not JAX's 100: the heartbeats come from a C++ thread, not
-Python, so a long step or a loaded host does not delay them, and a minute bounds what a job pays for a lost machine
-(a spot notice gives two). A member that never arrives ends the others after `init_timeout_s` (300: N machines of a
-gang may boot minutes apart); member 1 waits in the shutdown barrier while member 0 saves, up to
-`shutdown_timeout_s`. A member ending so exits non-zero, which is what the agent watches for.
+member (SIGABRT, status -6; 5.7 to 9.9 s with 10, in four runs). Default 60 s, not JAX's 100: the heartbeats come
+from a C++ thread, not Python, so a long step or a loaded host does not delay them, and a minute bounds what a job
+pays for a lost machine (a spot notice gives two). A member that never arrives ends the others after
+`init_timeout_s` (300: N machines of a gang may boot minutes apart); member 1 waits in the shutdown barrier while
+member 0 saves, up to `shutdown_timeout_s`. A member ending so exits non-zero, which is what the agent watches for.
 
 Saving: process 0 alone calling `model.save()` under the distribution deadlocks (saving makes a throwaway optimizer
 whose variables are a cross-process step). Every member holds every weight under `DataParallel`, so member 0 drops
