@@ -137,9 +137,9 @@ def travelling_pass(ds: Any, steps: int | None, epochs: int) -> tuple[Any, bool]
     if int(ds.cardinality()) != int(tf.data.INFINITE_CARDINALITY):
         return ds, False
     node = ds
-    while type(node).__name__ in ("PrefetchDataset", "_OptionsDataset"):  # dropped: the worker prefetches itself
+    while tf_compat.stage_kind(node) in ("PrefetchDataset", "OptionsDataset"):  # dropped: the worker prefetches
         node = tf_compat.dataset_input(node)
-    if type(node).__name__ == "RepeatDataset" and tf_compat.repeat_count(node) == -1:
+    if tf_compat.stage_kind(node) == "RepeatDataset" and tf_compat.repeat_count(node) == -1:
         inner = tf_compat.dataset_input(node)
         if int(inner.cardinality()) >= 0:
             return inner, True

@@ -376,16 +376,31 @@ def test_dataset_input_dataset_and_repeat_count() -> None:
 
 
 @fast
-@pytest.mark.xfail(
-    strict=True,
-    reason="TensorFlow 2.21 names them _PrefetchDataset and _RepeatDataset, so dataset_blob.travelling_pass never "
-    "unwraps a .repeat() (it travels as take(steps * epochs)); issue 36 changes no behaviour, this says so",
-)
-def test_dataset_class_names_that_travelling_pass_looks_for() -> None:
+def test_the_stage_kinds_travelling_pass_looks_for() -> None:
     import tensorflow as tf
 
     repeated = tf.data.Dataset.range(4).repeat()
-    assert type(repeated).__name__ == "RepeatDataset" and type(repeated.prefetch(1)).__name__ == "PrefetchDataset"
+    options = tf.data.Options()
+    options.deterministic = True
+    assert tf_compat.stage_kind(repeated) == "RepeatDataset"
+    assert tf_compat.stage_kind(repeated.prefetch(1)) == "PrefetchDataset"
+    assert tf_compat.stage_kind(repeated.with_options(options)) == "OptionsDataset"
+
+
+@fast
+def test_an_endless_repeat_of_a_finite_dataset_travels_once_and_repeats_on_the_worker() -> None:
+    """`.repeat().prefetch()` of 4 elements travels as those 4, repeated there; an endless pipeline that is not a
+    repeat of a finite one travels as the batches fit draws (steps x epochs)."""
+    import tensorflow as tf
+
+    from aibro_jupyter.dataset_blob import travelling_pass
+
+    base = tf.data.Dataset.range(4)
+    sent, repeat = travelling_pass(base.repeat().prefetch(tf.data.AUTOTUNE), steps=3, epochs=2)
+    assert repeat and int(sent.cardinality()) == 4 and [int(v) for v in sent] == [0, 1, 2, 3]
+    endless = base.repeat().map(lambda v: v + 1)
+    sent, repeat = travelling_pass(endless, steps=3, epochs=2)
+    assert not repeat and [int(v) for v in sent] == [1, 2, 3, 4, 1, 2]
 
 
 @fast

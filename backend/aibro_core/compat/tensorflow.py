@@ -23,6 +23,12 @@ def dataset_input(ds: Any) -> Any:
     return ds._input_dataset
 
 
+def stage_kind(ds: Any) -> str:
+    """A `tf.data` stage's kind by its class, "RepeatDataset", "PrefetchDataset", "OptionsDataset"...: not public,
+    and TensorFlow 2.21 names some with a leading underscore (`_RepeatDataset`), older ones without."""
+    return type(ds).__name__.lstrip("_")
+
+
 def repeat_count(ds: Any) -> int:
     """How many times a `.repeat(count)` stage repeats (-1: forever), from `RepeatDataset._count`; not public."""
     return int(ds._count)
