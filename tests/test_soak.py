@@ -1,0 +1,28 @@
+"""The soak's short version (issue 39 item 2): two users train on one real backend for about three minutes while
+every local fault of benchmarks/soak.py strikes once, on a fixed schedule; then the same checks as the long run
+(every job ended with its epochs once and a readable reason, models equal their last checkpoints, nothing left
+behind, the backend's memory and descriptors flat, its log quiet but for what the faults explain)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import soak  # noqa: E402 - benchmarks/ is no package
+
+# The fixed schedule: each fault once, spaced so that each finds a worker training (a fit's worker needs ~20 s
+# to start here); the injector waits (bounded) for a training worker and for the next upload when there is none.
+SCHEDULE = [(30.0, "kill_worker"), (60.0, "kill_client"), (80.0, "kill_backend"), (110.0, "stop_worker")]
+SCHEDULE += [(140.0, "fill_disk")]
+
+pytestmark = pytest.mark.backend_log(*soak.EXPECTED_LOG)
+
+
+def test_a_short_soak_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
+    cfg = soak.Config(users=2, minutes=3, seed=3, epochs=3, rows=2000, schedule=SCHEDULE, root=tmp_path / "soak")
+    report = soak.Soak(cfg).run()
+    print(report.text())
+    assert not report.failures, report.text()
