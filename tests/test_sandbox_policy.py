@@ -89,3 +89,14 @@ def test_health_says_bwrap_where_it_confines(tmp_path: Path) -> None:
     with own_backend(tmp_path / "home") as backend:
         health = requests.get(f"{backend.url}/api/v1/health", headers=_auth(backend.token), timeout=30).json()
     assert health["sandbox"] == "bwrap" and "sandbox_warning" not in health, json.dumps(health)
+
+
+def test_a_ray_nodes_sandbox_takes_the_backends_uid_base(tmp_path: Path) -> None:
+    """A Ray node's actor has no backend settings: it is handed AIBRO_SANDBOX_UID_BASE (providers/ray.py's launch
+    spec), and the sandbox it chooses with it gives each user's worker that base plus the user id."""
+    from aibro_backend.providers.sandbox import UID_BASE, Sandbox
+
+    box = Sandbox.choose(sys.executable, "bwrap", [], uid_base=UID_BASE + 50_000)
+    assert box.drop_uid, "the test runs as root, as the README's test command does: the worker drops to a uid"
+    assert box.uid_for(3) == UID_BASE + 50_003
+    assert Sandbox.choose(sys.executable, "bwrap", []).uid_for(3) == UID_BASE + 3

@@ -25,6 +25,7 @@ from ..storage.records import InstanceRecord
 from .base import LaunchRequest, Provider
 from .ray_bridge import INSTALL_HINT, LIVE, NAMESPACE, gcs_refusal
 from .ray_machines import build_machines, fits, need_text
+from .sandbox import UID_BASE
 
 LOST_WITH_CLUSTER_S = 10.0  # an instance lost this shortly before its whole cluster was lost with the cluster
 
@@ -51,7 +52,7 @@ class RayProvider(Provider):
     `python -I -m aibro_backend.worker`). `backend_url`: the backend's URL as nodes reach it (default: the one the
     scheduler gives). `node_resource`: use only nodes with this custom resource. `worker_root`: where workers'
     private directories live on a node (default `<tmp>/aibro-ray`). `sandbox`: auto | bwrap | none, chosen on
-    the node as for local workers.
+    the node as for local workers, whose users' uids start at `sandbox_uid_base` there too.
     """
 
     name = "ray"
@@ -68,6 +69,7 @@ class RayProvider(Provider):
         node_resource: str | None = None,
         worker_root: str | None = None,
         sandbox: str = "auto",
+        sandbox_uid_base: int = UID_BASE,
         refresh_s: float = 2.0,
         unreachable_grace_s: float = 5.0,
         call_timeout_s: float = 10.0,
@@ -91,6 +93,7 @@ class RayProvider(Provider):
         self.node_resource = node_resource
         self.worker_root = worker_root
         self.sandbox = sandbox
+        self.sandbox_uid_base = sandbox_uid_base
         self.refresh_s = refresh_s
         self.unreachable_grace_s = unreachable_grace_s
         self.call_timeout_s = call_timeout_s
@@ -331,6 +334,7 @@ class RayProvider(Provider):
                 "argv": self.worker_command,
                 "worker_root": self.worker_root,
                 "sandbox": self.sandbox,
+                "sandbox_uid_base": self.sandbox_uid_base,
                 "linger_s": self.linger_s,
             }
             self._instances[instance_id] = self._record(instance_id, machine_id, "starting")

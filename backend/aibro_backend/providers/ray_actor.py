@@ -58,7 +58,7 @@ class InstanceActor:
         python = worker_python(os.environ.get("AIBRO_WORKER_PYTHON"))
         roots = code_roots()
         argv = list(spec.get("argv") or agent_argv(python, roots))
-        box = Sandbox.choose(python, spec.get("sandbox") or "auto", roots)
+        box = Sandbox.choose(python, spec.get("sandbox") or "auto", roots, spec.get("sandbox_uid_base"))
         root = Path(spec.get("worker_root") or os.path.join(tempfile.gettempdir(), "aibro-ray"))
         if root.is_symlink() or (root.exists() and root.stat().st_uid != os.geteuid()):
             raise RuntimeError(f"{root} is not a folder of this node's Ray user: remove it, or set another worker_root")

@@ -87,9 +87,12 @@ class Sandbox:
     code_roots: list[str] = field(default_factory=list)
 
     @classmethod
-    def choose(cls, python: str, mode: str | None = None, code_roots: list[str] | None = None) -> Sandbox:
-        """`code_roots`: where the agent's code is when `python` does not have it installed (see agent_argv)."""
-        uid_base = UID_BASE
+    def choose(
+        cls, python: str, mode: str | None = None, code_roots: list[str] | None = None, uid_base: int | None = None
+    ) -> Sandbox:
+        """`code_roots`: where the agent's code is when `python` does not have it installed (see agent_argv);
+        `mode` and `uid_base` as the backend's settings say (a Ray node's actor is given them: it has no settings)."""
+        uid_base = UID_BASE if uid_base is None else uid_base
         if mode is None:  # the backend's own workers: its settings (imported here: a Ray node has no pydantic-settings)
             from ..settings import BackendSettings
 

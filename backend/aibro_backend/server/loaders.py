@@ -70,11 +70,18 @@ def load_ray_provider(address: str, home: Path, worker_url: str | None, node_res
     process, never in this one); a missing Ray or an unreachable cluster is a RayClusterError naming the address."""
     from ..providers.ray import RayClusterError, RayProvider, RayUnavailable
 
+    settings = BackendSettings.from_env()
     try:
-        provider = RayProvider(address, home / "state", backend_url=worker_url, node_resource=node_resource)
+        provider = RayProvider(
+            address,
+            home / "state",
+            backend_url=worker_url,
+            node_resource=node_resource,
+            sandbox_uid_base=settings.sandbox_uid_base,
+        )
     except (RayUnavailable, ValueError) as exc:
         raise RayClusterError(address, str(exc)) from None
-    timeout = BackendSettings.from_env().ray_connect_s
+    timeout = settings.ray_connect_s
     if not provider.wait_ready(timeout):
         why = provider.cluster_error() or f"no answer from the Ray cluster at {address} within {timeout:g} s"
         provider.close()
