@@ -20,6 +20,15 @@ Not here yet (next, on moto-backed AWS): an S3 endpoint answering 500/503/slow-d
 spot notice, a restart of the oracle host. The local provider has no heartbeat (a worker is alive while its pid
 is), so a stopped worker is not declared lost here: the check is that it carries on after SIGCONT.
 
+Not checked yet: ports (a worker's port needs its process, which is checked), a kill inside one blob's upload (the
+client is killed between blobs: the job's upload is cut, no blob is), the oracle host's process.
+
+Found so far: a study's follower (`search.follow`, behind `%%cloud_tune` and `Training.online_search`) raises
+BackendUnreachable at its first poll while a configured backend is down (the job follower retries with backoff);
+`tests/test_study_follow_restart.py` holds it alone. A `collect` (model download) finding a configured backend down
+raises too (the client's documented behaviour: only `follow` retries); both are counted in the report, and the
+soak's client follows again as a user would.
+
 At the end it waits (on states, bounded) for every job, study and instance to end, then checks and prints:
 every job COMPLETED or CANCELED with a reason a user can read; every epoch of every job exactly once, in order, in
 its History and its event log; every COMPLETED job's model.keras loads and equals its last checkpoint; each study

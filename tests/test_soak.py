@@ -26,3 +26,12 @@ def test_a_short_soak_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     report = soak.Soak(cfg).run()
     print(report.text())
     assert not report.failures, report.text()
+
+
+@pytest.mark.fast
+def test_the_seed_is_the_schedule() -> None:
+    """A run is reproduced by its seed: the same faults at the same times; another seed, another schedule."""
+    one = soak.schedule(soak.Config(seed=5, minutes=30))
+    assert one == soak.schedule(soak.Config(seed=5, minutes=30)) and one != soak.schedule(soak.Config(seed=6))
+    assert all(kind in soak.KINDS for _, kind in one) and all(0 < t < 1800 for t, _ in one)
+    assert [t for t, _ in one] == sorted(t for t, _ in one)
