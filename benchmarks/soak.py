@@ -594,6 +594,9 @@ def check(soak: Soak, bound: float) -> Report:
         not parts or killed > 0,
         f"{len(parts)} partial files, {killed} clients killed",
     )
+    state = be.home / "state"
+    tmps = [str(p.relative_to(state)) for p in state.rglob("*.tmp") if "workers" not in p.relative_to(state).parts]
+    rep.ok("no half-written file (*.tmp) in the backend's state", not tmps, str(tmps[:5]))
     left = [p for p in (soak.root / "clients").glob("*/*") if p.name != "tuner"]
     rep.ok("clients' temporary files (info)", True, f"{len(left)} left (a killed client cannot clean its own)")
 
