@@ -244,6 +244,7 @@ class Soak:
         self.kill_next_upload = threading.Event()
         self.backend_up = threading.Event()
         self.running: dict[str, subprocess.Popen] = {}  # user -> its client now
+        self.extra: list[threading.Thread] = []  # the injector's own clients (fill_disk)
 
     # -- logging ----------------------------------------------------------------------------------
     def log(self, line: str) -> None:
@@ -380,7 +381,9 @@ class Soak:
         elif kind == "fill_disk":
             user = f"user{rng.randrange(self.cfg.users)}"
             self.log(f"fault fill_disk: {user} submits a job that fills its folder past {DISK_LIMIT >> 20} MiB")
-            threading.Thread(target=self.client, args=(user, "disk", 900_000 + n), daemon=True).start()
+            extra = threading.Thread(target=self.client, args=(user, "disk", 900_000 + n))
+            self.extra.append(extra)
+            extra.start()
 
     def injector(self) -> None:
         rng = random.Random(self.cfg.seed + 7)
@@ -430,7 +433,7 @@ class Soak:
         self.done.set()
         self.log("soak: submissions stop; waiting for every client, job, study and instance to end")
         bound = time.monotonic() + self.cfg.drain_s
-        for t in threads[:-1]:
+        for t in threads[:-1] + self.extra:  # the injector's own clients only once the injector is done
             t.join(max(1.0, bound - time.monotonic()))
         try:
             return check(self, bound)
