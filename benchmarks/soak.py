@@ -433,7 +433,9 @@ class Soak:
         self.done.set()
         self.log("soak: submissions stop; waiting for every client, job, study and instance to end")
         bound = time.monotonic() + self.cfg.drain_s
-        for t in threads[:-1] + self.extra:  # the injector's own clients only once the injector is done
+        for t in threads[:-1]:
+            t.join(max(1.0, bound - time.monotonic()))
+        for t in self.extra:  # the injector's own clients, all started now that the injector is done
             t.join(max(1.0, bound - time.monotonic()))
         try:
             return check(self, bound)
