@@ -64,13 +64,10 @@ KINDS = ("kill_worker", "kill_backend", "kill_client", "stop_worker", "fill_disk
 TERMINAL_STUDY = ("COMPLETED", "CANCELED", "FAILED")
 DISK_LIMIT = 8 << 20
 
-# WARNING/ERROR lines of the backend log that the injected faults explain; any other such line fails the run.
-EXPECTED_LOG = (
-    r"worker .* (exited|was lost|died|gone)",
-    r"lost",
-    r"AIBRO_JOB_MAX_DISK_BYTES",
-    r"resum",
-)
+# WARNING/ERROR lines of the backend log that the injected faults explain; any other such line fails the run. None
+# of the local faults should write one (a lost worker, a full disk, a restart are events of the job, not warnings:
+# none in three runs, 3 to 12 minutes); the S3 faults will add theirs here.
+EXPECTED_LOG: tuple[str, ...] = ()
 
 
 @dataclass
@@ -372,7 +369,11 @@ class Soak:
             self.backend.kill()
             self.log(f"fault kill_backend: SIGKILLed the backend, restarting after {pause:.0f} s")
             time.sleep(pause)  # the outage's length
-            self.backend.start()
+            try:
+                self.backend.start()
+            except RuntimeError as exc:  # a finding: say so, and try once more so the run can end and check
+                self.log(f"fault kill_backend: FINDING: the backend did not start again: {exc}")
+                self.backend.start()
             self.backend_up.set()
             self.log(f"fault kill_backend: backend back at {self.backend.url} (pid {self.backend.pid})")
         elif kind == "kill_client":
