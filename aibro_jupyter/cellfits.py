@@ -106,7 +106,7 @@ class CellFits:
             self.machines, self.explicit_cool_down = await self.magics._pick(self._cool_down())
         cool_down = self._cool_down()
         job = self.magics._submit(self.args, model, self.plan.receiver, fit_args, self.machines, cool_down)
-        job_id = job["job_id"]
+        job_id = job.job_id
         self._gap(cool_down)
         if self.count == 1 and self.plan.looped and self.explicit_cool_down is None:
             print(
@@ -114,9 +114,9 @@ class CellFits:
                 "next (--cool-down S sets it)",
                 flush=True,
             )
-        label = f"fit {self.count} of this cell" + (f" — {job['description']}" if job.get("description") else "")
+        label = f"fit {self.count} of this cell" + (f" — {job.description}" if job.description else "")
         view = await self.magics._follow(
-            job_id, label, job["machines"], quiet=self.args.quiet, show=self._show, notes=self.notes
+            job_id, label, job.machines, quiet=self.args.quiet, show=self._show, notes=self.notes
         )
         where = f"the cell stopped at its fit on line {self.plan.line} (fit {self.count}); the rest of it did not run"
         if view is None:

@@ -20,6 +20,7 @@ import numpy as np
 from aibro_core.bounds import MAX_BATCH_SIZE, MAX_COOL_DOWN_S, MAX_DESCRIPTION_CHARS, MAX_WAIT_REQUEST_S
 from aibro_core.compat import keras as keras_compat
 from aibro_core.datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS
+from aibro_core.models import Policy
 
 from .dataset_blob import is_dataset
 from .errors import ValidationError
@@ -704,13 +705,14 @@ def _scan(arr: np.ndarray, want_range: bool = False, ignore: Any = None) -> _Sca
 
 
 # -- everything, in order ---------------------------------------------------------------------------------
-def check_before_upload(policy: Callable[[], dict[str, Any]], request: FitRequest) -> None:
-    """Job arguments, then the size from nbytes against `policy()["max_job_bytes"]`, then the contents against the
+def check_before_upload(policy: Callable[[], Policy], request: FitRequest) -> None:
+    """Job arguments, then the size from nbytes against `policy().max_job_bytes`, then the contents against the
     model (none for a HyperModel whose own fit makes what reaches the model)."""
     names = typed_names(request.argnames)
     check_job_args(request)
     limits = policy()
-    cap, cool_down = limits.get("max_cool_down_s"), request.cool_down_period_s
+    # the backend sends its cap beside the fields models.Policy declares; an older backend does not send it
+    cap, cool_down = (limits.model_extra or {}).get("max_cool_down_s"), request.cool_down_period_s
     if cap is not None and cool_down > cap:
         raise ValidationError(
             f"{names['cool_down_period_s']}={cool_down:g} is over this backend's cap of {cap:g} s (a warm "
@@ -723,5 +725,5 @@ def check_before_upload(policy: Callable[[], dict[str, Any]], request: FitReques
     for i, part in enumerate(_validation_parts(validation_data)):
         check_tree(part, f"{names['validation_data']}[{i}]")
     parts = data_sizes(x, y, sample_weight, validation_data, names)
-    check_size(sum(parts.values()), int(limits["max_job_bytes"]), names, parts)
+    check_size(sum(parts.values()), int(limits.max_job_bytes), names, parts)
     check_fit_data(None if request.hypermodel_fit else request.model, x, y, sample_weight, validation_data, names)

@@ -70,13 +70,10 @@ def cmd_backend(args: argparse.Namespace) -> int:
         return 3
     info = BackendClient(target.url, target.token, ca_bundle=target.ca_bundle).health()
     kind = "embedded" if target.embedded else "configured"
-    print(f"{kind} backend at {target.url}: ok, user {info['user']}, version {info['version']}")
-    print(
-        f"sandbox: {info.get('sandbox', 'none')}"
-        + (f" ({info['sandbox_warning']})" if info.get("sandbox_warning") else "")
-    )
-    if info.get("job_memory"):  # an older backend does not say
-        print(f"memory per job: {info['job_memory']['summary']}")
+    print(f"{kind} backend at {target.url}: ok, user {info.user}, version {info.version}")
+    print(f"sandbox: {info.sandbox}" + (f" ({info.sandbox_warning})" if info.sandbox_warning else ""))
+    if info.job_memory:  # an older backend does not say
+        print(f"memory per job: {info.job_memory.summary}")
     if target.embedded:
         print(backend_process_status(config.home()))
     return 0
@@ -119,17 +116,15 @@ def worker_processes(root: int) -> list[tuple[int, int, str]]:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    from .timeline_table import JOBS_HEAD, job_row
+
     jobs = _client().jobs()
     if args.json:
-        print(json.dumps(jobs, indent=2))
+        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))  # as the backend sent them
         return 0
-    print(f"{'job_id':<24} {'status':<10} {'substatus':<22} {'epochs':>7} {'machine':<12} description")
+    print(JOBS_HEAD)
     for j in jobs:
-        ep = f"{j['epochs_done']}/{j['epochs']}"
-        print(
-            f"{j['job_id']:<24} {j['status']:<10} {j['substatus']:<22} {ep:>7} "
-            f"{j['machine_id'] or '-':<12} {j['description']}"
-        )
+        print(job_row(j))
     return 0
 
 
@@ -142,7 +137,7 @@ def cmd_machines(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     job = _client().cancel(args.job_id)
-    print(f"{job['job_id']}: cancel requested ({job['status']} · {job['substatus']})")
+    print(f"{job.job_id}: cancel requested ({job.status} · {job.substatus})")
     return 0
 
 
@@ -152,9 +147,9 @@ def cmd_instances(args: argparse.Namespace) -> int:
         client.terminate(args.terminate)
     print(f"{'instance':<18} {'machine':<12} {'status':<10} {'substatus':<12} note")
     for i in client.instances():
-        note = f"cooling {i['cooling_left_s']:.0f}s more" if i["status"] == v.COOLING else ""
-        print(f"{i['id']:<18} {i['machine_id']:<12} {i['status']:<10} {i['substatus'] or '-':<12} {note}".rstrip())
-    spare = client.health().get("spare")
+        note = f"cooling {i.cooling_left_s:.0f}s more" if i.status == v.COOLING else ""
+        print(f"{i.id:<18} {i.machine_id:<12} {i.status:<10} {i.substatus or '-':<12} {note}".rstrip())
+    spare = client.health().spare
     if spare:
         print(f"{'(spare)':<18} {spare:<12} {'READY':<10} {'-':<12} a spare worker: takes your next {spare} job")
     return 0
@@ -211,10 +206,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         },
     )
     job = trainer.submit(request)
-    print(f"{job['job_id']} started on {', '.join(job['machines'])}", flush=True)
+    print(f"{job.job_id} started on {', '.join(job.machines)}", flush=True)
     if args.detach:
         return 0
-    view = trainer.watch(job["job_id"], [TextProgress()])
+    view = trainer.watch(job.job_id, [TextProgress()])
     return 0 if view.status == v.COMPLETED else 1
 
 
@@ -249,8 +244,8 @@ def cmd_token(args: argparse.Namespace) -> int:
             raise AibroError(f"`aibro token list` takes no id: drop {args.id!r}")
         print(f"{'id':<18} {'created':<17} {'expires':<17} {'last used':<17}")
         for t in client.tokens():
-            times = " ".join(f"{_when(t[k]):<17}" for k in ("created", "expires", "last_used"))
-            print(f"{t['id']:<18} {times}{'  (this one)' if t.get('current') else ''}")
+            times = " ".join(f"{_when(ts):<17}" for ts in (t.created, t.expires, t.last_used))
+            print(f"{t.id:<18} {times}{'  (this one)' if t.current else ''}")
         return 0
     if args.action == "revoke":
         if not args.id:
@@ -261,8 +256,8 @@ def cmd_token(args: argparse.Namespace) -> int:
     if args.id:
         raise AibroError(f"`aibro token new` takes no id: drop {args.id!r}")
     made = client.mint_token(args.expires_in)
-    until = f" (expires {_when(made['expires'])})" if made.get("expires") else ""
-    print(f"{made['id']}{until}: {made['token']}")
+    until = f" (expires {_when(made.expires)})" if made.expires else ""
+    print(f"{made.id}{until}: {made.token}")
     print("shown once (the backend keeps only its hash); use it with: aibro login URL --token-stdin")
     return 0
 

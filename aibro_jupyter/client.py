@@ -14,7 +14,26 @@ from typing import TYPE_CHECKING, Any
 from aibro_core import vocabulary as v
 from aibro_core.backoff import Backoff, retry
 from aibro_core.errors import AibroError, ApiError, BackendUnreachable
-from aibro_core.models import JobSpec
+from aibro_core.models import (
+    Artifact,
+    Artifacts,
+    Health,
+    Instance,
+    InstanceAnswer,
+    Instances,
+    Job,
+    Jobs,
+    JobSpec,
+    Machine,
+    Machines,
+    Policy,
+    Stats,
+    Study,
+    TokenInfo,
+    TokenMinted,
+    TokenRevoked,
+    Tokens,
+)
 from aibro_core.presigned import ViewBody, upload_via_s3
 from aibro_core.transport import (
     EVENT_PORT_CONNECT_S,
@@ -121,17 +140,17 @@ class BackendClient:
         return True
 
     # -- discovery --------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
-        return self.t.json("GET", "/health", timeout=5)
+    def health(self) -> Health:
+        return Health.model_validate(self.t.json("GET", "/health", timeout=5))
 
-    def machines(self) -> list[dict[str, Any]]:
-        return self.t.json("GET", "/machines")["machines"]
+    def machines(self) -> list[Machine]:
+        return Machines.model_validate(self.t.json("GET", "/machines")).machines
 
-    def policy(self) -> dict[str, Any]:
-        return self.t.json("GET", "/policy")
+    def policy(self) -> Policy:
+        return Policy.model_validate(self.t.json("GET", "/policy"))
 
     def counters(self) -> dict[str, int]:
-        return self.t.json("GET", "/stats")["counters"]
+        return Stats.model_validate(self.t.json("GET", "/stats")).counters
 
     # -- blobs ------------------------------------------------------------------------------------
     def upload_blob(self, path: Path, sha: str | None = None) -> tuple[str, int]:
@@ -255,34 +274,53 @@ class BackendClient:
         )
 
     # -- tokens -----------------------------------------------------------------------------------
-    def tokens(self) -> list[dict[str, Any]]:
+    def tokens(self) -> list[TokenInfo]:
         """This user's live tokens: ids and times, never the secrets (`current` marks the one in use)."""
-        return self.t.json("GET", "/auth/tokens")["tokens"]
+        return Tokens.model_validate(self.t.json("GET", "/auth/tokens")).tokens
 
-    def mint_token(self, expires_in_s: float | None = None) -> dict[str, Any]:
+    def mint_token(self, expires_in_s: float | None = None) -> TokenMinted:
         body = {} if expires_in_s is None else {"expires_in_s": expires_in_s}
-        return self.t.json("POST", "/auth/tokens", json=body)
+        return TokenMinted.model_validate(self.t.json("POST", "/auth/tokens", json=body))
 
-    def revoke_token(self, token_id: str) -> dict[str, Any]:
-        return self.t.json("DELETE", f"/auth/tokens/{token_id}")
+    def revoke_token(self, token_id: str) -> TokenRevoked:
+        return TokenRevoked.model_validate(self.t.json("DELETE", f"/auth/tokens/{token_id}"))
 
     # -- jobs -------------------------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> dict[str, Any]:
-        return self.t.json("POST", "/jobs", json=spec_json(spec))
+    def submit(self, spec: JobSpec) -> Job:
+        return Job.model_validate(self.t.json("POST", "/jobs", json=spec_json(spec)))
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return self.t.json("GET", "/jobs")["jobs"]
+    def jobs(self) -> list[Job]:
+        return self.job_listing().jobs
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self.t.json("GET", f"/jobs/{job_id}")
+    def job_listing(self) -> Jobs:
+        """Every job of this user, with the cursor of the user's event stream taken before them (follow
+        `user_events(listing.cursor)` from there: nothing falls between)."""
+        return Jobs.model_validate(self.t.json("GET", "/jobs"))
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return self.t.json("POST", f"/jobs/{job_id}/cancel")
+    def job(self, job_id: str) -> Job:
+        return Job.model_validate(self.t.json("GET", f"/jobs/{job_id}"))
 
-    def replay(self, job_id: str, **overrides: Any) -> dict[str, Any]:
-        return self.t.json("POST", f"/jobs/{job_id}/replay", json=overrides)
+    def cancel(self, job_id: str) -> Job:
+        return Job.model_validate(self.t.json("POST", f"/jobs/{job_id}/cancel"))
+
+    def replay(self, job_id: str, **overrides: Any) -> Job:
+        return Job.model_validate(self.t.json("POST", f"/jobs/{job_id}/replay", json=overrides))
+
+    # -- studies ----------------------------------------------------------------------------------
+    def start_study(self, body: dict[str, Any]) -> Study:
+        """POST /studies: `body` is the StudySpec (the oracle as the tuner says it, the trial's job spec as
+        `spec_json` writes it); the backend checks it whole."""
+        return Study.model_validate(self.t.json("POST", "/studies", json=body))
+
+    def study(self, study_id: str) -> Study:
+        return Study.model_validate(self.t.json("GET", f"/studies/{study_id}"))
+
+    def cancel_study(self, study_id: str) -> Study:
+        return Study.model_validate(self.t.json("POST", f"/studies/{study_id}/cancel"))
 
     def events(self, job_id: str, after: int = 0, wait: float = 0, recover: bool = True) -> dict[str, Any]:
+        """A page of the job's event log as it came: the events stay dicts, as the one reduction of them
+        (aibro_core.jobpicture, the backend's too) and this client's own notices (`local_event`) take them."""
         return self._long_poll(f"/jobs/{job_id}/events", {"after": after, "wait": wait}, recover)
 
     def _long_poll(self, path: str, params: dict[str, Any], recover: bool = True) -> dict[str, Any]:
@@ -308,10 +346,10 @@ class BackendClient:
         url = None
         if may_have_event_port(self.t.url):
             try:
-                health = self.t.json("GET", "/health", timeout=5, recover=False)
-            except AibroError:
-                health = {}
-            url = event_port_url(self.t.url, health.get("events_port"))
+                port = Health.model_validate(self.t.json("GET", "/health", timeout=5, recover=False)).events_port
+            except (AibroError, ValueError):  # no answer, or not one this client reads: the main port serves
+                port = None
+            url = event_port_url(self.t.url, port)
         self._event_base = (now, url)
         return url
 
@@ -352,8 +390,8 @@ class BackendClient:
     def user_events(self, after: int = 0, wait: float = 0) -> dict[str, Any]:
         return self._long_poll("/events", {"after": after, "wait": wait})
 
-    def artifacts(self, job_id: str) -> list[dict[str, Any]]:
-        return self.t.json("GET", f"/jobs/{job_id}/artifacts")["artifacts"]
+    def artifacts(self, job_id: str) -> list[Artifact]:
+        return Artifacts.model_validate(self.t.json("GET", f"/jobs/{job_id}/artifacts")).artifacts
 
     def download_artifact(self, job_id: str, name: str, dest: Path) -> Path:
         """Stream an artifact to `dest`; a backend keeping bytes in S3 answers a redirect to a presigned URL, which
@@ -372,11 +410,11 @@ class BackendClient:
         return dest
 
     # -- instances --------------------------------------------------------------------------------
-    def instances(self) -> list[dict[str, Any]]:
-        return self.t.json("GET", "/instances")["instances"]
+    def instances(self) -> list[Instance]:
+        return Instances.model_validate(self.t.json("GET", "/instances")).instances
 
-    def terminate(self, instance_id: str) -> dict[str, Any]:
-        return self.t.json("POST", f"/instances/{instance_id}/terminate")
+    def terminate(self, instance_id: str) -> Instance:
+        return InstanceAnswer.model_validate(self.t.json("POST", f"/instances/{instance_id}/terminate")).instance
 
 
 def spec_json(spec: JobSpec) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aibro_core import vocabulary as v
+from aibro_core.models import CallbackFiles
 
 
 def pattern_regex(name: str) -> re.Pattern[str]:
@@ -43,7 +44,7 @@ class FilesBack:
     def __init__(self, client: Any, job_id: str) -> None:
         self.client = client
         self.job_id = job_id
-        self._slots: dict[str, dict[str, str]] | None = None
+        self._slots: dict[str, CallbackFiles] | None = None
 
     def __call__(self, view: Any, ev: dict[str, Any]) -> None:
         d = ev.get("data") or {}
@@ -67,15 +68,15 @@ class FilesBack:
     def target(self, artifact: str, rel: str) -> Path | None:
         """Where `rel` of the artifact's slot goes in the kernel, or None when that slot would not write it."""
         if self._slots is None:
-            self._slots = {f["slot"]: f for f in self.client.job(self.job_id).get("files") or []}
+            self._slots = {f.slot: f for f in self.client.job(self.job_id).files}
         parts = artifact.split("/")
         slot = self._slots.get("/".join(parts[1:3])) if len(parts) > 3 and parts[0] == "files" else None
         if slot is None or rel.startswith("/") or ".." in rel.split("/"):
             return None
-        kernel = Path(slot["kernel"])
-        if slot["slot"] == v.CWD_SLOT and not _plain_file(rel):
+        kernel = Path(slot.kernel)
+        if slot.slot == v.CWD_SLOT and not _plain_file(rel):
             return None
-        if slot["kind"] == "dir":
+        if slot.kind == "dir":
             return kernel / rel
         if "/" in rel or not pattern_regex(kernel.name).fullmatch(rel):
             return None

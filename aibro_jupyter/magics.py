@@ -19,6 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from aibro_core import vocabulary as v
+from aibro_core.models import Job, Study
 
 from .cellfits import CellFits
 from .cellsplit import FitInBlock, SplitCell, fit_cell, split_cell
@@ -26,7 +27,7 @@ from .cellwait import awaitable_magics, run_async, run_sync, until
 from .errors import AibroError, ValidationError
 from .fitrequest import FitRequest
 from .progress import JobView, TextProgress, local_notice, printed, worker_note
-from .timeline_table import format_timelines
+from .timeline_table import JOBS_HEAD, format_timelines, job_row
 from .training import Training, format_machines
 
 
@@ -108,11 +109,11 @@ class CloudMagics(Magics):
         if machines is None:
             machines, cool_down = await self._pick(cool_down)
         job = self._submit(args, model, model_src, fit_args, machines, cool_down)
-        job_id = job["job_id"]
+        job_id = job.job_id
         if args.detach:
-            print(f"{job_id} started on {', '.join(job['machines'])}; follow it with %cloud_attach {job_id}")
+            print(f"{job_id} started on {', '.join(job.machines)}; follow it with %cloud_attach {job_id}")
             return None
-        view = await self._follow(job_id, job.get("description", ""), job["machines"], quiet=args.quiet)
+        view = await self._follow(job_id, job.description, job.machines, quiet=args.quiet)
         if view is None:
             return None
         with self.last_panel.after_fit():  # what runs after the fit shows in the panel too (it survives a reload)
@@ -127,7 +128,7 @@ class CloudMagics(Magics):
 
     def _submit(
         self, args: Any, model: Any, model_src: str, fit_args: dict[str, Any], machines: str, cool_down: float
-    ) -> dict[str, Any]:
+    ) -> Job:
         """Create the job of one fit (the cell's options, the fit's bound arguments); returns the job."""
         x, y = fit_args.pop("x", None), fit_args.pop("y", None)
         request = FitRequest(
@@ -286,7 +287,7 @@ class CloudMagics(Magics):
                 if stop.is_set():
                     raise _Stop
                 now = time.monotonic()
-                if ev["type"] == "status" or (ev["type"] == "epoch" and now - asked[0] >= COST_EVERY_S):
+                if ev["type"] == v.EV_STATUS or (ev["type"] == v.EV_EPOCH and now - asked[0] >= COST_EVERY_S):
                     asked[0] = now  # at most one job fetch per 10 s of epochs: a replay of 200 epochs asks once
                     view.cost = self._cost(job_id, view.cost)
                 panel.update(view, ev)
@@ -295,7 +296,7 @@ class CloudMagics(Magics):
                     if note in notes:
                         return
                     notes.add(note)
-                shown = ev["type"] in ("epoch", "error") or note
+                shown = ev["type"] in (v.EV_EPOCH, v.EV_ERROR) or note
                 if local_notice(ev) or printed(ev) is not None or (not quiet and shown):
                     text(view, ev)  # a notice ("backend unreachable, restarting…") shows even with --quiet
 
@@ -307,16 +308,14 @@ class CloudMagics(Magics):
         detached = f"Detached; {job_id} keeps training. Attach again with: %cloud_attach {job_id}"
         return await _on_a_thread(panel, job_id, watch, stop, detached)
 
-    async def _follow_study(
-        self, study_id: str, description: str, again: str, verbose: bool = True
-    ) -> dict[str, Any] | None:
+    async def _follow_study(self, study_id: str, description: str, again: str, verbose: bool = True) -> Study | None:
         """Show the study's panel and follow the study until it ends; None when the user detached."""
         from .search import follow
         from .widgets.study_panel import StudyPanel
 
         client = self.trainer.client
         panel = StudyPanel(study_id, description, again)
-        panel.on_cancel(lambda: client.t.json("POST", f"/studies/{study_id}/cancel"))
+        panel.on_cancel(lambda: client.cancel_study(study_id))
         self.last_panel = panel
         display(panel)
         stop = threading.Event()
@@ -325,7 +324,7 @@ class CloudMagics(Magics):
             panel, study_id, lambda: follow(client, study_id, verbose, on_poll=panel.update, stop=stop), stop, detached
         )
 
-    def _bind_study(self, tuner: Any, study: dict[str, Any], into: str, tuner_src: str | None) -> None:
+    def _bind_study(self, tuner: Any, study: Study, into: str, tuner_src: str | None) -> None:
         """The study's trials into the tuner and the best trial's model into `into`; the panel says which, and
         which trials failed; a study that failed then fails the cell, as KerasTuner's search raises."""
         from .search import check_ended, failures, finish
@@ -340,14 +339,14 @@ class CloudMagics(Magics):
             raise
         if isinstance(panel, StudyPanel):
             told = f"; {tuner_src} holds every trial" if tuner_src else ""
-            best = study.get("best_trial_id")
+            best = study.best_trial_id
             bound = (
                 f"{into} holds trial {best}'s trained model{told}"
                 if model is not None
                 else f"no trial completed: {into} is None{told}"
             )
             failed = failures(study)
-            ended = f"study failed: {study.get('message') or ''}" if study["status"] == v.STUDY_FAILED else ""
+            ended = f"study failed: {study.message or ''}" if study.status == v.STUDY_FAILED else ""
             panel.cell_done(bound + (f". {failed}" if failed else ""), ended + (f". {bound}" if ended else ""))
         check_ended(study)
 
@@ -361,7 +360,7 @@ class CloudMagics(Magics):
         args = _parse(self.cloud_machines, line)
         offers = self.trainer.client.machines()
         if args.use:
-            known = {o["machine_id"] for o in offers}
+            known = {o.machine_id for o in offers}
             chosen = [m.strip() for m in args.use.split(",") if m.strip()]
             unknown = [m for m in chosen if m not in known]
             if unknown:
@@ -375,13 +374,9 @@ class CloudMagics(Magics):
     @line_magic
     def cloud_jobs(self, line: str) -> None:
         """List your jobs: status, substatus, epochs done, machine, description."""
-        print(f"{'job_id':<24} {'status':<10} {'substatus':<22} {'epochs':>7} {'machine':<12} description")
+        print(JOBS_HEAD)
         for j in self.trainer.client.jobs():
-            ep = f"{j['epochs_done']}/{j['epochs']}"
-            print(
-                f"{j['job_id']:<24} {j['status']:<10} {j['substatus']:<22} {ep:>7} "
-                f"{j['machine_id'] or '-':<12} {j['description']}"
-            )
+            print(job_row(j))
 
     @magic_arguments()
     @argument("job_id", help="a job id, or a study id (study-...)")
@@ -405,7 +400,7 @@ class CloudMagics(Magics):
                 tuner = self.shell.user_ns[args.tuner] if args.tuner else None
                 into = args.into or "best_model"
                 again = f"%cloud_attach {args.job_id}" + (f" --tuner {args.tuner}" if args.tuner else "")
-                description = self.trainer.client.t.json("GET", f"/studies/{args.job_id}")["description"]
+                description = self.trainer.client.study(args.job_id).description
                 study = await self._follow_study(args.job_id, description, again)
                 if study is not None:
                     self._bind_study(tuner, study, into, args.tuner)
@@ -416,10 +411,10 @@ class CloudMagics(Magics):
             return
         try:
             job = self.trainer.client.job(args.job_id)
-            view = await self._follow(args.job_id, job["description"], job["machines"])
+            view = await self._follow(args.job_id, job.description, job.machines)
             if view is not None:
                 with self.last_panel.after_fit():
-                    self._bind(view, args.into or job.get("meta", {}).get("variable"))
+                    self._bind(view, args.into or job.meta.get("variable"))
         except AibroError as exc:
             raise UsageError(str(exc)) from None
 
@@ -437,7 +432,7 @@ class CloudMagics(Magics):
             if not view.final:
                 raise UsageError(f"{args.job_id} is still {view.status}; `%cloud_attach {args.job_id}` follows it")
             job = self.trainer.client.job(args.job_id)
-            self._bind(view, args.into or job.get("meta", {}).get("variable"))
+            self._bind(view, args.into or job.meta.get("variable"))
         except AibroError as exc:
             raise UsageError(str(exc)) from None
 
@@ -464,13 +459,13 @@ class CloudMagics(Magics):
             job = self.trainer.client.cancel(job_id)
         except AibroError as exc:
             raise UsageError(str(exc)) from None
-        print(f"{job_id}: cancel requested ({job['status']} · {job['substatus']})")
+        print(f"{job_id}: cancel requested ({job.status} · {job.substatus})")
 
     def _cost(self, job_id: str, last: float) -> float:
         """The job's cost so far (the backend bills it from its instances' times); the last one if unreachable."""
         try:
-            return float(self.trainer.client.job(job_id)["cost"])
-        except (AibroError, KeyError, TypeError, ValueError):
+            return float(self.trainer.client.job(job_id).cost)
+        except (AibroError, ValueError):  # unreachable, or an answer this client does not read
             return last
 
     @magic_arguments()
@@ -490,7 +485,7 @@ class CloudMagics(Magics):
             return None
         from .widgets.timeline import timeline_chart
 
-        return timeline_chart(jobs[0]["timeline"], args.chart)
+        return timeline_chart(jobs[0].timeline, args.chart)
 
 
 COST_EVERY_S = 10.0

@@ -26,6 +26,7 @@ from aibro_core import vocabulary as v
 from aibro_core.compat import keras_tuner as kt_compat
 from aibro_core.jobpicture import JobPicture
 from aibro_core.kerasfile import keras_notes_quiet
+from aibro_core.models import Study, StudyTrial, TrialCheckpoint
 
 from .client import spec_json
 from .errors import StudyFailed, ValidationError
@@ -201,44 +202,44 @@ def start_study(
     body = {"oracle": oracle, "job": spec_json(spec), "parallel": parallel, "description": request.description}
     if executions > 1:
         body["executions_per_trial"] = executions
-    study = training.client.t.json("POST", "/studies", json=body)
+    study = training.client.start_study(body)
     if verbose:
         each = f", {executions} executions each" if executions > 1 else ""
-        print(f"[{study['study_id']}] {oracle['kind']}: up to {parallel} trials at once{each}", flush=True)
-    return str(study["study_id"])
+        print(f"[{study.study_id}] {oracle['kind']}: up to {parallel} trials at once{each}", flush=True)
+    return study.study_id
 
 
-def finish(training: Any, tuner: Any, study: dict[str, Any]) -> Any:
+def finish(training: Any, tuner: Any, study: Study) -> Any:
     """After the study: its trials into the kernel's tuner (load_results) and the best trial's trained model
     (weights and optimizer state; with several executions, the one holding the trial's checkpoint), or None when no
     trial completed."""
     if tuner is not None:
         load_results(training, tuner, study)
-    best = study.get("best_trial_id")
+    best = study.best_trial_id
     if best is None:
         return None
-    trial = next(t for t in study["trials"] if t["trial_id"] == best)
-    job_id = (trial.get("checkpoint") or {}).get("job_id") or trial["job_id"]
+    trial = next(t for t in study.trials if t.trial_id == best)
+    job_id = (trial.checkpoint.job_id if trial.checkpoint else None) or trial.job_id
     model, _history = training.collect(training.watch(job_id, []))
     return model
 
 
-def failures(study: dict[str, Any]) -> str | None:
+def failures(study: Study) -> str | None:
     """What the user must hear of the trials that failed (each named with its error), or None when none did."""
-    failed = [t for t in study["trials"] if t["status"] == v.TRIAL_FAILED]
+    failed = [t for t in study.trials if t.status == v.TRIAL_FAILED]
     if not failed:
         return None
-    named = "; ".join(f"trial {t['trial_id']}: {_first_line(t.get('message'))}" for t in failed)
-    return f"{len(failed)} of {len(study['trials'])} trials failed ({named})"
+    named = "; ".join(f"trial {t.trial_id}: {_first_line(t.message)}" for t in failed)
+    return f"{len(failed)} of {len(study.trials)} trials failed ({named})"
 
 
-def check_ended(study: dict[str, Any]) -> None:
+def check_ended(study: Study) -> None:
     """Raise StudyFailed for a study that ended FAILED, as KerasTuner's search raises once too many trials failed
     in a row (call it after the results are in the tuner: they are kept, as a local search keeps them)."""
-    if study["status"] == v.STUDY_FAILED:
-        why = study.get("message") or "it failed"
+    if study.status == v.STUDY_FAILED:
+        why = study.message or "it failed"
         told = failures(study)
-        raise StudyFailed(f"study {study['study_id']} failed: {_first_line(why)}" + (f"; {told}" if told else ""))
+        raise StudyFailed(f"study {study.study_id} failed: {_first_line(why)}" + (f"; {told}" if told else ""))
 
 
 def _first_line(text: str | None) -> str:
@@ -249,7 +250,7 @@ def _first_line(text: str | None) -> str:
     return (lines[-1] if lines[0].startswith("Traceback") else lines[0])[:300]
 
 
-def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
+def load_results(training: Any, tuner: Any, study: Study) -> None:
     """The study's trials into the kernel's tuner, as a local search leaves them: its oracle holds every trial
     with its hyperparameters (a hyperparameter a HyperModel.fit registered joins the space, as KerasTuner's
     end_trial adds it), metrics and score, and each completed trial's checkpoint is where KerasTuner reloads it, so
@@ -258,23 +259,23 @@ def load_results(training: Any, tuner: Any, study: dict[str, Any]) -> None:
     from keras_tuner.engine import trial as trial_module
 
     oracle = tuner.oracle
-    for t in study["trials"]:
-        if t.get("hyperparameters"):
-            hp = kt.HyperParameters.from_config(t["hyperparameters"])
+    for t in study.trials:
+        if t.hyperparameters:
+            hp = kt.HyperParameters.from_config(t.hyperparameters)
             oracle.update_space(hp)
         else:
             hp = oracle.hyperparameters.copy()
-            hp.values = dict(t["values"])
-        trial = trial_module.Trial(hyperparameters=hp, trial_id=t["trial_id"], status=t["status"])
-        for name, value in (t.get("metrics") or {}).items():
+            hp.values = dict(t.values)
+        trial = trial_module.Trial(hyperparameters=hp, trial_id=t.trial_id, status=str(t.status))
+        for name, value in t.metrics.items():
             trial.metrics.register(name, direction=kt_compat.infer_direction(oracle.objective, name))
-            trial.metrics.update(name, value, step=t.get("best_step") or 0)
-        trial.score, trial.best_step, trial.message = t["score"], t.get("best_step") or 0, t.get("message")
+            trial.metrics.update(name, value, step=t.best_step or 0)
+        trial.score, trial.best_step, trial.message = t.score, t.best_step or 0, t.message
         oracle.trials[trial.trial_id] = trial
         for order in (oracle.start_order, oracle.end_order):
             if trial.trial_id not in order:
                 order.append(trial.trial_id)
-        if t["status"] == v.TRIAL_COMPLETED:
+        if t.status == v.TRIAL_COMPLETED:
             _weights_into(training, tuner, t, hp)
         kt_compat.save_trial(oracle, trial)
     oracle.save()
@@ -303,7 +304,7 @@ def load_trial_model(tuner: Any, trial: Any) -> Any:
     return model
 
 
-def _weights_into(training: Any, tuner: Any, trial: dict[str, Any], hp: Any) -> None:
+def _weights_into(training: Any, tuner: Any, trial: StudyTrial, hp: Any) -> None:
     """The trial's checkpoint where KerasTuner's load_model reads it (trial_<id>/checkpoint.weights.h5, optimizer
     state included, and its build config): the weights of its best epoch of all its executions, as KerasTuner's
     SaveBestEpoch keeps them (the job's final model for a trial whose HyperModel.fit returned its score). Loaded
@@ -312,21 +313,21 @@ def _weights_into(training: Any, tuner: Any, trial: dict[str, Any], hp: Any) -> 
 
     from .kerasnames import plan_names
 
-    dest = Path(kt_compat.checkpoint_path(tuner, trial["trial_id"]))
+    dest = Path(kt_compat.checkpoint_path(tuner, trial.trial_id))
     if dest.exists():
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint = trial.get("checkpoint") or {"job_id": trial["job_id"], "epoch": None}
-    name = "model.keras" if checkpoint["epoch"] is None else v.checkpoint_name(int(checkpoint["epoch"]))
+    checkpoint = trial.checkpoint or TrialCheckpoint(job_id=trial.job_id, epoch=None)
+    name = "model.keras" if checkpoint.epoch is None else v.checkpoint_name(checkpoint.epoch)
     with tempfile.TemporaryDirectory(prefix="aibro-trial-") as d:
-        path = training.client.download_artifact(checkpoint["job_id"], name, Path(d) / "model.keras")
+        path = training.client.download_artifact(checkpoint.job_id, name, Path(d) / "model.keras")
         part = Path(d) / "checkpoint.weights.h5"
         with random_state_kept():
             objects = plan_names(tuner.hypermodel.build(hp)).local
         with keras_notes_quiet():
             model = keras.saving.load_model(path, custom_objects=objects)
         model.save_weights(part)
-        Path(kt_compat.build_config_path(tuner, trial["trial_id"])).write_text(json.dumps(model.get_build_config()))
+        Path(kt_compat.build_config_path(tuner, trial.trial_id)).write_text(json.dumps(model.get_build_config()))
         shutil.move(part, dest)
 
 
@@ -334,27 +335,28 @@ def follow(
     client: Any,
     study_id: str,
     verbose: bool = True,
-    on_poll: Callable[[dict[str, Any], dict[str, list[dict[str, Any]]]], None] | None = None,
+    on_poll: Callable[[Study, dict[str, list[dict[str, Any]]]], None] | None = None,
     stop: threading.Event | None = None,
-) -> dict[str, Any] | None:
+) -> Study | None:
     """Poll the study until it ends, saying what each trial does as it changes; with `on_poll` (a panel), hand it
     the study and the epoch history of each trial that trained since the last poll. None when `stop` is set."""
     seen: dict[str, tuple[str, str]] = {}
     trained = TrialHistories(client)  # no request until the first poll that has a panel to hand it to
     while True:
-        study = client.t.json("GET", f"/studies/{study_id}")
-        for trial in study["trials"]:
-            now = (trial["status"], trial["job_id"])  # a trial's next execution is a line of its own
-            if verbose and seen.get(trial["trial_id"]) != now:
-                seen[trial["trial_id"]] = now
+        study = client.study(study_id)
+        for trial in study.trials:
+            now = (trial.status, trial.job_id)  # a trial's next execution is a line of its own
+            if verbose and seen.get(trial.trial_id) != now:
+                seen[trial.trial_id] = now
                 print(trial_line(study, trial), flush=True)
         if on_poll is not None:
             on_poll(study, trained.since_last(study))
-        if study["status"] in v.STUDY_FINAL:
+        if study.status in v.STUDY_FINAL:
             if verbose:
-                best = study.get("best_trial_id")
-                why = f": {study['message']}" if study.get("message") else ""
-                print(f"[{study_id}] {study['status']}{why}; best trial {best}", file=sys.stdout, flush=True)
+                why = f": {study.message}" if study.message else ""
+                print(
+                    f"[{study_id}] {study.status}{why}; best trial {study.best_trial_id}", file=sys.stdout, flush=True
+                )
             told = failures(study)
             if told:  # said even when quiet: a failed trial is never silent
                 print(f"[{study_id}] {told}", file=sys.stderr, flush=True)
@@ -375,9 +377,9 @@ class TrialHistories:
         self.rows: dict[str, dict[int, dict[str, Any]]] = {}  # job id -> epoch number -> row
         self.handed: set[str] = set()  # trial ids handed over at least once
 
-    def since_last(self, study: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    def since_last(self, study: Study) -> dict[str, list[dict[str, Any]]]:
         """Trial id -> its epoch rows, for the trials that trained since the last call (and each new trial)."""
-        trials = {t["job_id"]: t["trial_id"] for t in study["trials"] if t.get("job_id")}
+        trials = {t.job_id: t.trial_id for t in study.trials if t.job_id}
         moved = self._first_listing(trials) if self.cursor is None else self._new_epochs()
         moved |= {job for job, trial in trials.items() if trial not in self.handed}
         out = {trials[job]: [r for _, r in sorted(self.rows.get(job, {}).items())] for job in moved if job in trials}
@@ -385,11 +387,11 @@ class TrialHistories:
         return out
 
     def _first_listing(self, trials: dict[str, str]) -> set[str]:
-        listing = self.client.t.json("GET", "/jobs")  # its cursor is taken before the views: nothing falls between
-        self.cursor = int(listing["cursor"])
-        for view in listing["jobs"]:
-            if view["job_id"] in trials or view["status"] not in v.JOB_FINAL:  # a trial the study lists next
-                self.rows[view["job_id"]] = {r["epoch"]: r for r in view["history"]}
+        listing = self.client.job_listing()  # its cursor is taken before the views: nothing falls between
+        self.cursor = listing.cursor
+        for view in listing.jobs:
+            if view.job_id in trials or view.status not in v.JOB_FINAL:  # a trial the study lists next
+                self.rows[view.job_id] = {r.epoch: r.model_dump() for r in view.history}  # rows as events make them
         return set(trials)
 
     def _new_epochs(self) -> set[str]:
@@ -407,15 +409,15 @@ class TrialHistories:
         return set(epochs)
 
 
-def trial_line(study: dict[str, Any], trial: dict[str, Any]) -> str:
-    values = ", ".join(f"{k}={v}" for k, v in trial["values"].items() if not k.startswith("tuner/"))
-    objective = study["objective"][0]["name"] if len(study["objective"]) == 1 else "multi_objective"
-    runs = trial.get("executions") or []
-    if trial["status"] == v.TRIAL_COMPLETED:
+def trial_line(study: Study, trial: StudyTrial) -> str:
+    values = ", ".join(f"{k}={v}" for k, v in trial.values.items() if not k.startswith("tuner/"))
+    objective = study.objective[0]["name"] if len(study.objective) == 1 else "multi_objective"
+    runs = trial.executions
+    if trial.status == v.TRIAL_COMPLETED:
         mean = f" (mean of {len(runs)} executions)" if len(runs) > 1 else ""
-        return f"  trial {trial['trial_id']} COMPLETED {objective}={trial['score']:.4g}{mean} ({values})"
-    if trial["status"] == v.TRIAL_FAILED:
-        return f"  trial {trial['trial_id']} FAILED: {_first_line(trial['message'])} ({values})"
-    wanted = int(study.get("executions_per_trial") or 1)
+        return f"  trial {trial.trial_id} COMPLETED {objective}={trial.score:.4g}{mean} ({values})"
+    if trial.status == v.TRIAL_FAILED:
+        return f"  trial {trial.trial_id} FAILED: {_first_line(trial.message)} ({values})"
+    wanted = study.executions_per_trial or 1
     execution = f" (execution {len(runs)} of {wanted})" if wanted > 1 and runs else ""
-    return f"  trial {trial['trial_id']} {trial['status']} as {trial['job_id']}{execution} ({values})"
+    return f"  trial {trial.trial_id} {trial.status} as {trial.job_id}{execution} ({values})"

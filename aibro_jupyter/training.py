@@ -21,7 +21,7 @@ from aibro_core import vocabulary as v
 from aibro_core.bounds import MAX_EPOCHS
 from aibro_core.compat import keras as keras_compat
 from aibro_core.kerasfile import keras_notes_quiet
-from aibro_core.models import Data, JobSpec, explain
+from aibro_core.models import Data, Job, JobSpec, Machine, explain
 from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
@@ -49,13 +49,13 @@ def connect() -> BackendClient:
     restart = start_embedded if target.embedded else None
     client = BackendClient(target.url, target.token, restart=restart, ca_bundle=target.ca_bundle)
     health = client.health()
-    if target.embedded and health.get("sandbox") == "none":
+    if target.embedded and health.sandbox == "none":
         say_once_unconfined()
     return client
 
 
-def _machine_list(machine_ids: str | list[str] | None, offers: list[dict[str, Any]]) -> list[str]:
-    known = [o["machine_id"] for o in offers]
+def _machine_list(machine_ids: str | list[str] | None, offers: list[Machine]) -> list[str]:
+    known = [o.machine_id for o in offers]
     if machine_ids is None or machine_ids == []:
         return [known[0]]
     ids = [m.strip() for m in machine_ids.split(",")] if isinstance(machine_ids, str) else list(machine_ids)
@@ -162,7 +162,7 @@ class Training:
         return self._client
 
     # -- submit -----------------------------------------------------------------------------------
-    def submit(self, request: FitRequest) -> dict[str, Any]:
+    def submit(self, request: FitRequest) -> Job:
         """Validate everything, upload what the backend lacks, and create the job; returns the job."""
         bundle, spec = self.prepare(request)
         try:
@@ -212,7 +212,7 @@ class Training:
         code = plan_code(names.travel + travelling.objects + ([build] if build is not None else []))
         warn_missing_requirements(code, reqs)
         machines = _machine_list(request.machine_ids, self.client.machines())
-        limit = self.client.policy()["max_job_bytes"]
+        limit = self.client.policy().max_job_bytes
         bundle = b.new_bundle()
         try:
             b.encode_data(
@@ -284,7 +284,7 @@ class Training:
             raise
         return bundle, spec
 
-    def _create(self, spec: JobSpec, wait_s: float, interval: float) -> dict[str, Any]:
+    def _create(self, spec: JobSpec, wait_s: float, interval: float) -> Job:
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
             try:
@@ -331,9 +331,9 @@ class Training:
                 b.load_into(model, path, plan_names(model).local, safe_mode)
         if directory_to_save_ckpt:
             for art in self.client.artifacts(view.job_id):
-                if art["name"].startswith("checkpoints/"):
+                if art.name.startswith("checkpoints/"):
                     self.client.download_artifact(
-                        view.job_id, art["name"], Path(directory_to_save_ckpt) / view.job_id / art["name"]
+                        view.job_id, art.name, Path(directory_to_save_ckpt) / view.job_id / art.name
                     )
         if directory_to_save_log:
             self.get_tensorboard_logs(view.job_id, directory_to_save_log)
@@ -371,9 +371,9 @@ class Training:
         request = FitRequest.of_call(locals())  # every argument a FitRequest has, by name
         self = cls()
         job = self.submit(request)
-        job_id = job["job_id"]
+        job_id = job.job_id
         if verbose:
-            print(f"[{job_id}] submitted to {', '.join(job['machines'])}", flush=True)
+            print(f"[{job_id}] submitted to {', '.join(job.machines)}", flush=True)
         try:
             view = self.watch(job_id, [TextProgress()] if verbose else [])
         except KeyboardInterrupt:
@@ -432,11 +432,12 @@ class Training:
 
     @classmethod
     def available_machines(cls, verbose: bool = True) -> list[dict[str, Any]]:
-        """The marketplace: every machine the backend can start, with GPU, vCPU, memory and price."""
+        """The marketplace: every machine the backend can start, with GPU, vCPU, memory and price; each a dict as
+        the backend sends it, as this documented call has always returned them."""
         offers = cls().client.machines()
         if verbose:
             print(format_machines(offers), flush=True)
-        return offers
+        return [o.model_dump(mode="json", exclude_unset=True) for o in offers]
 
     @classmethod
     def get_tensorboard_logs(cls, job_id: str, directory: str = ".") -> Path:
@@ -444,8 +445,8 @@ class Training:
         self = cls()
         dest = Path(directory) / "logs" / job_id
         for art in self.client.artifacts(job_id):
-            if art["name"].startswith("tensorboard/"):
-                self.client.download_artifact(job_id, art["name"], dest / art["name"].removeprefix("tensorboard/"))
+            if art.name.startswith("tensorboard/"):
+                self.client.download_artifact(job_id, art.name, dest / art.name.removeprefix("tensorboard/"))
         return dest
 
     @classmethod
@@ -458,7 +459,7 @@ class Training:
         if machine_ids:
             overrides["machines"] = _machine_list(machine_ids, self.client.machines())
         job = self.client.replay(job_id, **overrides)
-        new_id = job["job_id"]
+        new_id = job.job_id
         if verbose:
             print(f"[{new_id}] replaying {job_id}", flush=True)
         view = self.watch(new_id, [TextProgress()] if verbose else [])
@@ -470,11 +471,12 @@ class Training:
         """A bqplot pie or funnel of the time the job spent in each substatus, from its timestamps."""
         from .widgets.timeline import timeline_chart
 
-        return timeline_chart(cls().client.job(job_id)["timeline"], chart_type)
+        return timeline_chart(cls().client.job(job_id).timeline, chart_type)
 
     @classmethod
     def cancel(cls, job_id: str) -> dict[str, Any]:
-        return cls().client.cancel(job_id)
+        """Ask the backend to cancel the job; the job as it answers, a dict as this documented call returns it."""
+        return cls().client.cancel(job_id).model_dump(mode="json")
 
     @classmethod
     def job_history(cls, job_id: str) -> dict[str, Any]:
@@ -485,14 +487,14 @@ class Training:
             return json.loads(path.read_text())
 
 
-def format_machines(offers: list[dict[str, Any]]) -> str:
+def format_machines(offers: list[Machine]) -> str:
     head = f"{'machine_id':<16} {'provider':<8} {'gpu':<22} {'vcpus':>5} {'mem GiB':>8} {'$/h':>8} {'avail':<10}"
     rows = [head, "-" * len(head)]
     for o in offers:
-        gpu = f"{o['gpu_count']}x {o['gpu_type']}" if o.get("gpu_count") else "-"
+        gpu = f"{o.gpu_count}x {o.gpu_type}" if o.gpu_count else "-"
         rows.append(
-            f"{o['machine_id']:<16} {o['provider']:<8} {gpu:<22} {o['vcpus']:>5} {o['memory_gib']:>8} "
-            f"{hourly(o['price_per_hour']):>8} {o['availability']:<10}"
+            f"{o.machine_id:<16} {o.provider:<8} {gpu:<22} {o.vcpus:>5} {o.memory_gib:>8} "
+            f"{hourly(o.price_per_hour):>8} {o.availability:<10}"
         )
     return "\n".join(rows)
 

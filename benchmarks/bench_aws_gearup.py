@@ -77,8 +77,8 @@ def model() -> Any:
 def wait_instance(client: BackendClient, instance_id: str, state: tuple[str, str], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        inst = {i["id"]: i for i in client.instances()}[instance_id]
-        if (inst["status"], inst["substatus"]) == state:
+        inst = {i.id: i for i in client.instances()}[instance_id]
+        if (inst.status, inst.substatus) == state:
             return
         time.sleep(0.25)
     raise SystemExit(f"{instance_id} never reached {state}")
@@ -88,11 +88,11 @@ def run_job(tr: Training, machine: str, cool_down: float, x: Any, y: Any) -> dic
     job = tr.submit(
         FitRequest(model(), x, y, machine_ids=machine, epochs=1, batch_size=64, cool_down_period_s=cool_down)
     )
-    view = tr.watch(job["job_id"])
+    view = tr.watch(job.job_id)
     if view.status != v.COMPLETED:
-        raise SystemExit(f"{job['job_id']} ended {view.status}: {view.errors}")
-    done = tr.client.job(job["job_id"])
-    done["price_per_hour"] = {i["id"]: i for i in tr.client.instances()}[done["instance_id"]]["price_per_hour"]
+        raise SystemExit(f"{job.job_id} ended {view.status}: {view.errors}")
+    done = tr.client.job(job.job_id)
+    done.price_per_hour = {i.id: i for i in tr.client.instances()}[done.instance_id].price_per_hour
     return done
 
 
@@ -100,9 +100,9 @@ def round_trip(tr: Training, machine: str, x: Any, y: Any) -> dict[str, dict[str
     """new launch (kept warm), warm reuse (then stopped after 1 s of cooling), restart of the stopped machine."""
     new = run_job(tr, machine, 120, x, y)
     warm = run_job(tr, machine, 1, x, y)
-    wait_instance(tr.client, warm["instance_id"], (v.CLOSED, v.STOPPED))
+    wait_instance(tr.client, warm.instance_id, (v.CLOSED, v.STOPPED))
     restarted = run_job(tr, machine, 0, x, y)
-    assert new["instance_id"] == warm["instance_id"] == restarted["instance_id"], "one instance per round"
+    assert new.instance_id == warm.instance_id == restarted.instance_id, "one instance per round"
     return {"new": new, "cooling": warm, "stopped": restarted}
 
 
@@ -161,12 +161,12 @@ def first_boot(root: Path, aws_env: dict[str, str], x: Any, y: Any) -> list[str]
         try:
             on = time.time()
             machine.boot(user_data)
-            view = tr.watch(job["job_id"])
+            view = tr.watch(job.job_id)
             trained = time.time() - on
             installed = (machine.disk["/opt/aibro"] / "agent-version").stat().st_mtime - on
             enrolled = next((ln for ln in machine.log("aibro-worker.log").splitlines() if "enrolled as" in ln), "")[:23]
             enrolled_s = time.mktime(time.strptime(enrolled[:19], "%Y-%m-%d %H:%M:%S")) + float(enrolled[20:23]) / 1000
-            spent = per_substatus(tr.client.job(job["job_id"])["timeline"])
+            spent = per_substatus(tr.client.job(job.job_id).timeline)
         finally:
             machine.close()
     if view.status != v.COMPLETED:

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from backend_proc import own_backend  # noqa: E402 - the tests' harness
 
 from aibro_core import vocabulary as v  # noqa: E402
+from aibro_core.models import Job  # noqa: E402
 from aibro_jupyter.client import BackendClient  # noqa: E402
 from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.timeline_table import per_substatus  # noqa: E402
@@ -46,17 +47,17 @@ def _model() -> keras.Model:
     return model
 
 
-def _gear_up_env(client: BackendClient, requirements: list[str], tag: str) -> tuple[float, dict]:
+def _gear_up_env(client: BackendClient, requirements: list[str], tag: str) -> tuple[float, Job]:
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(256, 8)).astype("float32"), rng.integers(0, 2, 256)
     job = Training(client).submit(
         FitRequest(_model(), x, y, machine_ids="local-cpu", epochs=1, requirements=requirements, description=tag)
     )
-    while (view := client.job(job["job_id"]))["status"] not in v.JOB_FINAL:
+    while (view := client.job(job.job_id)).status not in v.JOB_FINAL:
         time.sleep(0.5)
-    if view["status"] != v.COMPLETED:
-        raise SystemExit(f"{tag}: the job ended {view['status']}: {view['error']}")
-    return per_substatus(view["timeline"]).get(v.GEARING_UP_ENV, 0.0), view
+    if view.status != v.COMPLETED:
+        raise SystemExit(f"{tag}: the job ended {view.status}: {view.error}")
+    return per_substatus(view.timeline).get(v.GEARING_UP_ENV, 0.0), view
 
 
 def main() -> None:
@@ -73,8 +74,8 @@ def main() -> None:
             first, view = _gear_up_env(client, requirements, "first machine")
             shutil.rmtree(root / "home" / "state" / "envs")  # the next machine has never seen it
             second, _ = _gear_up_env(client, requirements, "next machine")
-            (zipped,) = [a for a in client.artifacts(view["job_id"]) if a["name"].startswith("envs/")]
-            archive = root / "home" / "state" / "blobs" / "artifacts" / view["job_id"] / zipped["name"]
+            (zipped,) = [a for a in client.artifacts(view.job_id) if a.name.startswith("envs/")]
+            archive = root / "home" / "state" / "blobs" / "artifacts" / view.job_id / zipped.name
             started = time.perf_counter()
             with zipfile.ZipFile(archive) as zf:
                 zf.extractall(root / "unpacked")

@@ -33,6 +33,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from aibro_core.models import Job
 from aibro_jupyter import config
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
@@ -222,38 +223,38 @@ def all_events(client: BackendClient, job_id: str) -> list[dict[str, Any]]:
         events += page
 
 
-def ts_of(job: dict[str, Any], substatus: str, status: str | None = None) -> float:
+def ts_of(job: Job, substatus: str, status: str | None = None) -> float:
     """Timestamp of the first timeline entry with this substatus (and status)."""
-    for entry in job["timeline"]:
-        if entry["substatus"] == substatus and (status is None or entry["status"] == status):
-            return float(entry["ts"])
-    raise RuntimeError(f"{job['job_id']} never reached {status or ''} {substatus}: {job['timeline']}")
+    for entry in job.timeline:
+        if entry.substatus == substatus and (status is None or entry.status == status) and entry.ts is not None:
+            return entry.ts
+    raise RuntimeError(f"{job.job_id} never reached {status or ''} {substatus}: {job.timeline}")
 
 
-def gear_up_s(job: dict[str, Any]) -> float:
+def gear_up_s(job: Job) -> float:
     return ts_of(job, "SENDING MODEL & DATA") - ts_of(job, "GEARING UP ENV")
 
 
-def fit_span_s(job: dict[str, Any]) -> float:
+def fit_span_s(job: Job) -> float:
     """TRAINING·TRAINING → RETURNING: brackets `model.fit` on the worker."""
     return ts_of(job, "RETURNING") - ts_of(job, "TRAINING", "TRAINING")
 
 
-def wait_final(client: BackendClient, job_id: str) -> dict[str, Any]:
+def wait_final(client: BackendClient, job_id: str) -> Job:
     """Follow a job until its final status event (not until the follow long-poll times out); the job."""
     for ev in client.follow(job_id):
         if ev["type"] == "status" and ev["data"].get("status") in FINAL:
             break
     job = client.job(job_id)
-    if job["status"] != "COMPLETED":
-        raise RuntimeError(f"{job_id} ended {job['status']}: {job['timeline'][-1]}")
+    if job.status != "COMPLETED":
+        raise RuntimeError(f"{job_id} ended {job.status}: {job.timeline[-1]}")
     return job
 
 
-def run_job(client: BackendClient, model: keras.Model, x: np.ndarray, y: np.ndarray, **kw: Any) -> dict[str, Any]:
+def run_job(client: BackendClient, model: keras.Model, x: np.ndarray, y: np.ndarray, **kw: Any) -> Job:
     """Submit and wait until the job is final; the job as the backend shows it."""
     job = Training(client).submit(FitRequest(model, x, y, machine_ids=MACHINE, cool_down_period_s=COOL_DOWN_S, **kw))
-    return wait_final(client, job["job_id"])
+    return wait_final(client, job.job_id)
 
 
 def remote_fit(client: BackendClient, x: np.ndarray, y: np.ndarray, epochs: int, batch: int) -> dict[str, Any]:
@@ -278,7 +279,7 @@ def remote_fit(client: BackendClient, x: np.ndarray, y: np.ndarray, epochs: int,
     spans = [(d["ended"] - d["seconds"], d["ended"]) for d in epochs_ev]
     return {
         "job_id": job_id,
-        "instance_id": job["instance_id"],
+        "instance_id": job.instance_id,
         "e2e_s": e2e,
         "fit_s": fit_span_s(job),
         "gear_s": gear_up_s(job),
@@ -344,13 +345,13 @@ def say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-def warm_up(client: BackendClient) -> dict[str, Any]:
+def warm_up(client: BackendClient) -> Job:
     """A one-epoch job that starts the worker the timed jobs reuse; the job."""
     xs, ys = make_data(512, seed=9)
     t0 = time.perf_counter()
     cold = run_job(client, build_model(SEED), xs, ys, epochs=1, batch_size=BATCH)
     say(
-        f"   warm-up job {cold['job_id']} on {cold['instance_id']}: {time.perf_counter() - t0:.1f} s wall, "
+        f"   warm-up job {cold.job_id} on {cold.instance_id}: {time.perf_counter() - t0:.1f} s wall, "
         f"cold gear-up {gear_up_s(cold):.2f} s"
     )
     return cold
@@ -361,7 +362,7 @@ def section_a(client: BackendClient, quick: bool, rounds: int) -> list[Row]:
     """Warm remote fit vs in-process fit in adjacent pairs: the median pair ratio, and the best of each."""
     say("== a) remote fit on a warm worker vs in-process model.fit")
     cold = warm_up(client)
-    cold_gear, inst = gear_up_s(cold), cold["instance_id"]
+    cold_gear, inst = gear_up_s(cold), cold.instance_id
 
     x, y = make_data(N_FIT, seed=1)
     local_fit(x[:2048], y[:2048], 1, BATCH)  # first-fit costs of this process, like the worker's warm-up job
@@ -458,8 +459,8 @@ def section_b(client: BackendClient, quick: bool) -> list[Row]:
         )
         took.append(time.perf_counter() - t0)
         sent.append(client.counters().get("blob_bytes_received", 0) - before)
-        say(f"   submit {i}: {sent[-1]:>10} bytes uploaded in {took[-1]:.3f} s ({job['job_id']})")
-        wait_final(client, job["job_id"])  # one job at a time on the one warm worker
+        say(f"   submit {i}: {sent[-1]:>10} bytes uploaded in {took[-1]:.3f} s ({job.job_id})")
+        wait_final(client, job.job_id)  # one job at a time on the one warm worker
     data_bytes = x.nbytes + y.nbytes
     say(f"   data arrays: {data_bytes} bytes")
     byte_ratio = sent[1] / sent[0] if sent[0] else float("nan")
@@ -494,7 +495,7 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
     latency: list[float] = []
     epoch_end_work: list[float] = []
     compute: list[float] = []
-    for ev in client.follow(job["job_id"]):
+    for ev in client.follow(job.job_id):
         if ev["type"] == "status" and ev["data"].get("status") in FINAL:
             break
         if ev["type"] == "epoch":
@@ -502,11 +503,11 @@ def section_c(client: BackendClient, quick: bool) -> list[Row]:
             latency.append((now - ev["data"]["ended"]) * 1000)
             epoch_end_work.append((ev["ts"] - ev["data"]["ended"]) * 1000)
             compute.append(ev["data"]["seconds"] * 1000)
-    final = client.job(job["job_id"])
-    if final["status"] != "COMPLETED" or len(latency) != epochs:
-        raise RuntimeError(f"{job['job_id']} ended {final['status']} with {len(latency)} epoch events")
+    final = client.job(job.job_id)
+    if final.status != "COMPLETED" or len(latency) != epochs:
+        raise RuntimeError(f"{job.job_id} ended {final.status} with {len(latency)} epoch events")
     p50, p95, worst = pct(latency, 50), pct(latency, 95), max(latency)
-    say(f"   {epochs} epochs of {statistics.median(compute):.0f} ms (median) on {final['instance_id']}")
+    say(f"   {epochs} epochs of {statistics.median(compute):.0f} ms (median) on {final.instance_id}")
     say(f"   latency ms: p50 {p50:.0f}  p95 {p95:.0f}  max {worst:.0f}")
     say(
         f"   of which on the worker before the event is queued (checkpoint save + upload, off the training thread): "
@@ -633,13 +634,13 @@ def section_f(client: BackendClient, quick: bool) -> list[Row]:
             loc = local_dataset_fit(ds, epochs)
             local.append(steps_per_s(loc["epoch_s"], steps))
             job = run_job(client, build_model(SEED), ds, None, epochs=epochs)
-            rem_epochs = [e["data"]["seconds"] for e in all_events(client, job["job_id"]) if e["type"] == "epoch"]
+            rem_epochs = [e["data"]["seconds"] for e in all_events(client, job.job_id) if e["type"] == "epoch"]
             remote.append(steps_per_s(rem_epochs, steps))
             fits.append((loc["fit_s"], fit_span_s(job)))
             loaded.append(steps_per_s(local_dataset_fit(copy, epochs)["epoch_s"], steps))
             say(
                 f"   run {rep}: in-process {local[-1]:6.1f} steps/s (fit {loc['fit_s']:.2f} s)   "
-                f"remote {remote[-1]:6.1f} steps/s (fit {fits[-1][1]:.2f} s, {job['job_id']})   "
+                f"remote {remote[-1]:6.1f} steps/s (fit {fits[-1][1]:.2f} s, {job.job_id})   "
                 f"in-process on the loaded copy {loaded[-1]:6.1f} steps/s"
             )
     finally:

@@ -319,7 +319,7 @@ def run(args: argparse.Namespace, url: str, tokens: list[str], backend_pid: int,
                     "cool_down_s": 0.0,
                 }
             )
-            jobs.append((token, client.submit(spec)["job_id"]))
+            jobs.append((token, client.submit(spec).job_id))
 
     # 9 watchers in 10 follow a job (all the team's jobs in turn), 1 in 10 a user; in `procs` processes
     watchers = [

@@ -41,6 +41,7 @@ from bench_foundation import (
     wait_final,
 )
 
+from aibro_core.models import Job
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.training import Training
 
@@ -109,17 +110,17 @@ def job_on(client: BackendClient, machine: str, x: np.ndarray, y: np.ndarray, ep
             cool_down_period_s=COOL_DOWN_S,
         )
     )
-    return wait_final(client, job["job_id"])
+    return wait_final(client, job.job_id)
 
 
-def ready_s(job: dict[str, Any]) -> float:
+def ready_s(job: Job) -> float:
     """Submit → the worker gearing up: the reservation (or reuse) and the agent reaching the backend."""
-    return ts_of(job, "GEARING UP ENV") - float(job["created"])
+    return ts_of(job, "GEARING UP ENV") - job.created
 
 
-def to_training_s(job: dict[str, Any]) -> float:
+def to_training_s(job: Job) -> float:
     """Submit → training: everything before the first batch (worker, environment, model and data)."""
-    return ts_of(job, "TRAINING", "TRAINING") - float(job["created"])
+    return ts_of(job, "TRAINING", "TRAINING") - job.created
 
 
 def gear_rows(client: BackendClient) -> list[Row]:

@@ -75,7 +75,7 @@ def main() -> int:
     for machine in ("local-gpu-all", "local-gpu0"):
         notes: list[str] = []
         job = trainer.submit(FitRequest(build(), x, y, machine_ids=machine, epochs=args.epochs, batch_size=args.batch))
-        view = trainer.watch(job["job_id"], [lambda _v, ev, notes=notes: notes.append(worker_note(ev) or "")])
+        view = trainer.watch(job.job_id, [lambda _v, ev, notes=notes: notes.append(worker_note(ev) or "")])
         _, history = trainer.collect(view)
         seconds = [e["seconds"] for e in view.history.values()]
         print(f"{machine}: {' | '.join(n for n in notes if 'MirroredStrategy' in n) or 'one device'}")

@@ -229,9 +229,9 @@ def __corpus_defs():
             orig_submit = Training.submit
 
             @functools.wraps(orig_submit)
-            def submit(self, model, *a, **k):
-                note(model)
-                return orig_submit(self, model, *a, **k)
+            def submit(self, request, *a, **k):
+                note(request.model)
+                return orig_submit(self, request, *a, **k)
 
             Training.submit = submit
 
@@ -480,13 +480,13 @@ def backend_jobs(home: Path) -> list[dict[str, Any]]:
         jobs = client.jobs()
         out = []
         for j in jobs:
-            full = client.job(j["job_id"])
+            full = client.job(j.job_id)
             out.append(
                 {
-                    "job_id": full.get("job_id"),
-                    "status": full.get("status"),
-                    "error": full.get("error") or full.get("status_detail") or "",
-                    "history": full.get("history") or [],
+                    "job_id": full.job_id,
+                    "status": full.status,
+                    "error": full.error or "",
+                    "history": [r.model_dump() for r in full.history],
                 }
             )
         return out

@@ -220,9 +220,9 @@ def test_replay_overrides_are_checked(client: BackendClient, finished_job: str) 
 @pytest.fixture(scope="module")
 def finished_job(client: BackendClient, digits: tuple) -> str:
     x, y = digits[0][:64], digits[1][:64]
-    job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2))["job_id"]
+    job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2)).job_id
     wait_for(client, job_id, lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs))
-    assert client.job(job_id)["status"] == v.COMPLETED
+    assert client.job(job_id).status == v.COMPLETED
     return job_id
 
 
@@ -237,12 +237,14 @@ def _worker_token(home: Path, instance_id: str) -> str:
 def training_job(client: BackendClient, aibro_home: Path) -> Any:
     """A job that trains for a while: (job_id, attempt, worker token)."""
     x, y = slow_data(2000)
-    job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16))[
-        "job_id"
-    ]
+    job_id = (
+        Training(client)
+        .submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16))
+        .job_id
+    )
     wait_for(client, job_id, lambda evs: any(e["type"] == "epoch" for e in evs))
     job = client.job(job_id)
-    yield job_id, job["attempt"], _worker_token(aibro_home, job["instance_id"])
+    yield job_id, job.attempt, _worker_token(aibro_home, job.instance_id)
     client.cancel(job_id)
 
 
@@ -275,7 +277,7 @@ def test_worker_events_are_checked_like_user_input(
     refused = _refused(_raw(client, "POST", f"/worker/jobs/{job_id}/events", json.dumps(body), token), 400, pattern)
     assert refused.get("wseq") == wseq, "the refusal names the bad event, so the worker's outbox can drop it"
     job = client.job(job_id)
-    assert job["status"] == v.TRAINING, job["status"]
+    assert job.status == v.TRAINING, job.status
     _jobs_answer(client)
 
 
@@ -299,7 +301,7 @@ def test_a_worker_batch_shape_is_checked(client: BackendClient, training_job: An
     finish = f"/worker/jobs/{job_id}/finish"
     _refused(_raw(client, "POST", finish, json.dumps({"attempt": "0", "outcome": "completed"}), token), 400, "attempt")
     _refused(_raw(client, "POST", finish, json.dumps({"attempt": attempt, "outcome": "won"}), token), 400, "outcome")
-    assert client.job(job_id)["status"] == v.TRAINING
+    assert client.job(job_id).status == v.TRAINING
 
 
 def test_old_bad_rows_never_break_the_job_list(client: BackendClient, aibro_home: Path, finished_job: str) -> None:
@@ -322,8 +324,8 @@ def test_old_bad_rows_never_break_the_job_list(client: BackendClient, aibro_home
     try:
         _jobs_answer(client)
         job = client.job(job_id)
-        assert job["status"] == v.COMPLETED, "a status outside the vocabulary is shown as the last valid one"
-        assert [h["epoch"] for h in job["history"]] == [1, 2] and job["history"][1]["loss"] is None
+        assert job.status == v.COMPLETED, "a status outside the vocabulary is shown as the last valid one"
+        assert [h.epoch for h in job.history] == [1, 2] and job.history[1].loss is None
         events = _raw(client, "GET", f"/jobs/{job_id}/events").text
         json.loads(events, parse_constant=lambda c: pytest.fail(f"{c} in the events"))
         view = JobView(job_id)

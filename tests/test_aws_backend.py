@@ -97,10 +97,10 @@ def test_the_cli_serves_aws_beside_local(moto: dict, tmp_path: Path) -> None:
         time.sleep(0.2)
         url = json.loads((home / "backend.json").read_text())["url"]
         client = BackendClient(url, json.loads((home / "credentials.json").read_text())["token"])
-        machines = {m["machine_id"]: m for m in client.machines()}
-        assert machines["local-cpu"]["provider"] == "local"
-        assert machines["g4dn.xlarge"]["provider"] == "aws" and machines["g4dn.xlarge"]["spot"] is True
-        assert machines["g4dn.xlarge.od"]["spot"] is False and machines["g4dn.xlarge.od"]["gpu_count"] == 1
+        machines = {m.machine_id: m for m in client.machines()}
+        assert machines["local-cpu"].provider == "local"
+        assert machines["g4dn.xlarge"].provider == "aws" and machines["g4dn.xlarge"].spot is True
+        assert machines["g4dn.xlarge.od"].spot is False and machines["g4dn.xlarge.od"].gpu_count == 1
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -128,16 +128,16 @@ def test_a_job_on_an_aws_machine_launches_a_tagged_instance_with_only_an_enrollm
         assert len(found) == 1, found
         inst = found[0]
         tags = tag_map(inst)
-        assigned = client.job(job["job_id"])
-        assert tags["aibro:instance"] == assigned["instance_id"] and tags["aibro:job"] == job["job_id"]
+        assigned = client.job(job.job_id)
+        assert tags["aibro:instance"] == assigned.instance_id and tags["aibro:job"] == job.job_id
         assert inst["InstanceType"] == "g4dn.xlarge" and "InstanceLifecycle" not in inst, "on-demand"
         raw = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]
         env = parse_user_data_env(base64.b64decode(raw["Value"]).decode())
         assert env["AIBRO_ENROLL_TOKEN"].startswith("aibro_e_") and "AIBRO_WORKER_TOKEN" not in env
-        instances = {i["id"]: i for i in client.instances()}
-        assert instances[assigned["instance_id"]]["status"] == v.LAUNCHING, "no worker has enrolled yet"
-        assert instances[assigned["instance_id"]]["provider"] == "aws"
-        client.cancel(job["job_id"])
+        instances = {i.id: i for i in client.instances()}
+        assert instances[assigned.instance_id].status == v.LAUNCHING, "no worker has enrolled yet"
+        assert instances[assigned.instance_id].provider == "aws"
+        client.cancel(job.job_id)
 
 
 @pytest.fixture
@@ -171,13 +171,13 @@ def test_online_fit_on_g4dn_xlarge_od_trains_on_a_played_instance(
     assert any(not np.allclose(a, c) for a, c in zip(before, model.get_weights()))
     client = b.client()
     job = client.job(job_id)
-    assert job["status"] == v.COMPLETED and job["machine_id"] == "g4dn.xlarge.od"
+    assert job.status == v.COMPLETED and job.machine_id == "g4dn.xlarge.od"
     (ec2_id,) = played.envs
     log = played.log(ec2_id)
-    assert "enrolled as " + job["instance_id"] in log, log
+    assert "enrolled as " + job.instance_id in log, log
     token_file = Path(played.envs[ec2_id]["AIBRO_WORKER_TOKEN_FILE"])
     assert token_file.stat().st_mode & 0o777 == 0o600
-    history_states = [h[0] for h in {i["id"]: i for i in client.instances()}[job["instance_id"]]["history"]]
+    history_states = [h[0] for h in {i.id: i for i in client.instances()}[job.instance_id].history]
     assert history_states[:2] == [v.LAUNCHING, v.EXECUTING], history_states
     # No cool-down: the instance closes after its job, the agent is told to exit, and the on-demand machine is
     # stopped (kept for a fast restart: see the next test), not terminated.
@@ -185,11 +185,11 @@ def test_online_fit_on_g4dn_xlarge_od_trains_on_a_played_instance(
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         state = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
-        inst = {i["id"]: i for i in client.instances()}[job["instance_id"]]
-        if state == "stopped" and (inst["status"], inst["substatus"]) == (v.CLOSED, v.STOPPED):
+        inst = {i.id: i for i in client.instances()}[job.instance_id]
+        if state == "stopped" and (inst.status, inst.substatus) == (v.CLOSED, v.STOPPED):
             break
         time.sleep(0.5)
-    assert (state, inst["status"], inst["substatus"]) == ("stopped", v.CLOSED, v.STOPPED)
+    assert (state, inst.status, inst.substatus) == ("stopped", v.CLOSED, v.STOPPED)
 
 
 def boto3_client() -> Any:
@@ -211,14 +211,14 @@ def test_an_on_demand_machine_is_stopped_after_its_cool_down_and_restarted_for_t
     first, _, _ = Training.online_fit(
         make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, cool_down_period_s=1, record=False
     )
-    instance_id = client.job(first)["instance_id"]
+    instance_id = client.job(first).instance_id
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        inst = {i["id"]: i for i in client.instances()}[instance_id]
-        if (inst["status"], inst["substatus"]) == (v.CLOSED, v.STOPPED):
+        inst = {i.id: i for i in client.instances()}[instance_id]
+        if (inst.status, inst.substatus) == (v.CLOSED, v.STOPPED):
             break
         time.sleep(0.5)
-    assert (inst["status"], inst["substatus"]) == (v.CLOSED, v.STOPPED), inst
+    assert (inst.status, inst.substatus) == (v.CLOSED, v.STOPPED), inst
     (ec2_id,) = played.envs
     ec2 = boto3_client()
     state = ec2.describe_instances(InstanceIds=[ec2_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
@@ -228,11 +228,11 @@ def test_an_on_demand_machine_is_stopped_after_its_cool_down_and_restarted_for_t
         make_model(1), x, y, machine_ids="g4dn.xlarge.od", epochs=1, record=False
     )
     job = client.job(second)
-    assert job["status"] == v.COMPLETED and job["instance_id"] == instance_id, "the stopped machine was reused"
+    assert job.status == v.COMPLETED and job.instance_id == instance_id, "the stopped machine was reused"
     assert list(played.envs) == [ec2_id], "no new EC2 instance was launched"
     log = played.log(ec2_id)
     assert log.count("enrolled as") == 1, "after the restart the agent used the token it kept"
-    states = [(h[0], h[1]) for h in {i["id"]: i for i in client.instances()}[instance_id]["history"]]
+    states = [(h[0], h[1]) for h in {i.id: i for i in client.instances()}[instance_id].history]
     assert (v.CLOSED, v.STOPPED) in states and states.index((v.CLOSED, v.STOPPED)) < len(states) - 1
 
 
@@ -256,7 +256,7 @@ def test_after_a_sigkill_the_restarted_backend_adopts_its_machine_and_the_job_fi
             job = Training(client).submit(
                 FitRequest(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=4, batch_size=16)
             )
-            wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
+            wait_for(client, job.job_id, lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
             first.proc.kill()
             first.proc.wait(timeout=30)
             before = first.log.stat().st_size  # the restarted backend appends to the same log
@@ -265,12 +265,12 @@ def test_after_a_sigkill_the_restarted_backend_adopts_its_machine_and_the_job_fi
                 client = second.client()
                 events = wait_for(
                     client,
-                    job["job_id"],
+                    job.job_id,
                     lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs),
                     timeout=300,
                 )
-                done = client.job(job["job_id"])
-                assert done["status"] == v.COMPLETED, [e["data"] for e in events if e["type"] in ("error", "log")]
+                done = client.job(job.job_id)
+                assert done.status == v.COMPLETED, [e["data"] for e in events if e["type"] in ("error", "log")]
                 epochs = [e["data"]["epoch"] for e in events if e["type"] == "epoch"]
                 assert epochs == [0, 1, 2, 3], epochs
                 assert len(played.envs) == 1, "no second machine was launched"
@@ -280,7 +280,7 @@ def test_after_a_sigkill_the_restarted_backend_adopts_its_machine_and_the_job_fi
                 assert described["State"]["Name"] in ("running", "stopped"), "never terminated by the restart"
                 restarted_log = second.log.read_bytes()[before:].decode()
                 adopted = re.search(r"adopted: \[(.*)\]", restarted_log)
-                assert adopted and f"instance_id='{done['instance_id']}'" in adopted[1], restarted_log[-2000:]
+                assert adopted and f"instance_id='{done.instance_id}'" in adopted[1], restarted_log[-2000:]
 
 
 def test_the_running_backend_terminates_a_tagged_machine_its_store_does_not_know(moto: dict, tmp_path: Path) -> None:

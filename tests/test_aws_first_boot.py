@@ -73,11 +73,11 @@ def _wait_done(client: Any, job_id: str, machine: firstboot.Machine, within_s: f
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         job = client.job(job_id)
-        if job["status"] in (v.COMPLETED, v.CANCELED):
+        if job.status in (v.COMPLETED, v.CANCELED):
             return job
         time.sleep(1)
     raise AssertionError(
-        f"{job_id} is still {job['status']}: cloud-init said\n{machine.log('cloud-init-output.log')[-3000:]}\n"
+        f"{job_id} is still {job.status}: cloud-init said\n{machine.log('cloud-init-output.log')[-3000:]}\n"
         f"the agent said\n{machine.log('aibro-worker.log')[-3000:]}"
     )
 
@@ -107,9 +107,9 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
     try:
         booted = time.monotonic()
         machine.boot(user_data)
-        job = _wait_done(client, first["job_id"], machine)
+        job = _wait_done(client, first.job_id, machine)
         took = time.monotonic() - booted
-        assert job["status"] == v.COMPLETED, (job, machine.log("aibro-worker.log")[-3000:])
+        assert job.status == v.COMPLETED, (job, machine.log("aibro-worker.log")[-3000:])
         print(f"\n[first boot] from power-on to a trained job: {took:.0f} s")
         installed = machine.disk["/opt/aibro"]
         assert (installed / "agent-version").read_text().strip() == served.version
@@ -127,9 +127,9 @@ def test_a_bare_instance_installs_the_served_agent_enrolls_trains_and_comes_back
         second = Training(client).submit(
             FitRequest(make_model(), x, y, machine_ids="g4dn.xlarge.od", epochs=1, batch_size=32)
         )
-        job2 = _wait_done(client, second["job_id"], machine)
-        assert job2["status"] == v.COMPLETED, (job2, machine.log("aibro-worker.log")[-3000:])
-        assert job2["instance_id"] == job["instance_id"], "the rebooted machine trained it"
+        job2 = _wait_done(client, second.job_id, machine)
+        assert job2.status == v.COMPLETED, (job2, machine.log("aibro-worker.log")[-3000:])
+        assert job2.instance_id == job.instance_id, "the rebooted machine trained it"
         agent_log = machine.log("aibro-worker.log")
         assert agent_log.count("systemctl shim: starting") == 2, "the agent was started by each boot"
         assert agent_log.count("enrolled as ") == 1, "no second enrollment after the reboot"

@@ -23,6 +23,7 @@ from aibro_backend.providers.aws_catalog import offers  # noqa: E402
 from aibro_backend.providers.aws_config import load_aws_config  # noqa: E402
 from aibro_backend.scheduling.costs import billed_seconds, instance_cost  # noqa: E402
 from aibro_core import vocabulary as v  # noqa: E402
+from aibro_core.models import Instance, Job  # noqa: E402
 
 SETUP = digits_setup()
 MACHINES = "g4dn.xlarge.od,g4dn.xlarge"
@@ -60,7 +61,7 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
                     km.shutdown_kernel(now=True)
 
 
-def _fit(played: dict[str, Any], tag: str, cool_down: float) -> tuple[CellResult, dict[str, Any]]:
+def _fit(played: dict[str, Any], tag: str, cool_down: float) -> tuple[CellResult, Job]:
     """Run one %%cloud_fit cell; what it printed and its job."""
     res = run_cell(played["kernel"], fit_cell(tag, cool_down), timeout=600)
     assert not res.error, res.error + res.stdout[-3000:]
@@ -68,27 +69,27 @@ def _fit(played: dict[str, Any], tag: str, cool_down: float) -> tuple[CellResult
     final = re.search(rf"FINAL {tag} (\S+) (\S+)", res.stdout)
     assert final and final.group(1) == final.group(2), f"the trained model came back into `model`: {res.stdout}"
     assert float(final.group(1)) > 0.5, res.stdout
-    job = next(j for j in reversed(played["client"].jobs()) if j["description"] == tag)
-    assert job["status"] == v.COMPLETED and job["machine_id"] == "g4dn.xlarge.od", job
+    job = next(j for j in reversed(played["client"].jobs()) if j.description == tag)
+    assert job.status == v.COMPLETED and job.machine_id == "g4dn.xlarge.od", job
     return res, job
 
 
-def _instance(played: dict[str, Any], instance_id: str) -> dict[str, Any]:
-    return {i["id"]: i for i in played["client"].instances()}[instance_id]
+def _instance(played: dict[str, Any], instance_id: str) -> Instance:
+    return {i.id: i for i in played["client"].instances()}[instance_id]
 
 
-def _wait_state(played: dict[str, Any], instance_id: str, state: tuple[str, str], timeout: float = 180) -> dict:
+def _wait_state(played: dict[str, Any], instance_id: str, state: tuple[str, str], timeout: float = 180) -> Instance:
     deadline = time.monotonic() + timeout
     while True:
         inst = _instance(played, instance_id)
-        if (inst["status"], inst["substatus"]) == state or time.monotonic() > deadline:
+        if (inst.status, inst.substatus) == state or time.monotonic() > deadline:
             return inst
         time.sleep(0.5)
 
 
-def _held_s(job: dict[str, Any]) -> float:
+def _held_s(job: Job) -> float:
     """From the job's timeline: bound to its instance (CONNECTING SERVER) until it ended."""
-    ts = {(e["status"], e["substatus"]): e["ts"] for e in job["timeline"]}
+    ts = {(e.status, e.substatus): e.ts for e in job.timeline}
     return ts[(v.COMPLETED, v.SUB_COMPLETED)] - ts[(v.QUEUING, v.CONNECTING_SERVER)]
 
 
@@ -96,23 +97,23 @@ def test_three_cells_launch_reuse_warm_then_restart_the_stopped_machine_and_bill
     client, machines = played["client"], played["machines"]
 
     first_res, first = _fit(played, "first", cool_down=120)
-    inst = _instance(played, first["instance_id"])
-    assert inst["status"] == v.COOLING and inst["price_per_hour"] == OD_PRICE, inst
+    inst = _instance(played, first.instance_id)
+    assert inst.status == v.COOLING and inst.price_per_hour == OD_PRICE, inst
     (ec2_id,) = machines.envs
     shown = [val for _, st in first_res.updates for val in st.values() if isinstance(val, str) and "$" in val]
     assert any(re.search(r"\$0\.0*[1-9]", s) for s in shown), f"the panel shows the job's cost: {shown[-3:]}"
 
     _, second = _fit(played, "second", cool_down=1)
-    assert second["instance_id"] == first["instance_id"], "the warm machine was reused"
-    inst = _wait_state(played, first["instance_id"], (v.CLOSED, v.STOPPED))
-    assert (inst["status"], inst["substatus"]) == (v.CLOSED, v.STOPPED), inst
+    assert second.instance_id == first.instance_id, "the warm machine was reused"
+    inst = _wait_state(played, first.instance_id, (v.CLOSED, v.STOPPED))
+    assert (inst.status, inst.substatus) == (v.CLOSED, v.STOPPED), inst
 
     _, third = _fit(played, "third", cool_down=0)
-    assert third["instance_id"] == first["instance_id"], "the stopped machine was restarted"
+    assert third.instance_id == first.instance_id, "the stopped machine was restarted"
     assert list(machines.envs) == [ec2_id], "one EC2 instance was launched in all"
-    inst = _wait_state(played, first["instance_id"], (v.CLOSED, v.STOPPED))
-    states = [(h[0], h[1], h[3] if len(h) > 3 else None) for h in inst["history"]]
-    ids = {first["job_id"]: "1", second["job_id"]: "2", third["job_id"]: "3", None: "-"}
+    inst = _wait_state(played, first.instance_id, (v.CLOSED, v.STOPPED))
+    states = [(h[0], h[1], h[3] if len(h) > 3 else None) for h in inst.history]
+    ids = {first.job_id: "1", second.job_id: "2", third.job_id: "3", None: "-"}
     walk = [(s, sub, ids[j]) for s, sub, j in states]
     cooling, stopped = (v.COOLING, "", "-"), (v.CLOSED, v.STOPPED, "-")
     want = [(v.LAUNCHING, "", "1"), (v.EXECUTING, "", "1"), cooling, (v.EXECUTING, "", "2"), cooling]
@@ -122,24 +123,24 @@ def test_three_cells_launch_reuse_warm_then_restart_the_stopped_machine_and_bill
     # Costs: the job views equal the instance's billed history, and what the timelines say: each job paid the
     # seconds it held the machine; the job that started it (the launch, the restart) also paid that start's
     # 60 s minimum and rounding; the warm reuse paid only its seconds.
-    jobs = {j["job_id"]: j for j in client.jobs()}
-    billed = instance_cost(from_view(inst), time.time())
+    jobs = {j.job_id: j for j in client.jobs()}
+    billed = instance_cost(from_view(inst.model_dump()), time.time())
     per_s = OD_PRICE / 3600
     for job in (first, second, third):
-        cost = jobs[job["job_id"]]["cost"]
-        assert cost > 0 and cost == pytest.approx(billed.by_job[job["job_id"]], abs=1e-6), (job["job_id"], cost)
-    launches = [h[2] for h in inst["history"] if h[0] == v.LAUNCHING]
-    stops = [h[2] for h in inst["history"] if h[0] == v.CLOSING]
+        cost = jobs[job.job_id].cost
+        assert cost > 0 and cost == pytest.approx(billed.by_job[job.job_id], abs=1e-6), (job.job_id, cost)
+    launches = [h[2] for h in inst.history if h[0] == v.LAUNCHING]
+    stops = [h[2] for h in inst.history if h[0] == v.CLOSING]
     extra = [billed_seconds(stop - start) - (stop - start) for start, stop in zip(launches, stops)]
     slack = 3 * per_s  # the timeline's and the instance's timestamps are taken a few ms apart
     for job, started in ((first, extra[0]), (second, 0.0), (third, extra[1])):
-        want = (_held_s(jobs[job["job_id"]]) + started) * per_s
-        assert jobs[job["job_id"]]["cost"] == pytest.approx(want, abs=slack), (job["description"], want)
-    assert billed.cooling_cost > 0 and inst["cost"] == pytest.approx(billed.cost, abs=1e-6)
-    assert inst["cost"] == pytest.approx(sum(jobs[j]["cost"] for j in ids if j) + billed.cooling_cost, abs=1e-5)
-    answered = client.terminate(first["instance_id"])["instance"]  # a stopped machine goes for good, its cost kept
-    assert answered["cost"] == pytest.approx(inst["cost"], abs=1e-6)
-    assert (answered["status"], answered["substatus"]) == (v.CLOSED, v.TERMINATED)
+        want = (_held_s(jobs[job.job_id]) + started) * per_s
+        assert jobs[job.job_id].cost == pytest.approx(want, abs=slack), (job.description, want)
+    assert billed.cooling_cost > 0 and inst.cost == pytest.approx(billed.cost, abs=1e-6)
+    assert inst.cost == pytest.approx(sum(jobs[j].cost for j in ids if j) + billed.cooling_cost, abs=1e-5)
+    answered = client.terminate(first.instance_id)  # a stopped machine goes for good, its cost kept
+    assert answered.cost == pytest.approx(inst.cost, abs=1e-6)
+    assert (answered.status, answered.substatus) == (v.CLOSED, v.TERMINATED)
 
     res = run_cell(played["kernel"], "%cloud_timeline", timeout=120)
     assert not res.error, res.error
@@ -148,8 +149,8 @@ def test_three_cells_launch_reuse_warm_then_restart_the_stopped_machine_and_bill
     for column in ("REQUESTING", "CONNECTING", "GEARING UP", "SENDING", "TRAINING", "gear-up", "cost $"):
         assert column in head, head
     for job in (first, second, third):
-        row = next(line for line in lines if line.startswith(job["job_id"]))
+        row = next(line for line in lines if line.startswith(job.job_id))
         cells = row.split()
-        assert cells[-1] == f"{jobs[job['job_id']]['cost']:.4f}", (row, jobs[job["job_id"]]["cost"])
+        assert cells[-1] == f"{jobs[job.job_id].cost:.4f}", (row, jobs[job.job_id].cost)
         connecting = float(cells[4].rstrip("s"))
         assert connecting >= 0 and float(cells[-2].rstrip("s")) >= connecting, row

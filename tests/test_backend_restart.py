@@ -156,7 +156,7 @@ def test_collect_right_after_a_restart_finds_the_backend_on_its_new_port(
     client = connect()
     trainer = Training(client)
     x, y = slow_data(600)
-    view = trainer.watch(trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2))["job_id"])
+    view = trainer.watch(trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2)).job_id)
     assert view.status == v.COMPLETED, view.errors
     old_url = client.url
     killed = _kill_backend(own_home)
@@ -168,7 +168,7 @@ def test_collect_right_after_a_restart_finds_the_backend_on_its_new_port(
         model, history = trainer.collect(view, make_model(3))
     err = capsys.readouterr().err
     assert "backend unreachable, restarting…" in err and f"backend is back at {client.url}" in err, err
-    assert client.url != old_url and client.health()["user"]
+    assert client.url != old_url and client.health().user
     assert history.epoch == [0, 1] and int(model.optimizer.iterations.numpy()) == 2 * 19
     assert _backend_pid(own_home) != killed
 
@@ -196,9 +196,11 @@ def test_a_configured_backend_is_retried_with_backoff(tmp_path: Path) -> None:
         url = json.loads((home / "backend.json").read_text())["url"]
         client = BackendClient(url, json.loads((home / "credentials.json").read_text())["token"])
         x, y = slow_data(3000)
-        job_id = Training(client).submit(
-            FitRequest(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=4)
-        )["job_id"]
+        job_id = (
+            Training(client)
+            .submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=4))
+            .job_id
+        )
         seen: list[dict] = []
         for ev in client.follow(job_id):
             seen.append(ev)

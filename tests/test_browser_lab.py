@@ -155,8 +155,8 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         _check_chart(page)
         _snap(page, "lab-before-reload.png")
         gallery_shot(_panel(page), "panel-running")
-        job = next(j for j in reversed(client.jobs()) if j["description"] == "quickstart digits cnn")
-        assert job["status"] == "TRAINING"
+        job = next(j for j in reversed(client.jobs()) if j.description == "quickstart digits cnn")
+        assert job.status == "TRAINING"
 
         page.keyboard.press("Control+s")  # what a user does before reloading: the output keeps the panel's view
         page.wait_for_timeout(1500)
@@ -164,7 +164,7 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         _open(page, url, token)
         after = _wait(page, lambda: _epochs_shown(page), "the panel after the reload", timeout=120)
         assert after >= grown, "every epoch seen before the reload is still shown"
-        done_now = client.job(job["job_id"])["epochs_done"]
+        done_now = client.job(job.job_id).epochs_done
         assert after >= min(done_now, EPOCHS) - 1, (after, done_now)
         _snap(page, "lab-after-reload.png")
 
@@ -198,10 +198,12 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         assert "cuInit" not in outputs and "absl::InitializeLog" not in outputs, "no TensorFlow native lines"
         _snap(page, "lab-completed.png")
         gallery_shot(_panel(page), "panel-completed")
-        final = client.job(job["job_id"])
-        assert final["status"] == "COMPLETED" and final["epochs_done"] == EPOCHS
+        final = client.job(job.job_id)
+        assert final.status == "COMPLETED" and final.epochs_done == EPOCHS
         shown = dict(re.findall(r"(\w+): ([0-9.]+)", result.splitlines()[0]))
-        last = final["history"][-1]  # the History's last epoch, as the backend keeps it and the kernel gets it
+        last = final.history[
+            -1
+        ].model_dump()  # the History's last epoch, as the backend keeps it and the kernel gets it
         assert shown and {k: f"{last[k]:.4f}" for k in shown} == shown, (result, last)
 
         wait_kernel_idle(page)
@@ -219,20 +221,21 @@ def test_quickstart_panel_grows_and_survives_a_reload(aibro_home: Path, client: 
         assert second.locator("button", has_text="Cancel").is_disabled()
         page.locator(".aibro-nb-panel").nth(1).scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "lab-detached.png"))
-        detached = next(j for j in reversed(client.jobs()) if j["description"] == "detach-in-lab")
-        assert client.job(detached["job_id"])["status"] in ("QUEUING", "TRAINING"), "Detach leaves the job going"
-        client.cancel(detached["job_id"])
+        detached = next(j for j in reversed(client.jobs()) if j.description == "detach-in-lab")
+        assert client.job(detached.job_id).status in ("QUEUING", "TRAINING"), "Detach leaves the job going"
+        client.cancel(detached.job_id)
 
 
 LOOK_CELL = """
 %load_ext aibro_jupyter
 from aibro_core import vocabulary as v
 from aibro_jupyter.progress import JobView
+from aibro_core.models import Machine
 from aibro_jupyter.widgets.picker import MachinePicker
 from aibro_jupyter.widgets.progress_panel import ProgressPanel
 
 def offer(mid, provider, price, gpus, vcpus, mem, spot, avail="available"):
-    return dict(machine_id=mid, provider=provider, gpu_count=gpus, gpu_type="T4" if gpus else None, vcpus=vcpus,
+    return Machine(machine_id=mid, provider=provider, gpu_count=gpus, gpu_type="T4" if gpus else None, vcpus=vcpus,
                 memory_gib=mem, price_per_hour=price, spot=spot, availability=avail,
                 on_demand_price_per_hour=0.526 if provider == "aws" else 0.0)
 

@@ -113,9 +113,9 @@ def test_a_looped_fit_shows_one_panel_per_job_in_one_place(
         _wait(page, lambda: "the cell stopped at its fit on line 2 (fit 2)" in _output(page, 2).inner_text(), "stop")
         state = _output(page, 2).locator(".aibro-nb-state").inner_text()
         assert "DETACHED" in state, state
-        jobs = [j for j in client.jobs() if j["description"] == "browser loop detach"]
-        assert len(jobs) == 2 and jobs[0]["status"] == "COMPLETED", jobs
+        jobs = [j for j in client.jobs() if j.description == "browser loop detach"]
+        assert len(jobs) == 2 and jobs[0].status == "COMPLETED", jobs
         page.screenshot(path=str(ARTIFACTS / "lab-loop-detached.png"))
         page.wait_for_timeout(3000)
-        assert len([j for j in client.jobs() if j["description"] == "browser loop detach"]) == 2, "no third job"
-        client.cancel(jobs[1]["job_id"])
+        assert len([j for j in client.jobs() if j.description == "browser loop detach"]) == 2, "no third job"
+        client.cancel(jobs[1].job_id)

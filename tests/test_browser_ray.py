@@ -73,7 +73,7 @@ def test_the_sidebar_shows_ray_machines_and_a_job_training_on_one(cluster: RayCl
         wait_until(page, training, "the Ray job training in its card", 300, shot)
         assert card.locator(".aibro-job-meta").inner_text().startswith("ray-cpu1 · ")
         page.screenshot(path=str(ARTIFACTS / "sidebar-ray-job.png"))
-        instance_id = backend.client().job(job_id)["instance_id"]
+        instance_id = backend.client().job(job_id).instance_id
         _tab(page, "Instances")
         inst = page.locator(f'.aibro-instance[data-instance-id="{instance_id}"]')
         wait_until(page, lambda: inst.count() == 1, "the Ray instance in the Instances tab", 60, shot)

@@ -137,10 +137,10 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         later = re.fullmatch(r"local-cpu · (\d+):(\d\d) · free", card.locator(".aibro-job-meta").inner_text())
         assert later and int(later[1]) * 60 + int(later[2]) > int(meta[1]) * 60 + int(meta[2]), "elapsed time moves"
         shown = {e.get_attribute("data-job-id") for e in page.locator(".aibro-job").all()}
-        assert shown == {j["job_id"] for j in client.jobs()}, "every job of the user has a card"
+        assert shown == {j.job_id for j in client.jobs()}, "every job of the user has a card"
         drawn = int(card.locator(".aibro-sparkline-loss").get_attribute("data-points"))
         assert drawn >= grown, "one curve point per epoch seen"
-        active = sum(j["status"] not in ("COMPLETED", "CANCELED") for j in client.jobs())
+        active = sum(j.status not in ("COMPLETED", "CANCELED") for j in client.jobs())
         assert page.locator(".aibro-statusbar").inner_text().startswith(f"☁ {active} training") and active >= 1
         assert page.locator(".aibro-tab[data-tab=jobs] .aibro-badge").inner_text() == str(active), "Jobs tab count"
         page.screenshot(path=str(ARTIFACTS / "sidebar-live.png"))
@@ -161,12 +161,12 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         page.context.set_offline(False)
         page.wait_for_selector(".aibro-connection[data-state=live]", timeout=60_000)
         close_connection_lost_dialog(page)
-        assert client.job(job_id)["status"] == "TRAINING" and not client.job(job_id)["cancel_requested"]
+        assert client.job(job_id).status == "TRAINING" and not client.job(job_id).cancel_requested
 
         page.reload()
         open_sidebar(page, url, token)
         after = wait_until(page, lambda: _epochs(page, job_id) >= grown and _epochs(page, job_id), "reload", 60, shot)
-        assert after >= grown and _epochs(page, job_id) <= client.job(job_id)["epochs_done"]
+        assert after >= grown and _epochs(page, job_id) <= client.job(job_id).epochs_done
 
         before_restart = _epochs(page, job_id)
         with open(aibro_home / "start.lock", "w") as lock:  # hold restarts back so "reconnecting" stays visible
@@ -183,7 +183,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
 
         _card(page, job_id).locator(".aibro-cancel").click()
         wait_until(page, lambda: _card(page, job_id).get_attribute("data-status") == "CANCELED", "CANCELED", 60, shot)
-        assert client.job(job_id)["status"] == "CANCELED", "the backend says CANCELED"
+        assert client.job(job_id).status == "CANCELED", "the backend says CANCELED"
         assert not _card(page, job_id).locator(".aibro-job-note").inner_text(), "the earlier failure is gone"
         _no_cancel_on_final_cards(page)
         canceled = page.locator(".Toastify__toast", has_text=job_id).filter(has_text="was canceled")
@@ -205,7 +205,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
 
         failing = _start_job(aibro_home, job_files, 2, "sidebar failing job", model="failing_model")
         page.wait_for_selector(".Toastify__toast >> text=/sidebar failing job.*failed/", timeout=240_000)
-        assert client.job(failing)["status"] == "CANCELED" and client.job(failing)["error"]
+        assert client.job(failing).status == "CANCELED" and client.job(failing).error
         assert _card(page, failing).locator(".aibro-job-error").inner_text(), "the card says why it failed"
         _no_cancel_on_final_cards(page)
         _inside(page, "jobs, all ended, one failed")
@@ -216,9 +216,9 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
         page.wait_for_selector(".aibro-connection[data-state=reconnecting]", timeout=60_000)
         unseen = _start_job(aibro_home, job_files, 1, "sidebar unseen job")
         deadline = time.time() + 240
-        while client.job(unseen)["status"] != "COMPLETED" and time.time() < deadline:
+        while client.job(unseen).status != "COMPLETED" and time.time() < deadline:
             time.sleep(1)
-        assert client.job(unseen)["status"] == "COMPLETED"
+        assert client.job(unseen).status == "COMPLETED"
         page.context.set_offline(False)
         page.wait_for_selector(".Toastify__toast >> text=/sidebar unseen job.*completed/", timeout=60_000)
         assert _card(page, unseen).get_attribute("data-status") == "COMPLETED"
@@ -247,7 +247,7 @@ def test_sidebar_follows_a_cli_job_through_reload_and_backend_restart_and_cancel
             60,
             shot,
         )
-        assert {i["id"]: i["status"] for i in client.instances()}[instance_id] in ("CLOSING", "CLOSED")
+        assert {i.id: i.status for i in client.instances()}[instance_id] in ("CLOSING", "CLOSED")
 
         page.locator(".aibro-tab", has_text="Machines").click()
         assert page.locator('.aibro-machine-table tr[data-machine-id="local-cpu"]').count() == 1

@@ -125,7 +125,7 @@ def test_sidebar_reads_in_dark_and_light_theme_and_sorts_a_two_provider_marketpl
         assert page.evaluate("document.body.dataset.jpThemeLight") == "false", "JupyterLab starts in its dark theme"
         card = page.locator(f'.aibro-job[data-job-id="{job_id}"]')
         wait_until(page, lambda: card.get_attribute("data-status") == "COMPLETED", "the job to complete", 300, shot)
-        assert client.job(job_id)["status"] == "COMPLETED"
+        assert client.job(job_id).status == "COMPLETED"
         assert not card.locator(".aibro-cancel").is_visible(), "no Cancel on a completed job"
         assert card.locator(".aibro-job-meta").inner_text().endswith("· free"), "a local job costs nothing"
         _inside(page, "dark, jobs")
@@ -137,8 +137,8 @@ def test_sidebar_reads_in_dark_and_light_theme_and_sorts_a_two_provider_marketpl
         _readable(page, "dark, instances")
 
         page.locator(".aibro-tab", has_text="Machines").click()
-        offers = {m["machine_id"]: m for m in client.machines()}
-        assert {m["provider"] for m in offers.values()} >= {"local", "aws"}
+        offers = {m.machine_id: m for m in client.machines()}
+        assert {m.provider for m in offers.values()} >= {"local", "aws"}
         rows = page.locator(".aibro-machine-table tr[data-machine-id]")
         assert rows.count() == len(offers), "one row per offer"
         assert {r.get_attribute("data-provider") for r in rows.all()} >= {"local", "aws"}
@@ -146,8 +146,7 @@ def test_sidebar_reads_in_dark_and_light_theme_and_sorts_a_two_provider_marketpl
         ondemand = page.locator('.aibro-machine-table tr[data-machine-id="g4dn.xlarge.od"] .aibro-price').inner_text()
         assert spot.endswith("spot") and ondemand.endswith("on-demand"), (spot, ondemand)
         assert (
-            _price(spot) < _price(ondemand)
-            and abs(_price(ondemand) - offers["g4dn.xlarge.od"]["price_per_hour"]) < 0.006
+            _price(spot) < _price(ondemand) and abs(_price(ondemand) - offers["g4dn.xlarge.od"].price_per_hour) < 0.006
         )
         prices = [_price(t) for t in _column(page, 2)]
         assert prices == sorted(prices), "sorted by price by default, cheapest first"

@@ -51,7 +51,7 @@ def test_successful_submit_and_collect(own_client: BackendClient, tmpdir_of_subm
     trainer = Training(own_client)
     job = trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64))
     assert not list(tmpdir_of_submit.glob("aibro-bundle-*")), "the bundle is gone as soon as submit returns"
-    view = trainer.watch(job["job_id"])
+    view = trainer.watch(job.job_id)
     assert view.status == COMPLETED, view.errors
     model, history = trainer.collect(view, make_model())
     assert history.epoch == [0]
@@ -76,7 +76,8 @@ def test_over_the_limit_fails_after_encoding(
     """256 x 64 float32 is about 66 kB of data: a 4 kB limit refuses it after encoding; a 70 kB limit lets the
     data pass and refuses data plus model once the model is saved into the bundle too."""
     x, y = _data()
-    monkeypatch.setattr(own_client, "policy", lambda: {"max_job_bytes": limit})
+    policy = own_client.policy().model_copy(update={"max_job_bytes": limit})
+    monkeypatch.setattr(own_client, "policy", lambda: policy)
     with pytest.raises(ValidationError, match=f"over the {limit}-byte limit"):
         Training(own_client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu"))
 

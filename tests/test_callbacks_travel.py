@@ -172,7 +172,7 @@ def test_a_checkpoint_file_is_in_the_kernel_before_its_epoch_is_reported(client:
             fit_kwargs={"callbacks": [keras.callbacks.ModelCheckpoint(str(target))]},
         ),
     )
-    view = Training(client).watch(job["job_id"], [watcher])
+    view = Training(client).watch(job.job_id, [watcher])
     assert view.status == "COMPLETED", view.errors
     assert seen == [(1, True), (2, True), (3, True)]
 

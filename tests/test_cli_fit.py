@@ -22,8 +22,8 @@ def test_fit_follows_the_job_to_completion(aibro_home: Path, client, digits, tmp
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Epoch 1/2" in out.stdout and "Epoch 2/2" in out.stdout and "val_accuracy" in out.stdout
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "cli fit")
-    assert job["status"] == "COMPLETED" and [h["epoch"] for h in job["history"]] == [1, 2]
+    job = next(j for j in reversed(client.jobs()) if j.description == "cli fit")
+    assert job.status == "COMPLETED" and [h.epoch for h in job.history] == [1, 2]
 
 
 def test_fit_refuses_bad_inputs_before_uploading(aibro_home: Path, client, tmp_path: Path) -> None:  # noqa: ANN001

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from kernel_helpers import run_cell, start_kernel
 
+from aibro_core.models import Job
+
 LAYERS = '''
 import keras
 
@@ -118,8 +120,8 @@ def notebook(aibro_home: Path, client, tmp_path_factory: pytest.TempPathFactory)
     km.shutdown_kernel(now=True)
 
 
-def _job(client, description: str) -> dict:  # noqa: ANN001
-    return next(j for j in reversed(client.jobs()) if j["description"] == description)
+def _job(client, description: str) -> Job:  # noqa: ANN001
+    return next(j for j in reversed(client.jobs()) if j.description == description)
 
 
 def test_cell_and_module_code_travels_and_comes_back_as_the_same_classes(notebook, client) -> None:  # noqa: ANN001
@@ -147,7 +149,7 @@ print("KEYS", json.dumps(sorted(history.history)))
     keys = json.loads(re.search(r"KEYS (.*)", res.stdout).group(1))
     assert keys == ["accuracy", "loss", "val_accuracy", "val_loss"]
     job = _job(client, "travel functional")
-    paths = sorted(f["path"] for f in job["code"])
+    paths = sorted(f.path for f in job.code)
     assert paths == ["__aibro_main__.py", "layers.py", "mylib/__init__.py", "mylib/_util.py", "mylib/losses.py"]
     assert not any("site-packages" in p or p.startswith(("keras", "numpy", "tensorflow")) for p in paths)
 
@@ -180,7 +182,7 @@ history = model.fit(x_train, y_train, epochs=1, batch_size=64, validation_data=(
     model_bytes = notebook_model_bytes(notebook)
     assert sent <= model_bytes + 1024, f"only the trained model changed, yet {sent} bytes were sent"
     first, again = _job(client, "travel functional"), _job(client, "travel again")
-    assert [f["sha256"] for f in first["code"]] == [f["sha256"] for f in again["code"]]
+    assert [f.sha256 for f in first.code] == [f.sha256 for f in again.code]
 
 
 def notebook_model_bytes(kc) -> int:  # noqa: ANN001
@@ -216,7 +218,7 @@ print("STEPS", int(net.optimizer.iterations.numpy()), len(net.weights) > 0, type
     job = _job(client, "travel subclassed")
     res = run_cell(
         notebook,
-        f"%cloud_result {job['job_id']} --into remote_net\n"
+        f"%cloud_result {job.job_id} --into remote_net\n"
         "print('SAME', type(remote_net) is Net, remote_net is not net,\n"
         "      all(np.array_equal(a, b) for a, b in zip(net.get_weights(), remote_net.get_weights())))\n",
     )

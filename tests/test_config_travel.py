@@ -186,9 +186,9 @@ print("PRED", m.predict({"text": texts[:4], "num": numbers[:4]}, verbose=0).shap
     assert not res.error, res.stdout[-3000:] + res.error
     assert "KEYS True" in res.stdout, res.stdout
     assert "PRED (4, 3)" in res.stdout, res.stdout
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "config travel")
-    assert job["status"] == "COMPLETED", job
-    assert sorted(f["path"] for f in job["code"]) == ["__aibro_main__.py", "configfns.py"]
+    job = next(j for j in reversed(client.jobs()) if j.description == "config travel")
+    assert job.status == "COMPLETED", job
+    assert sorted(f.path for f in job.code) == ["__aibro_main__.py", "configfns.py"]
     res = run_cell(
         notebook,
         "from aibro_jupyter.kerasnames import plan_names\n"

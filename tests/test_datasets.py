@@ -53,7 +53,7 @@ def test_the_same_dataset_uploads_nothing_the_second_time(client: BackendClient)
         before = client.counters().get("blob_bytes_received", 0)
         job = Training(client).submit(FitRequest(model, _pairs(x, y, 64), None, machine_ids="local-cpu", epochs=1))
         received.append(client.counters().get("blob_bytes_received", 0) - before)
-        wait_for(client, job["job_id"], lambda evs: any(e["data"].get("status") == "COMPLETED" for e in evs))
+        wait_for(client, job.job_id, lambda evs: any(e["data"].get("status") == "COMPLETED" for e in evs))
     assert received[0] > x.nbytes and received[1] == 0, received
 
 

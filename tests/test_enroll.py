@@ -54,13 +54,13 @@ def test_a_job_trains_through_an_enrolled_worker_and_the_token_is_kept_0600(back
     client = backend.client()
     x, y = slow_data(3000)
     job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16))
-    wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
-    instance_id = client.job(job["job_id"])["instance_id"]
+    wait_for(client, job.job_id, lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
+    instance_id = client.job(job.job_id).instance_id
     env = _environ(worker_process(instance_pid(backend.home, instance_id)))
     assert "AIBRO_WORKER_TOKEN" not in env, "the worker starts with no long-lived token"
     enroll_token = env["AIBRO_ENROLL_TOKEN"]
-    events = wait_for(client, job["job_id"], _final, timeout=300)
-    assert client.job(job["job_id"])["status"] == v.COMPLETED, [e["data"] for e in events if e["type"] == "error"]
+    events = wait_for(client, job.job_id, _final, timeout=300)
+    assert client.job(job.job_id).status == v.COMPLETED, [e["data"] for e in events if e["type"] == "error"]
 
     token_file = backend.home / "state" / "workers" / instance_id / "worker-token"
     mode = stat.S_IMODE(token_file.stat().st_mode)
@@ -87,10 +87,10 @@ def test_a_restart_reuses_the_kept_token_and_a_burnt_enrollment_buys_nothing(
     client = backend.client()
     x, y = slow_data(3000)
     job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=16))
-    wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
-    instance_id = client.job(job["job_id"])["instance_id"]
+    wait_for(client, job.job_id, lambda evs: any(e["type"] == "epoch" for e in evs), timeout=300)
+    instance_id = client.job(job.job_id).instance_id
     env = _environ(worker_process(instance_pid(backend.home, instance_id)))
-    wait_for(client, job["job_id"], _final, timeout=300)
+    wait_for(client, job.job_id, _final, timeout=300)
     token_file = backend.home / "state" / "workers" / instance_id / "worker-token"
     base = {k: val for k, val in os.environ.items() if not k.startswith("AIBRO_")}
 

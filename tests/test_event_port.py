@@ -58,12 +58,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=32))
         wait_for(
             client,
-            job["job_id"],
+            job.job_id,
             lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs),
             timeout=600,
         )
-        port = client.health()["events_port"]
-        yield {"backend": b, "job_id": job["job_id"], "port": port, "other": b.add_user("eve")}
+        port = client.health().events_port
+        yield {"backend": b, "job_id": job.job_id, "port": port, "other": b.add_user("eve")}
 
 
 def test_health_announces_the_port_and_its_answers_are_the_main_ports_byte_for_byte(trained: dict) -> None:
@@ -118,7 +118,7 @@ def test_refusals_name_the_problem_like_the_main_port(trained: dict) -> None:
     assert garbage.startswith(b"HTTP/1.1 400 ") and b"Connection: close" in garbage
     huge = _raw(port, b"GET /api/v1/events HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
     assert huge.startswith(b"HTTP/1.1 431 ") and b"over 65536 bytes" in huge
-    assert b.client().health()["ok"]
+    assert b.client().health().ok
 
 
 def test_pipelined_requests_are_answered_in_order_and_keep_alive_holds(trained: dict) -> None:
@@ -149,9 +149,9 @@ def test_a_long_poll_there_wakes_when_an_event_lands(trained: dict) -> None:
     x, y = slow_data(100)
     job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=32))
     waiter.join(60)
-    assert got["page"]["events"] and got["page"]["events"][0]["job_id"] == job["job_id"]
+    assert got["page"]["events"] and got["page"]["events"][0]["job_id"] == job.job_id
     assert got["s"] < 45, "the long-poll ran out instead of waking"
-    client.cancel(job["job_id"])
+    client.cancel(job.job_id)
 
 
 def test_the_client_long_polls_the_event_port_and_falls_back_to_the_main_port(trained: dict) -> None:
@@ -192,7 +192,7 @@ def test_turned_off_the_backend_announces_none_and_long_polls_use_the_main_port(
 
 def test_its_connections_count_under_the_cap_and_idle_ones_close(tmp_path: Path) -> None:
     with own_backend(tmp_path / "home", AIBRO_MAX_CONNECTIONS="12", AIBRO_IDLE_TIMEOUT_S="3") as b:
-        port = b.client().health()["events_port"]
+        port = b.client().health().events_port
         time.sleep(0.5)  # the health call's connection closes with its client
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
         try:

@@ -48,8 +48,8 @@ def _run_streaming(script: str, home: Path, client: BackendClient, before: set[s
         for line in proc.stdout:
             run.stdout.append(line.rstrip("\n"))
             if line.startswith("Epoch 1/8") and run.at_first_epoch is None:
-                new = [j for j in client.jobs() if j["job_id"] not in before]
-                run.at_first_epoch = (proc.poll(), new[-1]["status"] if new else "no job")
+                new = [j for j in client.jobs() if j.job_id not in before]
+                run.at_first_epoch = (proc.poll(), new[-1].status if new else "no job")
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
@@ -70,7 +70,7 @@ def _final_accuracy(out: str) -> float:
 def test_quickstart_streams_its_epochs_and_says_the_backend_keeps_running(
     script: str, aibro_home: Path, client: BackendClient
 ) -> None:
-    before = {j["job_id"] for j in client.jobs()}
+    before = {j.job_id for j in client.jobs()}
     run = _run_streaming(script, aibro_home, client, before)
     out = "\n".join(run.stdout)
     for k in range(1, 9):
@@ -80,9 +80,9 @@ def test_quickstart_streams_its_epochs_and_says_the_backend_keeps_running(
         f"'Epoch 1/8' is printed while the job still trains and the script still runs: {run.at_first_epoch}"
     )
     assert _final_accuracy(out) > 0.85
-    new = [j for j in client.jobs() if j["job_id"] not in before]
-    assert len(new) == 1 and new[0]["status"] == "COMPLETED" and new[0]["epochs_done"] == 8
-    assert new[0]["description"] == "quickstart digits cnn"
+    new = [j for j in client.jobs() if j.job_id not in before]
+    assert len(new) == 1 and new[0].status == "COMPLETED" and new[0].epochs_done == 8
+    assert new[0].description == "quickstart digits cnn"
 
     assert not NATIVE.search(out) and not NATIVE.search(run.stderr), f"native TF lines: {out[:1500]} {run.stderr}"
     if script == "run_quickstart.py":  # the runner says what each step is about to do, as the script's lines do

@@ -30,27 +30,27 @@ def test_a_cooling_instance_of_one_user_makes_room_for_another_users_job(tmp_pat
         first = Training(alice).submit(
             FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1000, batch_size=16, cool_down_period_s=600)
         )
-        wait_for(alice, first["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
+        wait_for(alice, first.job_id, lambda evs: any(e["type"] == "epoch" for e in evs))
         second = Training(bob).submit(FitRequest(make_model(1), x[:500], y[:500], machine_ids="local-cpu", epochs=1))
         queued = wait_for(
             bob,
-            second["job_id"],
+            second.job_id,
             lambda evs: any("waiting for local-cpu" in e["data"].get("message", "") for e in evs),
             timeout=120,
         )
         message = next(e["data"]["message"] for e in queued if "waiting for" in e["data"].get("message", ""))
         assert message == "waiting for local-cpu: all 1 in use (1 training)", message
-        assert bob.job(second["job_id"])["substatus"] == v.REQUESTING_SERVER
-        alice.cancel(first["job_id"])  # its machine cools for alice, as after any job of hers
-        wait_for(alice, first["job_id"], _final, timeout=300)
-        events = wait_for(bob, second["job_id"], _final, timeout=300)
-        assert bob.job(second["job_id"])["status"] == v.COMPLETED
+        assert bob.job(second.job_id).substatus == v.REQUESTING_SERVER
+        alice.cancel(first.job_id)  # its machine cools for alice, as after any job of hers
+        wait_for(alice, first.job_id, _final, timeout=300)
+        events = wait_for(bob, second.job_id, _final, timeout=300)
+        assert bob.job(second.job_id).status == v.COMPLETED
         evicted = [e["data"]["message"] for e in events if "to make room" in e["data"].get("message", "")]
         assert evicted == ["closed a cooling local-cpu instance (another user's) to make room for this job"]
-        alice_instances = {i["id"]: i for i in alice.instances()}
-        first_instance = alice.job(first["job_id"])["instance_id"]
-        assert alice_instances[first_instance]["status"] in (v.CLOSING, v.CLOSED), "alice's warm machine was closed"
-        assert bob.job(second["job_id"])["instance_id"] != first_instance, "a warm worker serves its one user only"
+        alice_instances = {i.id: i for i in alice.instances()}
+        first_instance = alice.job(first.job_id).instance_id
+        assert alice_instances[first_instance].status in (v.CLOSING, v.CLOSED), "alice's warm machine was closed"
+        assert bob.job(second.job_id).instance_id != first_instance, "a warm worker serves its one user only"
         messages = [e["data"].get("message") for e in events if e["type"] == "status"]
         assert messages.count(message) == 1, "the waiting message is said once, not every tick"
 
@@ -68,7 +68,7 @@ def test_one_bad_job_row_never_blocks_everyone_elses(tmp_path: Path) -> None:
         client = backend.client()
         x, y = slow_data(200)
         good = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1))
-        wait_for(client, good["job_id"], _final, timeout=300)
+        wait_for(client, good.job_id, _final, timeout=300)
         spec = json.loads(
             sqlite3.connect(str(home / "state" / "aibro.db")).execute("SELECT spec FROM jobs").fetchone()[0]
         )
@@ -82,10 +82,10 @@ def test_one_bad_job_row_never_blocks_everyone_elses(tmp_path: Path) -> None:
         db.commit()
         db.close()
         after = Training(client).submit(FitRequest(make_model(2), x, y, machine_ids="local-cpu", epochs=1))
-        wait_for(client, after["job_id"], _final, timeout=300)
-        assert client.job(after["job_id"])["status"] == v.COMPLETED
+        wait_for(client, after.job_id, _final, timeout=300)
+        assert client.job(after.job_id).status == v.COMPLETED
         deadline = time.monotonic() + 30
-        while client.job("job-bad-row")["status"] != v.CANCELED and time.monotonic() < deadline:
+        while client.job("job-bad-row").status != v.CANCELED and time.monotonic() < deadline:
             time.sleep(0.2)
         bad = client.job("job-bad-row")
-        assert bad["status"] == v.CANCELED and "could not schedule this job" in (bad["error"] or ""), bad
+        assert bad.status == v.CANCELED and "could not schedule this job" in (bad.error or ""), bad

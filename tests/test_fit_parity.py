@@ -180,7 +180,7 @@ def test_two_devices_train_under_mirrored_strategy(tmp_path: Path) -> None:
         job = trainer.submit(
             FitRequest(model, x, y, machine_ids="local-cpu", epochs=2, batch_size=64, fit_kwargs={"shuffle": False})
         )
-        view = trainer.watch(job["job_id"], [note])
+        view = trainer.watch(job.job_id, [note])
         trained, history = trainer.collect(view, model)
     assert view.status == "COMPLETED", view.errors
     assert notes and "MirroredStrategy over 2 devices (CPU:0, CPU:1)" in notes[0] and "32 per device" in notes[0]

@@ -45,7 +45,7 @@ def _modes(root: Path) -> dict[str, str]:
 
 
 def _instance_status(client: BackendClient, instance_id: str) -> str | None:
-    return {i["id"]: i["status"] for i in client.instances()}.get(instance_id)
+    return {i.id: i.status for i in client.instances()}.get(instance_id)
 
 
 # -- 1. a closed instance's folder is removed ----------------------------------------------------------------------
@@ -55,8 +55,8 @@ def test_a_closed_instance_leaves_no_folder_only_its_log(client: BackendClient, 
     job = trainer.submit(
         FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=0)
     )
-    assert trainer.watch(job["job_id"]).status == v.COMPLETED
-    inst = client.job(job["job_id"])["instance_id"]
+    assert trainer.watch(job.job_id).status == v.COMPLETED
+    inst = client.job(job.job_id).instance_id
     folder = aibro_home / "state" / "workers" / inst
     kept = aibro_home / "state" / "worker-logs" / f"{inst}.log"
     assert wait_until(lambda: _instance_status(client, inst) == v.CLOSED, 120)
@@ -76,8 +76,8 @@ def test_a_restarted_backend_removes_the_folders_of_instances_closed_while_it_wa
         job = trainer.submit(
             FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=600)
         )
-        assert trainer.watch(job["job_id"]).status == v.COMPLETED
-        inst = client.job(job["job_id"])["instance_id"]
+        assert trainer.watch(job.job_id).status == v.COMPLETED
+        inst = client.job(job.job_id).instance_id
         worker = instance_pid(home, inst)
         folder = home / "state" / "workers" / inst
         assert folder.is_dir() and pid_alive(worker), "its instance cools: its worker and folder are still in use"
@@ -243,12 +243,12 @@ def test_a_shared_backend_holds_each_job_to_its_share_of_memory(tmp_path: Path) 
         assert "memory per job: not limited, as this backend has one user" in status()
         bob = backend.add_user("bob")
         assert f"memory per job: {share} on this backend's host" in status(), status()
-        assert bob.health()["job_memory"]["set_by"] == "share"
+        assert bob.health().job_memory.set_by == "share"
 
         x, y = slow_data(512)
         trainer = Training(bob)
         job = trainer.submit(FitRequest(greedy_model(1000), x, y, machine_ids="local-cpu", epochs=2, batch_size=64))
-        view = trainer.watch(job["job_id"])
+        view = trainer.watch(job.job_id)
         assert view.status == v.CANCELED, "the job held more than its share"
         named = rf"held .* of memory .* over its limit of {re.escape(share)} \(AIBRO_JOB_MAX_MEMORY_BYTES"
         assert view.errors and re.search(named, view.errors[-1]), view.errors

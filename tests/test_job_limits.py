@@ -52,7 +52,7 @@ def test_a_job_over_its_limit_ends_naming_it(trainer: Training, greed: dict[str,
 
     x, y = slow_data(512)
     job = trainer.submit(FitRequest(greedy_model(**greed), x, y, machine_ids="local-cpu", epochs=2, batch_size=64))
-    view = trainer.watch(job["job_id"])
+    view = trainer.watch(job.job_id)
     assert view.status == "CANCELED", "the job should have failed"
     assert view.errors and re.search(named, view.errors[-1]), view.errors
 
@@ -63,7 +63,7 @@ def test_a_job_within_its_limits_trains(trainer: Training, tmp_path: Path, monke
     job = trainer.submit(
         FitRequest(greedy_model(files=50, chunks_mb=2), x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
     )
-    assert trainer.watch(job["job_id"]).status == "COMPLETED"
+    assert trainer.watch(job.job_id).status == "COMPLETED"
     assert sorted(p.name for p in tmp_path.glob("chunk-*.bin")) == ["chunk-0.bin", "chunk-1.bin"]
 
 

@@ -46,9 +46,9 @@ def test_a_sandboxed_job_reaches_the_backend_and_nothing_else(client: BackendCli
     job = trainer.submit(
         FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, batch_size=64, cool_down_period_s=600)
     )
-    view = trainer.watch(job["job_id"])
+    view = trainer.watch(job.job_id)
     assert view.status == "COMPLETED", view.errors  # the worker talked to the backend the whole time
-    report = aibro_home / "state" / "workers" / client.job(job["job_id"])["instance_id"] / "netprobe.json"
+    report = aibro_home / "state" / "workers" / client.job(job.job_id).instance_id / "netprobe.json"
     assert report.exists(), "the layer ran on the worker and wrote its report"
     found = json.loads(report.read_text())
     assert found["host_listener"] == "ConnectionRefusedError", found
@@ -58,7 +58,7 @@ def test_a_sandboxed_job_reaches_the_backend_and_nothing_else(client: BackendCli
     assert found["backend"] == "401", found  # the backend itself answered (and wants a token)
     with pytest.raises(BlockingIOError):
         listener.accept()  # nobody came
-    assert client.health()["sandbox"] == "bwrap"  # the backend's port on this host is still the backend's
+    assert client.health().sandbox == "bwrap"  # the backend's port on this host is still the backend's
 
 
 class _Index(http.server.BaseHTTPRequestHandler):

@@ -71,7 +71,7 @@ def test_a_completed_job_leaves_no_process_behind(client: BackendClient) -> None
         )
     )
     assert seen(marker), "the layer's processes never started on the worker (the test proves nothing then)"
-    view = trainer.watch(job["job_id"])
+    view = trainer.watch(job.job_id)
     assert view.status == "COMPLETED", view.errors
     assert gone(marker), f"still running after the job completed: {marked(marker)}"
 
@@ -86,9 +86,9 @@ def test_a_canceled_job_leaves_no_process_behind(client: BackendClient) -> None:
         )
     )
     assert seen(marker)
-    wait_for(client, job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
-    client.cancel(job["job_id"])
-    view = trainer.watch(job["job_id"])
+    wait_for(client, job.job_id, lambda evs: any(e["type"] == "epoch" for e in evs))
+    client.cancel(job.job_id)
+    view = trainer.watch(job.job_id)
     assert view.status == "CANCELED"
     assert gone(marker), f"still running after the job was canceled: {marked(marker)}"
 
@@ -102,7 +102,7 @@ def test_a_stopped_backend_leaves_no_process_of_a_running_job_behind(tmp_path: P
             FitRequest(spawning_model(marker), x, y, machine_ids="local-cpu", epochs=500, batch_size=32)
         )
         assert seen(marker)
-        wait_for(backend.client(), job["job_id"], lambda evs: any(e["type"] == "epoch" for e in evs))
+        wait_for(backend.client(), job.job_id, lambda evs: any(e["type"] == "epoch" for e in evs))
         backend.proc.send_signal(signal.SIGTERM)  # `aibro backend stop`: a clean stop
         backend.proc.wait(timeout=120)
         assert gone(marker), f"still running after the backend stopped: {marked(marker)}"

@@ -31,7 +31,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     info = json.loads((home / "backend.json").read_text())
     token = json.loads((home / "credentials.json").read_text())["token"]
     client = BackendClient(info["url"], token)
-    assert client.policy()["max_active_jobs"] == 1
+    assert client.policy().max_active_jobs == 1
     yield client
     _cli(home, "backend", "stop")
 
@@ -45,12 +45,12 @@ def test_at_the_limit_a_job_fails_clearly_or_waits_for_a_slot(
 ) -> None:
     x, y = slow_data(3000)
     trainer = Training(limited)
-    first = trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=3, batch_size=16))["job_id"]
+    first = trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=3, batch_size=16)).job_id
     with pytest.raises(ApiError) as err:
         trainer.submit(FitRequest(make_model(1), x[:200], y[:200], machine_ids="local-cpu", epochs=1))
     assert err.value.status == 429
     assert "the limit is 1" in str(err.value) and "--wait-slot" in str(err.value)
-    assert [j["job_id"] for j in limited.jobs()] == [first], "the refused job was not created"
+    assert [j.job_id for j in limited.jobs()] == [first], "the refused job was not created"
 
     second = trainer.submit(
         FitRequest(
@@ -62,10 +62,10 @@ def test_at_the_limit_a_job_fails_clearly_or_waits_for_a_slot(
             wait_new_job_create_s=600,
             wait_new_job_create_interval=0.5,
         ),
-    )["job_id"]
+    ).job_id
     assert "waiting for a job slot" in capfd.readouterr().err
     first_job = limited.job(first)
-    assert first_job["status"] == v.COMPLETED, "the slot opened when the first job ended"
-    assert limited.job(second)["created"] >= first_job["timeline"][-1]["ts"]
+    assert first_job.status == v.COMPLETED, "the slot opened when the first job ended"
+    assert limited.job(second).created >= first_job.timeline[-1].ts
     wait_for(limited, second, _final)
-    assert limited.job(second)["status"] == v.COMPLETED
+    assert limited.job(second).status == v.COMPLETED

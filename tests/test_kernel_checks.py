@@ -355,7 +355,7 @@ def _mapped_file_bytes() -> int:
 def test_a_3gib_memmap_is_refused_at_once_with_nothing_written(
     client: BackendClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    limit = client.policy()["max_job_bytes"]
+    limit = client.policy().max_job_bytes
     assert limit < 3 * 2**30
     data_dir, temp = tmp_path / "data", tmp_path / "temp"
     data_dir.mkdir()

@@ -43,8 +43,8 @@ print("STEPS", int(model.optimizer.iterations.numpy()))
     final = re.search(r"FINAL (\S+) (\S+) (\S+)", res.stdout)
     assert final and final.group(1) == final.group(2) and final.group(3) == "True", res.stdout
     assert "STEPS 132" in res.stdout  # 44 batches x 3 epochs: optimizer state came back
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "magic digits")
-    assert job["status"] == "COMPLETED" and job["meta"] == {"variable": "model"}
+    job = next(j for j in reversed(client.jobs()) if j.description == "magic digits")
+    assert job.status == "COMPLETED" and job.meta == {"variable": "model"}
     shown = [d for d in res.data if "application/vnd.jupyter.widget-view+json" in d]
     assert len(shown) == 1, "the progress panel is displayed once, from the cell"
     progress = {cid: st for cid, st in res.widgets.items() if st.get("_model_name") == "IntProgressModel"}
@@ -107,8 +107,8 @@ def test_kernel_dies_mid_training_then_attach_in_a_new_kernel(aibro_home: Path, 
     )
     km.shutdown_kernel(now=True)
     kc.stop_channels()
-    job_id = next(j["job_id"] for j in reversed(client.jobs()) if j["epochs"] == 6)
-    assert client.job(job_id)["status"] in ("QUEUING", "TRAINING"), "the job outlives its kernel"
+    job_id = next(j.job_id for j in reversed(client.jobs()) if j.epochs == 6)
+    assert client.job(job_id).status in ("QUEUING", "TRAINING"), "the job outlives its kernel"
     assert "Epoch 2/6" in res.stdout
 
     km2, kc2 = start_kernel({"AIBRO_HOME": str(aibro_home)})
@@ -152,13 +152,13 @@ def test_options_ckpt_dir_log_dir_into_and_detach(kernel, client, tmp_path: Path
     )
     assert not res.error, res.error
     assert "SAME True" in res.stdout and "Epoch 1/2" not in res.stdout, "--quiet leaves only the panel"
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "options test")
-    ckpts = sorted(p.name for p in (tmp_path / "ck" / job["job_id"] / "checkpoints").iterdir())
+    job = next(j for j in reversed(client.jobs()) if j.description == "options test")
+    ckpts = sorted(p.name for p in (tmp_path / "ck" / job.job_id / "checkpoints").iterdir())
     assert ckpts == ["epoch-0001.keras", "epoch-0002.keras"]
-    assert list((tmp_path / "tb" / "logs" / job["job_id"]).rglob("events.out.tfevents.*")), "TensorBoard logs"
+    assert list((tmp_path / "tb" / "logs" / job.job_id).rglob("events.out.tfevents.*")), "TensorBoard logs"
 
     job_id = _detached(kernel, "-d detached\nh = model.fit(x_train[:300], y_train[:300], epochs=2)")
-    assert client.job(job_id)["status"] in ("QUEUING", "TRAINING", "COMPLETED")
+    assert client.job(job_id).status in ("QUEUING", "TRAINING", "COMPLETED")
     res = run_cell(
         kernel,
         f"%cloud_attach {job_id} --into fresh\nprint('NEW', fresh is not model, len(fresh_history.history['loss']))",
@@ -183,13 +183,13 @@ def test_picker_appears_and_its_button_starts_the_job(kernel, client) -> None:  
     assert "<code>local-cpu</code>" in " ".join(str(st.get("value", "")) for st in res.widgets.values()), (
         "the marketplace table"
     )
-    assert not [j for j in client.jobs() if j["description"] == "picked"], "nothing starts before the click"
+    assert not [j for j in client.jobs() if j.description == "picked"], "nothing starts before the click"
     click(kernel, res, "Start training")
     drain(kernel, res)
     assert not res.error, res.error
     assert "Epoch 1/1" in res.stdout
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "picked")
-    assert job["status"] == "COMPLETED" and job["machines"] == ["local-cpu"] and job["cool_down_s"] == 45
+    job = next(j for j in reversed(client.jobs()) if j.description == "picked")
+    assert job.status == "COMPLETED" and job.machines == ["local-cpu"] and job.cool_down_s == 45
 
 
 def test_ctrl_c_detaches_and_never_cancels(kernel, client) -> None:  # noqa: ANN001
@@ -203,12 +203,12 @@ def test_ctrl_c_detaches_and_never_cancels(kernel, client) -> None:  # noqa: ANN
     kernel.manager.interrupt_kernel()
     drain(kernel, res, timeout=60)
     assert not res.error, f"Ctrl-C is not an error here: {res.error}"
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "interrupted")
-    assert f"Attach again with: %cloud_attach {job['job_id']}" in res.stdout
+    job = next(j for j in reversed(client.jobs()) if j.description == "interrupted")
+    assert f"Attach again with: %cloud_attach {job.job_id}" in res.stdout
     assert any("DETACHED" in str(st.get("value", "")) for _cid, st in res.updates), "the panel says it is detached"
     time.sleep(2)
-    assert client.job(job["job_id"])["status"] == "TRAINING", "the job keeps training"
-    client.cancel(job["job_id"])
+    assert client.job(job.job_id).status == "TRAINING", "the job keeps training"
+    client.cancel(job.job_id)
 
 
 def test_panel_buttons_work_while_the_cell_runs(kernel, client) -> None:  # noqa: ANN001
@@ -221,15 +221,15 @@ def test_panel_buttons_work_while_the_cell_runs(kernel, client) -> None:  # noqa
     )
     click(kernel, res, "Detach")
     drain(kernel, res, timeout=60)
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "detach-button")
-    assert f"Attach again with: %cloud_attach {job['job_id']}" in res.stdout and not res.error
-    assert client.job(job["job_id"])["status"] == "TRAINING", "Detach leaves the job training"
+    job = next(j for j in reversed(client.jobs()) if j.description == "detach-button")
+    assert f"Attach again with: %cloud_attach {job.job_id}" in res.stdout and not res.error
+    assert client.job(job.job_id).status == "TRAINING", "Detach leaves the job training"
 
-    res = run_cell(kernel, f"%cloud_attach {job['job_id']}", until="Epoch ")
+    res = run_cell(kernel, f"%cloud_attach {job.job_id}", until="Epoch ")
     click(kernel, res, "Cancel")
     drain(kernel, res, timeout=60)
-    assert client.job(job["job_id"])["status"] == "CANCELED"
-    assert f"job {job['job_id']} did not complete: it was canceled" in res.stdout, res.stdout[-500:]
+    assert client.job(job.job_id).status == "CANCELED"
+    assert f"job {job.job_id} did not complete: it was canceled" in res.stdout, res.stdout[-500:]
 
 
 def test_spec_options_and_the_line_magics(kernel, client) -> None:  # noqa: ANN001
@@ -241,9 +241,9 @@ def test_spec_options_and_the_line_magics(kernel, client) -> None:  # noqa: ANN0
     )
     assert not res.error, res.error
     assert "EPOCHS [0, 1]" in res.stdout
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "not recorded")
-    assert (job["cool_down_s"], job["wait_request_s"], job["record"]) == (900, 45, False)
-    job_id = job["job_id"]
+    job = next(j for j in reversed(client.jobs()) if j.description == "not recorded")
+    assert (job.cool_down_s, job.wait_request_s, job.record) == (900, 45, False)
+    job_id = job.job_id
 
     res = run_cell(kernel, f"from aibro_jupyter import Training\nTraining.replay_job('{job_id}')")
     assert "was not recorded (record=False), so it cannot be replayed" in res.error + res.stdout
@@ -255,7 +255,7 @@ def test_spec_options_and_the_line_magics(kernel, client) -> None:  # noqa: ANN0
     )
     assert not res.error, res.error
     found = re.search(r"R True \[0, 1\] (\S+)", res.stdout)
-    assert found and float(found.group(1)) == pytest.approx(job["history"][-1]["val_accuracy"], abs=1e-4), res.stdout
+    assert found and float(found.group(1)) == pytest.approx(job.history[-1].val_accuracy, abs=1e-4), res.stdout
 
     res = run_cell(kernel, f"%cloud_timeline {job_id} --chart funnel")
     assert not res.error, res.error
@@ -293,8 +293,8 @@ def test_unsafe_trains_a_lambda_model(kernel, client) -> None:  # noqa: ANN001
     assert not res.error, res.error
     found = re.search(r"LAM True (\S+) (\S+)", res.stdout)
     assert found and found.group(1) == found.group(2), res.stdout
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "lambda unsafe")
-    assert job["status"] == "COMPLETED"
+    job = next(j for j in reversed(client.jobs()) if j.description == "lambda unsafe")
+    assert job.status == "COMPLETED"
 
 
 def test_the_same_cell_without_the_magic_does_the_same_locally(kernel) -> None:  # noqa: ANN001
@@ -367,9 +367,9 @@ def test_a_fit_in_a_loop_runs_each_pass_as_a_job_on_the_warm_machine(kernel, cli
         "STEPS 30 True",  # 10 batches a pass, the optimizer's state carried from one job to the next
     ], res.stdout
     assert res.stdout.count("its machine stays warm 300 s for the next") == 1, res.stdout
-    jobs = [j for j in client.jobs() if j["description"] == "looped fits"]
-    assert [j["status"] for j in jobs] == ["COMPLETED"] * 3 and {j["cool_down_s"] for j in jobs} == {300}
-    assert len({j["instance_id"] for j in jobs}) == 1, "every pass lands on the warm worker of the one before"
+    jobs = [j for j in client.jobs() if j.description == "looped fits"]
+    assert [j.status for j in jobs] == ["COMPLETED"] * 3 and {j.cool_down_s for j in jobs} == {300}
+    assert len({j.instance_id for j in jobs}) == 1, "every pass lands on the warm worker of the one before"
     panels = [d for d in res.data if "application/vnd.jupyter.widget-view+json" in d]
     assert len(panels) == 1, "one place for the panels: each job's replaces the last one's"
     headers = " ".join(str(st.get("value", "")) for st in res.widgets.values())
@@ -389,8 +389,8 @@ def test_a_fit_in_an_if_and_the_cells_last_value(kernel, client) -> None:  # noq
     )
     assert not res.error, res.error
     assert {"text/plain": "([0, 1], True)"} in res.data, res.data
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "fit in an if")
-    assert job["status"] == "COMPLETED" and job["cool_down_s"] == 900
+    job = next(j for j in reversed(client.jobs()) if j.description == "fit in an if")
+    assert job.status == "COMPLETED" and job.cool_down_s == 900
 
 
 def test_cancel_or_ctrl_c_in_a_loop_stops_the_loop(kernel, client) -> None:  # noqa: ANN001
@@ -408,7 +408,7 @@ def test_cancel_or_ctrl_c_in_a_loop_stops_the_loop(kernel, client) -> None:  # n
     drain(kernel, res, timeout=60)
     assert "it was canceled; the cell stopped at its fit on line 3 (fit 1)" in res.stdout, res.error + res.stdout
     assert "SWALLOWED" not in res.stdout
-    assert [j["status"] for j in client.jobs() if j["description"] == "loop-cancel"] == ["CANCELED"]
+    assert [j.status for j in client.jobs() if j.description == "loop-cancel"] == ["CANCELED"]
 
     res = run_cell(kernel, "%%cloud_fit -m local-cpu --cool-down 600 -d loop-ctrl-c\n" + body, until="Epoch 1/30")
     kernel.manager.interrupt_kernel()
@@ -416,6 +416,6 @@ def test_cancel_or_ctrl_c_in_a_loop_stops_the_loop(kernel, client) -> None:  # n
     assert not res.error, f"Ctrl-C is not an error here: {res.error}"
     assert "Attach again with: %cloud_attach" in res.stdout, res.stdout
     assert "the cell stopped at its fit on line 3 (fit 1)" in res.stdout
-    jobs = [j for j in client.jobs() if j["description"] == "loop-ctrl-c"]
-    assert len(jobs) == 1 and jobs[0]["status"] == "TRAINING", "the job goes on; no next one started"
-    client.cancel(jobs[0]["job_id"])
+    jobs = [j for j in client.jobs() if j.description == "loop-ctrl-c"]
+    assert len(jobs) == 1 and jobs[0].status == "TRAINING", "the job goes on; no next one started"
+    client.cancel(jobs[0].job_id)

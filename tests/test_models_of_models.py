@@ -116,15 +116,15 @@ def test_a_gan_whose_worker_dies_resumes_with_both_optimizers_state(client: Back
         loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
     )
     data = tf.data.Dataset.from_tensor_slices(_images(4800)).batch(16)
-    job_id = Training(client).submit(FitRequest(gan, data, machine_ids="local-cpu", epochs=4, cool_down_period_s=120))[
-        "job_id"
-    ]
+    job_id = (
+        Training(client).submit(FitRequest(gan, data, machine_ids="local-cpu", epochs=4, cool_down_period_s=120)).job_id
+    )
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
-    first = client.job(job_id)["instance_id"]
+    first = client.job(job_id).instance_id
     os.killpg(instance_pid(aibro_home, first), signal.SIGKILL)
     events = wait_for(client, job_id, _final, timeout=600)
     job = client.job(job_id)
-    assert job["status"] == v.COMPLETED and job["instance_id"] != first, events[-5:]
+    assert job.status == v.COMPLETED and job.instance_id != first, events[-5:]
     assert epochs_seen(events) == [0, 1, 2, 3], "every epoch exactly once, in order"
     Training(client).collect(Training(client).watch(job_id), gan)
     for name in ("d_optimizer", "g_optimizer"):

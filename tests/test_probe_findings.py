@@ -140,7 +140,7 @@ def test_a_client_that_never_reads_its_answers_is_dropped(tmp_path: Path, port_n
         stalled = [_stalled_reader(port, request) for _ in range(2)]
         try:
             grown = b.rss_kib() - rss_before
-            assert answered_again(lambda: b.client().health(), ApiError, within_s=60)["ok"]
+            assert answered_again(lambda: b.client().health(), ApiError, within_s=60).ok
         finally:
             for s in stalled:
                 s.close()
@@ -168,13 +168,13 @@ def worker_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OwnBa
         client = b.client()
         x, y = slow_data(2000)
         job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=60, batch_size=16))
-        job_id = job["job_id"]
+        job_id = job.job_id
         wait_for(client, job_id, lambda evs: any(e["type"] == v.EV_EPOCH for e in evs))
         job = client.job(job_id)
-        pid = worker_process(instance_pid(home, job["instance_id"]))
+        pid = worker_process(instance_pid(home, job.instance_id))
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         token = next(e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"AIBRO_WORKER_TOKEN="))
-        yield b, job_id, int(job["attempt"]), token
+        yield b, job_id, int(job.attempt), token
         client.cancel(job_id)
 
 
@@ -193,9 +193,9 @@ def test_an_artifact_name_that_collides_with_another_is_a_409_naming_both(worker
         assert resp.status_code == 409, (name, resp.status_code, resp.text[:300])
         error = resp.json()["error"]
         assert name in error and other in error and "another name" in error, error
-    names = {a["name"] for a in b.client().artifacts(job_id)}
+    names = {a.name for a in b.client().artifacts(job_id)}
     assert {"probe/ok.bin", "probe/dir/x"} <= names and not {"probe/ok.bin/child", "probe/dir"} & names
-    assert b.client().job(job_id)["status"] == v.TRAINING
+    assert b.client().job(job_id).status == v.TRAINING
 
 
 # -- 5. the worker's folders are private ---------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def test_a_20_mb_worker_event_is_answered_413_not_reset(worker_job: Any) -> None
     spec = json.dumps({"model": "0" * 64, "pad": "x" * 5_000_000}).encode()
     status, answer = _post_whole(b, "/jobs", b.token, spec)
     assert status == 413 and "limit of 1048576 bytes" in answer["error"], answer
-    assert b.client().job(job_id)["status"] == v.TRAINING
+    assert b.client().job(job_id).status == v.TRAINING
 
 
 # -- 3. unfinished and stored bytes: bounded per user, and shown ---------------------------------------------------
@@ -275,9 +275,9 @@ def test_unfinished_uploads_are_bounded_in_number_and_shown(tmp_path: Path) -> N
         with pytest.raises(ApiError, match=r"5 unfinished uploads.*limit of 5.*DELETE /blobs/SHA") as e:
             _put_blob(client, starts[5], total=2 * 1024**3)
         assert e.value.status == 429
-        quota = client.health()["quota"]
-        assert (quota["pending_uploads"], quota["max_pending_uploads"], quota["pending_bytes"]) == (5, 5, 500)
-        assert quota["max_pending_bytes"] == 2 * 2 * 1024**3
+        quota = client.health().quota
+        assert (quota.pending_uploads, quota.max_pending_uploads, quota.pending_bytes) == (5, 5, 500)
+        assert quota.max_pending_bytes == 2 * 2 * 1024**3
         client.t.json("DELETE", f"/blobs/{hashlib.sha256(starts[0]).hexdigest()}")
         assert _put_blob(client, starts[5], total=2 * 1024**3)["received"] == 100
 
@@ -296,8 +296,8 @@ def test_stored_blobs_are_bounded_per_user_and_shown(tmp_path: Path) -> None:
         assert _held(client, blobs[0])  # used again: blobs[1] is now the least recently used
         assert _put_blob(client, blobs[3])["complete"]
         assert [_held(client, data) for data in blobs[:4]] == [True, False, True, True]
-        quota = client.health()["quota"]
-        assert (quota["stored_bytes"], quota["max_stored_bytes"]) == (9000, 10000)
+        quota = client.health().quota
+        assert (quota.stored_bytes, quota.max_stored_bytes) == (9000, 10000)
 
         with pytest.raises(ApiError, match=r"20000 bytes.*limit of 10000 bytes") as e:
             _put_blob(client, os.urandom(20000))
@@ -306,14 +306,14 @@ def test_stored_blobs_are_bounded_per_user_and_shown(tmp_path: Path) -> None:
         shas = [hashlib.sha256(data).hexdigest() for data in blobs]
         spec = {"model": shas[0], "data": {"x": {"blob": shas[2]}, "y": {"blob": shas[3]}}, "machines": ["local-cpu"]}
         job = client.submit(JobSpec.model_validate(spec))
-        assert job["status"] == v.QUEUING
+        assert job.status == v.QUEUING
         with pytest.raises(ApiError, match=r"active jobs read 9000 bytes.*limit of 10000 bytes.*cancel") as e:
             _put_blob(client, blobs[4])
         assert e.value.status == 413
         assert [_held(client, data) for data in (blobs[0], blobs[2], blobs[3])] == [True, True, True]
-        client.cancel(job["job_id"])
+        client.cancel(job.job_id)
         assert _put_blob(client, blobs[4])["complete"]
-        assert client.health()["quota"]["stored_bytes"] <= 10000
+        assert client.health().quota.stored_bytes <= 10000
         gone = [data for data in (blobs[0], blobs[2], blobs[3]) if not _held(client, data)]
         assert len(gone) == 1
         blob_files = list((b.home / "state" / "blobs" / "blobs").iterdir())

@@ -51,16 +51,16 @@ def test_a_normal_session_logs_nothing_to_act_on_and_a_refused_token_is_a_warnin
             FitRequest(make_model(), x[:300], y[:300], machine_ids="local-cpu", epochs=2, batch_size=50,
             validation_data=(xv, yv), description="quiet", cool_down_period_s=0),
         )  # fmt: skip
-        view = trainer.watch(job["job_id"])
+        view = trainer.watch(job.job_id)
         trainer.collect(view, make_model())
         client.jobs()
-        client.events(job["job_id"])
+        client.events(job.job_id)
         again = trainer.submit(  # the same data again: its blobs are already there (HEADs answered 200)
             FitRequest(
                 make_model(), x[:300], y[:300], machine_ids="local-cpu", epochs=1, batch_size=50, cool_down_period_s=0
             )
         )
-        assert trainer.watch(again["job_id"]).status == "COMPLETED"
+        assert trainer.watch(again.job_id).status == "COMPLETED"
         for mistake in (  # each answered to the client with the problem named: nothing for the backend to say
             lambda: client.job("job-does-not-exist"),
             lambda: client.cancel("job-does-not-exist"),

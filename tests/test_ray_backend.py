@@ -27,6 +27,7 @@ from kernel_helpers import digits_setup, run_cell, start_kernel
 from ray_cluster import POOL, RayCluster, free_port, ray_available, start_cluster
 
 from aibro_core import vocabulary as v
+from aibro_core.models import Instance
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
@@ -63,8 +64,8 @@ def until(what: str, cond: Callable[[], Any], timeout: float = 240.0) -> Any:
         time.sleep(0.3)
 
 
-def instance(client: BackendClient, instance_id: str) -> dict[str, Any]:
-    return {i["id"]: i for i in client.instances()}[instance_id]
+def instance(client: BackendClient, instance_id: str) -> Instance:
+    return {i.id: i for i in client.instances()}[instance_id]
 
 
 def last_status_message(client: BackendClient, job_id: str) -> str:
@@ -124,10 +125,10 @@ def test_online_fit_on_ray_cpu1_completes_on_a_node(
     import numpy as np
 
     client = backend.client()
-    machines = {m["machine_id"]: m for m in client.machines()}
-    assert machines["local-cpu"]["provider"] == "local", "the local provider stays on beside Ray"
-    assert machines["ray-cpu1"]["provider"] == "ray" and machines["ray-cpu1"]["capacity"] == 2
-    assert machines["ray-gpu1"]["gpu_count"] == 1 and machines["ray-gpu1"]["price_per_hour"] == 0.0
+    machines = {m.machine_id: m for m in client.machines()}
+    assert machines["local-cpu"].provider == "local", "the local provider stays on beside Ray"
+    assert machines["ray-cpu1"].provider == "ray" and machines["ray-cpu1"].capacity == 2
+    assert machines["ray-gpu1"].gpu_count == 1 and machines["ray-gpu1"].price_per_hour == 0.0
     monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
     monkeypatch.setenv("AIBRO_TOKEN", backend.token)
     x, y = slow_data(400)
@@ -139,11 +140,11 @@ def test_online_fit_on_ray_cpu1_completes_on_a_node(
     assert trained is model and len(history.history["loss"]) == 2
     assert any(not np.allclose(a, c) for a, c in zip(before, model.get_weights()))
     job = client.job(job_id)
-    assert job["status"] == v.COMPLETED and job["machine_id"] == "ray-cpu1"
-    inst = instance(client, job["instance_id"])
-    assert inst["provider"] == "ray" and [h[0] for h in inst["history"]][:2] == [v.LAUNCHING, v.EXECUTING]
-    until("the instance closed (no cool-down)", lambda: instance(client, job["instance_id"])["status"] == v.CLOSED)
-    until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
+    assert job.status == v.COMPLETED and job.machine_id == "ray-cpu1"
+    inst = instance(client, job.instance_id)
+    assert inst.provider == "ray" and [h[0] for h in inst.history][:2] == [v.LAUNCHING, v.EXECUTING]
+    until("the instance closed (no cool-down)", lambda: instance(client, job.instance_id).status == v.CLOSED)
+    until("both CPUs free", lambda: {m.machine_id: m for m in client.machines()}["ray-cpu1"].available == 2)
 
 
 def test_a_study_runs_its_trials_as_jobs_on_both_nodes(
@@ -168,11 +169,11 @@ def test_a_study_runs_its_trials_as_jobs_on_both_nodes(
     study = client.t.json("GET", f"/studies/{study_id}")
     assert study["status"] == "COMPLETED" and [t["status"] for t in study["trials"]] == ["COMPLETED"] * 4, study
     jobs = [client.job(t["job_id"]) for t in study["trials"]]
-    assert all(j["machine_id"] == "ray-cpu1" for j in jobs)
+    assert all(j.machine_id == "ray-cpu1" for j in jobs)
     spans = sorted(
         (
-            next(e["ts"] for e in j["timeline"] if e["substatus"] == v.GEARING_UP_ENV),
-            max(e["ts"] or 0 for e in j["timeline"]),
+            next(e.ts for e in j.timeline if e.substatus == v.GEARING_UP_ENV),
+            max(e.ts or 0 for e in j.timeline),
         )
         for j in jobs
     )
@@ -182,7 +183,7 @@ def test_a_study_runs_its_trials_as_jobs_on_both_nodes(
     assert best is not None and tuner.get_best_hyperparameters()[0].values == next(
         t["values"] for t in study["trials"] if t["trial_id"] == study["best_trial_id"]
     )
-    until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
+    until("both CPUs free", lambda: {m.machine_id: m for m in client.machines()}["ray-cpu1"].available == 2)
 
 
 UNTRAINED = 'model = build()\nprint("UNTRAINED", round(model.evaluate(x_val, y_val, verbose=0)[1], 4))'
@@ -222,22 +223,22 @@ def test_cloud_fit_in_a_kernel_trains_on_a_ray_machine_unchanged(
     assert res.stdout.index("FINAL") > res.stdout.index("Epoch 4/4 "), "the code after the fit ran after it"
     assert final.group(1) == final.group(2), f"the trained weights came back into `model`: {res.stdout}"
     assert float(final.group(1)) > max(0.5, untrained + 0.2), (untrained, res.stdout)
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "kernel on ray")
-    assert (job["status"], job["machine_id"], job["meta"]) == (v.COMPLETED, "ray-cpu1", {"variable": "model"}), job
-    inst = instance(client, job["instance_id"])
-    assert inst["provider"] == "ray" and inst["machine_id"] == "ray-cpu1", inst
-    placed = inst["placement"]
+    job = next(j for j in reversed(client.jobs()) if j.description == "kernel on ray")
+    assert (job.status, job.machine_id, job.meta) == (v.COMPLETED, "ray-cpu1", {"variable": "model"}), job
+    inst = instance(client, job.instance_id)
+    assert inst.provider == "ray" and inst.machine_id == "ray-cpu1", inst
+    placed = inst.placement
     assert placed["node_id"] and placed["node_ip"] and placed["ray_address"] == cluster.address, placed
     # The cool-down keeps the reservation: the instance cools on its node, holding one of the two CPUs.
-    until("the instance cooling", lambda: instance(client, job["instance_id"])["status"] == v.COOLING, 60)
-    assert node_of(cluster, job["instance_id"]) in {"a", "b"}
+    until("the instance cooling", lambda: instance(client, job.instance_id).status == v.COOLING, 60)
+    assert node_of(cluster, job.instance_id) in {"a", "b"}
     until(
         "one CPU held while cooling",
-        lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 1,
+        lambda: {m.machine_id: m for m in client.machines()}["ray-cpu1"].available == 1,
     )
-    client.terminate(job["instance_id"])
-    until("the instance closed", lambda: instance(client, job["instance_id"])["status"] == v.CLOSED)
-    until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
+    client.terminate(job.instance_id)
+    until("the instance closed", lambda: instance(client, job.instance_id).status == v.CLOSED)
+    until("both CPUs free", lambda: {m.machine_id: m for m in client.machines()}["ray-cpu1"].available == 2)
 
 
 def test_three_jobs_spread_over_two_nodes_and_the_third_waits_with_the_clusters_words(
@@ -252,30 +253,30 @@ def test_three_jobs_spread_over_two_nodes_and_the_third_waits_with_the_clusters_
         )
         for k in range(3)
     ]
-    ids = [j["job_id"] for j in jobs]
+    ids = [j.job_id for j in jobs]
 
     def training_now() -> list[str]:
-        return [j for j in ids if client.job(j)["status"] == v.TRAINING]
+        return [j for j in ids if client.job(j).status == v.TRAINING]
 
     running = until("two jobs training", lambda: (lambda t: t if len(t) == 2 else None)(training_now()))
     (waiting,) = [j for j in ids if j not in running]
     job = client.job(waiting)
-    assert (job["status"], job["substatus"]) == (v.QUEUING, v.REQUESTING_SERVER)
+    assert (job.status, job.substatus) == (v.QUEUING, v.REQUESTING_SERVER)
     assert last_status_message(client, waiting) == f"waiting for 1 CPU on the Ray cluster ({cluster.address})"
     # A job that lists a fallback does not wait: the local machine takes it at once.
     fallback = training.submit(
         FitRequest(make_model(), x[:200], y[:200], machine_ids=["ray-cpu1", "local-cpu"], epochs=1)
     )
-    until("the fallback on local-cpu", lambda: client.job(fallback["job_id"])["machine_id"] == "local-cpu", 60)
-    placed = [instance(client, client.job(j)["instance_id"])["placement"] for j in running]
+    until("the fallback on local-cpu", lambda: client.job(fallback.job_id).machine_id == "local-cpu", 60)
+    placed = [instance(client, client.job(j).instance_id).placement for j in running]
     assert all(p["node_id"] and p["node_ip"] and p["ray_address"] == cluster.address for p in placed), placed
     assert placed[0]["node_id"] != placed[1]["node_id"], "one per node: each node has 1 CPU"
-    assert {node_of(cluster, client.job(j)["instance_id"]) for j in running} == {"a", "b"}
+    assert {node_of(cluster, client.job(j).instance_id) for j in running} == {"a", "b"}
     for j in ids:
         events = wait_for(client, j, final, timeout=600)
-        assert client.job(j)["status"] == v.COMPLETED, events[-5:]
+        assert client.job(j).status == v.COMPLETED, events[-5:]
         assert epochs_seen(events) == list(range(8))
-    wait_for(client, fallback["job_id"], final, timeout=600)
+    wait_for(client, fallback.job_id, final, timeout=600)
 
 
 def test_a_job_waiting_for_a_gpu_says_so_then_passes_over_after_wait_request_s(
@@ -294,23 +295,23 @@ def test_a_job_waiting_for_a_gpu_says_so_then_passes_over_after_wait_request_s(
         for k in range(2)
     ]
     # Long (canceled below): a busy job that ended early would free node b and let Ray place the GPU job.
-    until("both nodes busy", lambda: all(client.job(j["job_id"])["status"] == v.TRAINING for j in busy))
+    until("both nodes busy", lambda: all(client.job(j.job_id).status == v.TRAINING for j in busy))
     gpu = training.submit(
         FitRequest(make_model(), x[:200], y[:200], machine_ids=["ray-gpu1", "local-cpu"], epochs=1, wait_request_s=20)
     )
     said = f"waiting for 1 GPU on the Ray cluster ({cluster.address})"
-    until("the GPU job waiting", lambda: last_status_message(client, gpu["job_id"]) == said, 60)
-    job = client.job(gpu["job_id"])
-    assert (job["status"], job["substatus"], job["machine_id"]) == (v.QUEUING, v.REQUESTING_SERVER, "ray-gpu1")
-    assert instance(client, job["instance_id"])["placement"]["waiting"] == said
-    until("passed over to local-cpu", lambda: client.job(gpu["job_id"])["machine_id"] == "local-cpu", 120)
-    logs = [e["data"]["message"] for e in client.events(gpu["job_id"], 0)["events"] if e["type"] == v.EV_LOG]
+    until("the GPU job waiting", lambda: last_status_message(client, gpu.job_id) == said, 60)
+    job = client.job(gpu.job_id)
+    assert (job.status, job.substatus, job.machine_id) == (v.QUEUING, v.REQUESTING_SERVER, "ray-gpu1")
+    assert instance(client, job.instance_id).placement["waiting"] == said
+    until("passed over to local-cpu", lambda: client.job(gpu.job_id).machine_id == "local-cpu", 120)
+    logs = [e["data"]["message"] for e in client.events(gpu.job_id, 0)["events"] if e["type"] == v.EV_LOG]
     assert any("ray-gpu1 was not ready within 20 s" in m and said in m for m in logs), logs
     for j in [gpu, *busy]:
-        client.cancel(j["job_id"])
+        client.cancel(j.job_id)
     for j in [gpu, *busy]:
-        wait_for(client, j["job_id"], final, timeout=300)
-    until("both CPUs free", lambda: {m["machine_id"]: m for m in client.machines()}["ray-cpu1"]["available"] == 2)
+        wait_for(client, j.job_id, final, timeout=300)
+    until("both CPUs free", lambda: {m.machine_id: m for m in client.machines()}["ray-cpu1"].available == 2)
 
 
 def test_killing_the_node_resumes_on_the_other_one_with_every_epoch_once(
@@ -319,18 +320,24 @@ def test_killing_the_node_resumes_on_the_other_one_with_every_epoch_once(
     client = backend.client()
     x, y = slow_data(3000)
     epochs = 16  # enough left after the kill that the job cannot finish before its node's loss is noticed
-    job_id = Training(client).submit(
-        FitRequest(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=epochs, description="node killed")
-    )["job_id"]
+    job_id = (
+        Training(client)
+        .submit(
+            FitRequest(
+                make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=epochs, description="node killed"
+            )
+        )
+        .job_id
+    )
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2, timeout=600)
-    first = client.job(job_id)["instance_id"]
+    first = client.job(job_id).instance_id
     doomed = node_of(cluster, first)
     cluster.kill(doomed)  # SIGKILL to the node's `ray start` process group
     events = wait_for(client, job_id, final, timeout=600)
     job = client.job(job_id)
-    assert job["status"] == v.COMPLETED, events[-5:]
+    assert job.status == v.COMPLETED, events[-5:]
     assert epochs_seen(events) == list(range(epochs)), "every epoch exactly once, in order"
-    assert job["attempt"] == 1 and job["instance_id"] != first
+    assert job.attempt == 1 and job.instance_id != first
     resumed = [
         e["data"]["message"] for e in events if e["type"] == v.EV_LOG and "resuming from" in e["data"]["message"]
     ]
@@ -345,21 +352,27 @@ def test_ray_stop_fails_the_job_naming_the_cluster(backend: OwnBackend, cluster:
     x, y = slow_data(3000)
     # Far more epochs than the node's workers take to notice their raylet is gone, even on a loaded box: a worker
     # that outlives the cluster long enough to finish would rightly complete the job.
-    job_id = Training(client).submit(
-        FitRequest(make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=500, description="cluster stopped")
-    )["job_id"]
+    job_id = (
+        Training(client)
+        .submit(
+            FitRequest(
+                make_model(), x, y, machine_ids="ray-cpu1", batch_size=16, epochs=500, description="cluster stopped"
+            )
+        )
+        .job_id
+    )
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 1, timeout=600)
     for name in list(cluster.sessions):
         cluster.kill(name, signal.SIGTERM)
     events = wait_for(client, job_id, final, timeout=120)
     job = client.job(job_id)
-    assert job["status"] == v.CANCELED, events[-5:]
-    assert f"the Ray cluster at {cluster.address}" in (job["error"] or ""), job["error"]
-    assert "start the cluster again" in job["error"]
-    machines = {m["machine_id"]: m for m in client.machines()}
-    assert machines["ray-cpu1"]["availability"] == "unreachable" and machines["ray-cpu1"]["available"] == 0
+    assert job.status == v.CANCELED, events[-5:]
+    assert f"the Ray cluster at {cluster.address}" in (job.error or ""), job.error
+    assert "start the cluster again" in job.error
+    machines = {m.machine_id: m for m in client.machines()}
+    assert machines["ray-cpu1"].availability == "unreachable" and machines["ray-cpu1"].available == 0
     # A job submitted now fails at once with the same words; the local provider still trains.
     later = Training(client).submit(FitRequest(make_model(), x[:100], y[:100], machine_ids="ray-cpu1", epochs=1))
-    wait_for(client, later["job_id"], final, timeout=60)
-    assert cluster.address in (client.job(later["job_id"])["error"] or "")
+    wait_for(client, later.job_id, final, timeout=60)
+    assert cluster.address in (client.job(later.job_id).error or "")
     assert os.path.exists(backend.home / "backend.json"), "the backend itself stays up"

@@ -85,16 +85,18 @@ def test_a_node_without_aibro_trains_a_job_on_the_shipped_agent(backend: OwnBack
 
     client = backend.client()
     x, y = slow_data(300)
-    job_id = Training(client).submit(
-        FitRequest(make_model(), x, y, machine_ids="ray-cpu1", epochs=2, batch_size=32, cool_down_period_s=300)
-    )["job_id"]
+    job_id = (
+        Training(client)
+        .submit(FitRequest(make_model(), x, y, machine_ids="ray-cpu1", epochs=2, batch_size=32, cool_down_period_s=300))
+        .job_id
+    )
     deadline = time.monotonic() + 900
-    while client.job(job_id)["status"] not in (v.COMPLETED, v.CANCELED):
+    while client.job(job_id).status not in (v.COMPLETED, v.CANCELED):
         assert time.monotonic() < deadline, client.job(job_id)
         time.sleep(0.5)
     job = client.job(job_id)
-    assert job["status"] == v.COMPLETED and job["epochs_done"] == 2, job
-    cmd, workdir = _agent(job["instance_id"])  # cooling: the agent still runs
+    assert job.status == v.COMPLETED and job.epochs_done == 2, job
+    cmd, workdir = _agent(job.instance_id)  # cooling: the agent still runs
     assert cmd and Path(cmd[0]).parent == bare_bin, cmd
     roots = cmd[4:]
     assert roots and all("runtime_resources" in r for r in roots), f"the agent runs the shipped code: {cmd}"

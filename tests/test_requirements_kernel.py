@@ -81,8 +81,8 @@ def test_requirements_install_once_per_hash_and_show_progress(kernel, client, ai
     assert "KEYS ['accuracy', 'loss']" in res.stdout
     assert "GEARING UP ENV: installing pyjokes==0.8.3" in res.stdout, res.stdout
     assert "ready (built in" in res.stdout, res.stdout
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "with requirements")
-    assert job["status"] == "COMPLETED" and job["requirements"] == [PACKAGE]
+    job = next(j for j in reversed(client.jobs()) if j.description == "with requirements")
+    assert job.status == "COMPLETED" and job.requirements == [PACKAGE]
     again = run_cell(
         kernel,
         "m2 = build()\n",
@@ -111,8 +111,8 @@ def test_requirements_install_once_per_hash_and_show_progress(kernel, client, ai
     assert not third.error, third.stdout[-3000:] + third.error
     assert "ready (downloaded, built by another of your machines" in third.stdout, third.stdout
     assert "ready (built in" not in third.stdout, "pip did not run again"
-    shared = next(j for j in reversed(client.jobs()) if j["description"] == "with requirements")
-    assert any(a["name"].startswith("envs/") for a in client.artifacts(shared["job_id"]))
+    shared = next(j for j in reversed(client.jobs()) if j.description == "with requirements")
+    assert any(a.name.startswith("envs/") for a in client.artifacts(shared.job_id))
 
 
 def test_a_requirements_file(kernel, tmp_path: Path) -> None:  # noqa: ANN001

@@ -62,7 +62,7 @@ def test_client_killed_then_another_process_attaches(client: BackendClient, caps
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert job_id, lines
-    assert client.job(job_id)["status"] in v.JOB_ACTIVE, "the job must outlive its client"
+    assert client.job(job_id).status in v.JOB_ACTIVE, "the job must outlive its client"
 
     capsys.readouterr()
     model = make_model(7)
@@ -91,15 +91,15 @@ def test_worker_killed_resumes_from_checkpoint(client: BackendClient, aibro_home
             cool_down_period_s=600,
         ),
     )
-    job_id = job["job_id"]
+    job_id = job.job_id
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
-    first_instance = client.job(job_id)["instance_id"]
+    first_instance = client.job(job_id).instance_id
     os.killpg(instance_pid(aibro_home, first_instance), signal.SIGKILL)
     events = wait_for(client, job_id, _final, timeout=400)
     final = client.job(job_id)
-    assert final["status"] == v.COMPLETED, events[-5:]
+    assert final.status == v.COMPLETED, events[-5:]
     assert epochs_seen(events) == list(range(epochs)), "every epoch exactly once, in order"
-    assert final["attempt"] == 1 and final["instance_id"] != first_instance
+    assert final.attempt == 1 and final.instance_id != first_instance
     resumed = [e["data"]["message"] for e in events if e["type"] == "log" and "resuming from" in e["data"]["message"]]
     assert resumed, "the resume is logged"
     history = Training.job_history(job_id)
@@ -117,7 +117,7 @@ def test_backend_killed_and_restarted_loses_nothing(client: BackendClient, aibro
     job = Training(client).submit(
         FitRequest(make_model(), x, y, machine_ids="local-cpu", batch_size=16, epochs=epochs, cool_down_period_s=600)
     )
-    job_id = job["job_id"]
+    job_id = job.job_id
     wait_for(client, job_id, lambda evs: len(epochs_seen(evs)) >= 2)
     info = json.loads((aibro_home / "backend.json").read_text())
     os.kill(info["pid"], signal.SIGKILL)
@@ -128,7 +128,7 @@ def test_backend_killed_and_restarted_loses_nothing(client: BackendClient, aibro
     assert target.url == client.url, "the backend comes back on the same port, so workers find it"
     assert json.loads((aibro_home / "backend.json").read_text())["pid"] != info["pid"]
     events = wait_for(client, job_id, _final, timeout=400)
-    assert client.job(job_id)["status"] == v.COMPLETED, events[-5:]
+    assert client.job(job_id).status == v.COMPLETED, events[-5:]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert epochs_seen(events) == list(range(epochs))
     statuses = [(e["data"]["status"], e["data"]["substatus"]) for e in events if e["type"] == "status"]

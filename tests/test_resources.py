@@ -28,6 +28,7 @@ from backend_proc import own_backend, raise_fd_limit
 
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
+from aibro_core.models import JobSpec
 from aibro_jupyter import Training
 from aibro_jupyter.client import BackendClient
 
@@ -168,25 +169,27 @@ def test_hundreds_of_unfinished_bodies_leave_health_and_training_alone(tmp_path:
             assert [_answer(s)[0] for s in strangers] == [401] * 200
 
             job = client.submit(
-                {
-                    "model": model_sha,
-                    "data": {"x": {"blob": x_sha}, "y": {"blob": y_sha}},
-                    "fit": {"epochs": 1, "batch_size": 32},
-                    "machines": ["local-cpu"],
-                }
+                JobSpec.model_validate(
+                    {
+                        "model": model_sha,
+                        "data": {"x": {"blob": x_sha}, "y": {"blob": y_sha}},
+                        "fit": {"epochs": 1, "batch_size": 32},
+                        "machines": ["local-cpu"],
+                    }
+                )
             )
             slowest = 0.0
             deadline = time.monotonic() + 240
             while True:
                 t0 = time.monotonic()
-                assert client.health()["ok"]
+                assert client.health().ok
                 slowest = max(slowest, time.monotonic() - t0)
-                status = client.job(job["job_id"])["status"]
+                status = client.job(job.job_id).status
                 if status in v.JOB_FINAL:
                     break
                 assert time.monotonic() < deadline, "the job did not finish"
                 time.sleep(0.2)
-            assert status == v.COMPLETED, client.job(job["job_id"])
+            assert status == v.COMPLETED, client.job(job.job_id)
             assert slowest < 5.0, f"/health took {slowest:.2f} s while 400 bodies were held"  # it used to stop
             assert b.rss_kib() - rss_before < 100 * 1024, "the held bodies cost the backend memory"
 
@@ -197,7 +200,7 @@ def test_hundreds_of_unfinished_bodies_leave_health_and_training_alone(tmp_path:
         finally:
             for s in held + strangers:
                 s.close()
-        assert client.health()["ok"]
+        assert client.health().ok
 
 
 # -- connections: capped, idle ones closed, accept() never spins ---------------------------------------------------
@@ -216,7 +219,7 @@ def test_connections_are_capped_and_idle_ones_closed(tmp_path: Path) -> None:
         finally:
             for s in idle:
                 s.close()
-        assert answered_again(lambda: b.client().health(), ApiError)["ok"]
+        assert answered_again(lambda: b.client().health(), ApiError).ok
 
 
 def test_accept_pauses_at_the_descriptor_limit_instead_of_spinning(tmp_path: Path) -> None:
@@ -247,7 +250,7 @@ def test_accept_pauses_at_the_descriptor_limit_instead_of_spinning(tmp_path: Pat
         deadline = time.monotonic() + 15
         while True:
             try:
-                assert b.client().health()["ok"]
+                assert b.client().health().ok
                 break
             except Exception:  # noqa: BLE001 - still at the limit: try again
                 assert time.monotonic() < deadline, "the backend did not recover"
@@ -288,14 +291,16 @@ def test_backend_memory_stays_flat_while_a_large_blob_moves(tmp_path: Path, digi
             up_peak = peak[0]
             # The blob as a job's "model": the worker downloads all of it, then fails to load zeros as a model.
             job = client.submit(
-                {
-                    "model": sha,
-                    "data": {"x": {"blob": x_sha}, "y": {"blob": y_sha}},
-                    "fit": {"epochs": 1},
-                    "machines": ["local-cpu"],
-                }
+                JobSpec.model_validate(
+                    {
+                        "model": sha,
+                        "data": {"x": {"blob": x_sha}, "y": {"blob": y_sha}},
+                        "fit": {"epochs": 1},
+                        "machines": ["local-cpu"],
+                    }
+                )
             )
-            events = wait_for(client, job["job_id"], _final, timeout=300)
+            events = wait_for(client, job.job_id, _final, timeout=300)
         finally:
             stop.set()
             sampler.join(timeout=15)
@@ -333,7 +338,7 @@ def test_a_model_over_64_mib_trains(client: BackendClient) -> None:
     )
     assert trained is model and len(history.history["loss"]) == 1
     assert not np.allclose(before[0], model.get_weights()[0]), "the trained weights did not come back"
-    sizes = {a["name"]: a["size"] for a in client.artifacts(job_id)}
+    sizes = {a.name: a.size for a in client.artifacts(job_id)}
     assert sizes["model.keras"] > 64 * MiB and sizes[v.checkpoint_name(0)] > 64 * MiB, sizes
 
 

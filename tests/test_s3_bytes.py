@@ -109,7 +109,7 @@ def test_a_job_on_a_played_ec2_instance_keeps_its_data_checkpoints_and_model_in_
     )
     assert len(history.history["loss"]) == 2
     job = client.job(job_id)
-    assert job["status"] == v.COMPLETED and job["machine_id"] == "g4dn.xlarge.od"
+    assert job.status == v.COMPLETED and job.machine_id == "g4dn.xlarge.od"
 
     # The data and the model the client sent: once proven, content-addressed keys holding bytes that hash to their
     # names; the uploads themselves go once no URL to them can be in use.
@@ -125,19 +125,19 @@ def test_a_job_on_a_played_ec2_instance_keeps_its_data_checkpoints_and_model_in_
     assert set(_keys(aws, "uploads/")) <= doomed, "every upload is due to go"
 
     # What the worker sent back: every artifact but the backend's own history.json is a key of the job.
-    arts = {a["name"]: a for a in client.artifacts(job_id)}
+    arts = {a.name: a for a in client.artifacts(job_id)}
     assert "model.keras" in arts and any(n.startswith("checkpoints/") for n in arts), arts
     assert any(n.startswith("tensorboard/") for n in arts), arts
     keys = _keys(aws, f"jobs/{job_id}/")
     for name, art in arts.items():
         if name != "history.json":
             key = f"{PREFIX}jobs/{job_id}/{name}"
-            assert keys.get(key) == art["size"], (name, keys)
-            assert _object_sha(aws, key) == art["sha"]
+            assert keys.get(key) == art.size, (name, keys)
+            assert _object_sha(aws, key) == art.sha
 
     # Downloads follow the backend's redirect to S3: the bytes are the artifact's.
     got = client.download_artifact(job_id, "model.keras", b.home.parent / "model-back.keras")
-    assert hashlib.sha256(got.read_bytes()).hexdigest() == arts["model.keras"]["sha"]
+    assert hashlib.sha256(got.read_bytes()).hexdigest() == arts["model.keras"].sha
 
     # The backend relayed none of it: its blob directory holds only the history it wrote itself.
     store = b.home / "state" / "blobs"
@@ -210,11 +210,11 @@ def test_the_same_data_again_uploads_nothing_and_a_local_job_also_uses_s3(aws: d
     model = make_model(seed=3)
     job = Training(client).submit(FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, batch_size=256))
     sent = client.counters().get("blob_bytes_s3", 0) - before
-    head = client.t.request("HEAD", f"/blobs/{_spec(aws['backend'], job['job_id'])['model']}")
+    head = client.t.request("HEAD", f"/blobs/{_spec(aws['backend'], job.job_id)['model']}")
     assert sent == int(head.headers["X-Blob-Size"]), "only the model was uploaded: the data was there already"
-    wait_for(client, job["job_id"], lambda evs: client.job(job["job_id"])["status"] in v.JOB_FINAL, timeout=600)
-    assert client.job(job["job_id"])["status"] == v.COMPLETED
-    assert f"{PREFIX}jobs/{job['job_id']}/model.keras" in _keys(aws, f"jobs/{job['job_id']}/")
+    wait_for(client, job.job_id, lambda evs: client.job(job.job_id).status in v.JOB_FINAL, timeout=600)
+    assert client.job(job.job_id).status == v.COMPLETED
+    assert f"{PREFIX}jobs/{job.job_id}/model.keras" in _keys(aws, f"jobs/{job.job_id}/")
     assert _files(aws["backend"].home / "state" / "blobs" / "blobs") == []
 
 
@@ -259,7 +259,7 @@ def test_another_user_gets_no_url_for_the_first_users_blob_or_job(aws: dict[str,
     source = BytesSource(b"alice's data " * 500)
     sha, _ = alice.upload_source(source, source.sha256())
     assert _claim(aws, sha) == [(None,)]
-    job_id = next(j["job_id"] for j in alice.jobs() if j["status"] == v.COMPLETED)
+    job_id = next(j.job_id for j in alice.jobs() if j.status == v.COMPLETED)
     key = PREFIX + "blobs/" + sha
 
     assert mallory.t.request("HEAD", f"/blobs/{sha}").status_code == 404, "knowing the digest grants nothing"

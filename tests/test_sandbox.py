@@ -104,10 +104,10 @@ def test_a_lambda_job_cannot_read_the_backend_or_other_users(
     job = Training(client).submit(
         FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, safe_mode=False, cool_down_period_s=600)
     )
-    wait_for(client, job["job_id"], lambda evs: any(_final(e) for e in evs), timeout=300)
-    done = client.job(job["job_id"])
-    assert done["status"] == "COMPLETED", done["error"]
-    report = aibro_home / "state" / "workers" / done["instance_id"] / "probe.json"
+    wait_for(client, job.job_id, lambda evs: any(_final(e) for e in evs), timeout=300)
+    done = client.job(job.job_id)
+    assert done.status == "COMPLETED", done.error
+    report = aibro_home / "state" / "workers" / done.instance_id / "probe.json"
     assert report.exists(), "the attack ran on the worker and wrote its report"
     found = json.loads(report.read_text())
     assert found["env"] == [], "no AIBRO_HOME or AIBRO_TOKEN in the worker's environment"
@@ -125,7 +125,7 @@ def test_a_lambda_job_cannot_read_the_backend_or_other_users(
 def test_serve_refuses_unsafe_jobs_unless_the_policy_allows_the_user(client: BackendClient, tmp_path: Path) -> None:
     """A shared backend (`aibro backend serve`, here `python -m aibro_backend`) refuses safe_mode=False unless
     AIBRO_ALLOW_UNSAFE names the user; the embedded backend lets its one user opt in (`--unsafe`)."""
-    assert client.policy()["allow_unsafe"] == "all", "the embedded backend's one user may use --unsafe"
+    assert client.policy().allow_unsafe == "all", "the embedded backend's one user may use --unsafe"
     spec = {"model": "0" * 64, "data": {"x": {"blob": "0" * 64}}, "fit": {"epochs": 1}, "machines": ["local-cpu"]}
     for allow, refused in ((None, True), ("someone-else", True), ("local", False)):
         home = tmp_path / f"serve-{allow}"
@@ -146,7 +146,7 @@ def test_cool_down_over_the_cap_is_refused(client: BackendClient, digits: Any) -
 
     from conftest import make_model
 
-    assert client.policy()["max_cool_down_s"] == 3600
+    assert client.policy().max_cool_down_s == 3600
     x, y = digits[0][:64], digits[1][:64]
     with pytest.raises(ValidationError, match=r"cool_down_period_s=7200 is over this backend's cap of 3600 s"):
         Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", cool_down_period_s=7200))
@@ -177,12 +177,12 @@ def test_exited_workers_are_reaped(client: BackendClient, aibro_home: Path, digi
     job = Training(client).submit(
         FitRequest(make_model(), digits[0][:64], digits[1][:64], machine_ids="local-cpu", epochs=1)
     )
-    wait_for(client, job["job_id"], lambda evs: any(_final(e) for e in evs), timeout=300)
-    instance = client.job(job["job_id"])["instance_id"]
+    wait_for(client, job.job_id, lambda evs: any(_final(e) for e in evs), timeout=300)
+    instance = client.job(job.job_id).instance_id
     backend_pid = json.loads((aibro_home / "backend.json").read_text())["pid"]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        closed = {i["id"]: i["status"] for i in client.instances()}.get(instance) == "CLOSED"
+        closed = {i.id: i.status for i in client.instances()}.get(instance) == "CLOSED"
         if closed and not _zombie_children(backend_pid):
             return
         time.sleep(0.5)

@@ -34,7 +34,7 @@ from searchmodels import (
 
 from aibro_core import vocabulary as v
 from aibro_core.errors import ApiError
-from aibro_core.models import JobSpec
+from aibro_core.models import Job, JobSpec, Study
 from aibro_jupyter import Training
 from aibro_jupyter.client import spec_json
 from aibro_jupyter.fitrequest import FitRequest
@@ -61,7 +61,7 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
         build_model, objective="val_accuracy", max_trials=4, seed=7, directory=str(tmp_path), project_name="local"
     )
     followed = TrialHistories(backend.client())  # what the study panel follows, started before the study
-    assert followed.since_last({"trials": []}) == {}
+    assert followed.since_last(Study.model_construct(trials=[])) == {}
     study_id, best = Training.online_search(
         tuner, x, y, machine_ids="local-cpu", parallel=2, epochs=2, batch_size=64, validation_data=(xv, yv)
     )
@@ -72,15 +72,15 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
     assert [t["status"] for t in trials] == ["COMPLETED"] * 4, trials
     assert len({t["job_id"] for t in trials}) == 4 and len({str(t["values"]) for t in trials}) == 4
     jobs = {t["trial_id"]: client.job(t["job_id"]) for t in trials}
-    assert all(j["status"] == v.COMPLETED for j in jobs.values())
+    assert all(j.status == v.COMPLETED for j in jobs.values())
 
     # The panel's loss charts: each trial's epochs read from the user's event stream since before the study, and
     # from one listing after it, are that trial job's own history; nothing new is handed over twice.
-    histories = {trial: job["history"] for trial, job in jobs.items()}
+    histories = {trial: [r.model_dump() for r in job.history] for trial, job in jobs.items()}
     assert all(len(h) == 2 for h in histories.values()), histories
-    assert followed.since_last(study) == histories
-    assert TrialHistories(client).since_last(study) == histories
-    assert followed.since_last(study) == {}
+    assert followed.since_last(Study.model_validate(study)) == histories
+    assert TrialHistories(client).since_last(Study.model_validate(study)) == histories
+    assert followed.since_last(Study.model_validate(study)) == {}
 
     # Two at once: some trial's job was on its machine while another's was (local-cpu has capacity 2 here).
     spans = sorted(_training_span(j) for j in jobs.values())
@@ -92,7 +92,7 @@ def test_a_random_search_runs_its_trials_as_jobs_two_at_a_time(
     best_values = next(t["values"] for t in trials if t["trial_id"] == study["best_trial_id"])
     assert best.layers[0].units == best_values["units"]
     _, accuracy = best.evaluate(xv, yv, verbose=0)
-    assert accuracy == pytest.approx(jobs[study["best_trial_id"]]["history"][-1]["val_accuracy"], abs=1e-4)
+    assert accuracy == pytest.approx(jobs[study["best_trial_id"]].history[-1].val_accuracy, abs=1e-4)
 
     # The kernel's tuner answers as after a local search: get_best_models() gives the best trial's model at its best
     # epoch (KerasTuner's SaveBestEpoch checkpoint), which scores the trial's score.
@@ -137,35 +137,35 @@ def test_a_hyperband_study_resumes_each_round_from_the_earlier_trials_weights(
     for trial in resumed:
         earlier = by_id[trial["values"]["tuner/trial_id"]]
         job, before = client.job(trial["job_id"]), client.job(earlier["job_id"])
-        first = job["history"][0]
-        assert first["epoch"] == trial["values"]["tuner/initial_epoch"] + 1, job["history"]  # 1-based
-        assert len(job["history"]) == trial["values"]["tuner/epochs"] - trial["values"]["tuner/initial_epoch"]
-        assert job["epochs"] == trial["values"]["tuner/epochs"]
+        first = job.history[0]
+        assert first.epoch == trial["values"]["tuner/initial_epoch"] + 1, job.history  # 1-based
+        assert len(job.history) == trial["values"]["tuner/epochs"] - trial["values"]["tuner/initial_epoch"]
+        assert job.epochs == trial["values"]["tuner/epochs"]
         said = [e["data"]["message"] for e in client.events(trial["job_id"])["events"] if e["type"] == "log"]
         assert f"starting from the trained weights of trial {earlier['trial_id']} ({earlier['job_id']})" in said
-        assert first["loss"] < before["history"][0]["loss"], ("it starts from the earlier trial's weights", job, before)
+        assert first.loss < before.history[0].loss, ("it starts from the earlier trial's weights", job, before)
 
 
 def test_a_trial_cannot_start_from_another_users_job(backend: Any, tmp_path: Path) -> None:
     """`resume_job` lets a trial read one earlier job's model, only when that job is of the same user."""
     alice = Training(backend.client())
     x, y = slow_data(200, seed=6)
-    theirs = alice.submit(FitRequest(build_model(kt.HyperParameters()), x, y, machine_ids="local-cpu"))["job_id"]
+    theirs = alice.submit(FitRequest(build_model(kt.HyperParameters()), x, y, machine_ids="local-cpu")).job_id
     assert alice.watch(theirs, []).status == v.COMPLETED
     mallory = backend.add_user(f"mallory-{tmp_path.name[-6:]}")
     training = Training(mallory)
     spec = _trial_spec(training, x, y, resume_job=theirs)
-    job_id = training.client.submit(spec)["job_id"]
+    job_id = training.client.submit(spec).job_id
     view = training.watch(job_id, [])
     assert view.status == v.CANCELED and view.errors, "the trial failed"
     assert f"{theirs} is not assigned" in view.errors[-1], view.errors
 
 
-def _training_span(job: dict[str, Any]) -> tuple[float, float]:
+def _training_span(job: Job) -> tuple[float, float]:
     """From the job's gearing up on its machine to its end, by its timeline (its fit alone can be shorter than a
     gear-up under load, so two jobs on two machines need not fit at the same instant)."""
-    start = next(e["ts"] for e in job["timeline"] if e["substatus"] == v.GEARING_UP_ENV)
-    return start, max(e["ts"] for e in job["timeline"] if e["ts"] is not None)
+    start = next(e.ts for e in job.timeline if e.substatus == v.GEARING_UP_ENV and e.ts is not None)
+    return start, max(e.ts for e in job.timeline if e.ts is not None)
 
 
 def test_a_failing_trial_is_recorded_and_the_study_goes_on(
@@ -218,7 +218,7 @@ def test_cancelling_a_study_cancels_its_running_trials_and_starts_no_more(
 
     def running() -> list[dict[str, Any]]:
         trials = client.t.json("GET", f"/studies/{study_id}")["trials"]
-        return [t for t in trials if client.job(t["job_id"])["status"] == v.TRAINING]
+        return [t for t in trials if client.job(t["job_id"]).status == v.TRAINING]
 
     assert wait_until(lambda: len(running()) == 2), "two trials training"
     cancelled = client.t.json("POST", f"/studies/{study_id}/cancel")
@@ -278,8 +278,8 @@ def test_executions_per_trial_score_each_trial_as_keras_tuner_averages_its_fits(
         histories = []
         for run in runs:
             job = client.job(run["job_id"])
-            assert job["study_id"] == study_id and job["trial_id"] == trial["trial_id"], "the sidebar groups both"
-            rows = job["history"]
+            assert job.study_id == study_id and job.trial_id == trial["trial_id"], "the sidebar groups both"
+            rows = [r.model_dump() for r in job.history]  # {"epoch": n, each log: its value}
             assert [r["epoch"] for r in rows] == [1, 2], rows  # one fit of two epochs per job
             assert rows[1]["learning_rate"] == pytest.approx(rows[0]["learning_rate"] * 0.5), rows  # the callback
             steps = {e["data"]["steps"] for e in client.events(run["job_id"])["events"] if e["type"] == "batch"}
@@ -296,7 +296,7 @@ def test_executions_per_trial_score_each_trial_as_keras_tuner_averages_its_fits(
     # The best trial's checkpoint is its best epoch of both executions; the kernel's tuner loads it whole.
     top = next(t for t in study["trials"] if t["trial_id"] == study["best_trial_id"])
     checkpoint = top["checkpoint"]
-    at_best = client.job(checkpoint["job_id"])["history"][checkpoint["epoch"]]
+    at_best = client.job(checkpoint["job_id"]).history[checkpoint["epoch"]].model_dump()
     assert at_best["val_loss"] == min(r["metrics"]["val_loss"] for r in top["executions"])
     reloaded = _assert_best_models_load_whole(tuner)
     assert int(reloaded.optimizer.iterations) == 10 * (checkpoint["epoch"] + 1)

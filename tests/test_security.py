@@ -134,7 +134,7 @@ def bob(client: BackendClient, aibro_home: Path, tmp_path_factory: pytest.TempPa
     assert "configured backend" in status.stdout and "user bob" in status.stdout, status.stdout
     assert not (bob_home / "credentials.json").exists(), "a logged-in client must not start its own backend"
     bob = BackendClient(client.url, token)
-    assert bob.health()["user"] == "bob"
+    assert bob.health().user == "bob"
     return bob
 
 
@@ -149,7 +149,7 @@ def test_add_user_refuses_bad_names_and_mints_a_new_token_each_time(client: Back
         assert out.returncode == 0, out.stderr[-2000:]
         tokens.append(re.search(r"--token=(\S+)", out.stdout).group(1))
     assert tokens[0] != tokens[1]
-    assert [BackendClient(client.url, t).health()["user"] for t in tokens] == ["carol", "carol"]
+    assert [BackendClient(client.url, t).health().user for t in tokens] == ["carol", "carol"]
     out = aibro_cli(aibro_home.parent / "nowhere", "backend", "add-user", "dave")
     assert out.returncode == 2 and "no backend store" in out.stderr, out.stderr
 
@@ -199,13 +199,13 @@ def local_job(
     """A tiny job of user "local" (its instance is kept cooling); yields (job_id, sha of its x blob)."""
     x, y = digits[0][:64], digits[1][:64]
     trainer = Training(client)
-    job_id = trainer.submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600))[
-        "job_id"
-    ]
+    job_id = trainer.submit(
+        FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600)
+    ).job_id
     yield job_id, _npy_sha(x)
     wait_final(client, job_id)
-    inst_id = client.job(job_id)["instance_id"]
-    if inst_id and any(i["id"] == inst_id and i["status"] == v.COOLING for i in client.instances()):
+    inst_id = client.job(job_id).instance_id
+    if inst_id and any(i.id == inst_id and i.status == v.COOLING for i in client.instances()):
         client.terminate(inst_id)
 
 
@@ -222,7 +222,7 @@ def _final(event: dict[str, Any]) -> bool:
 
 
 def _bob_sees_nothing_of(bob: BackendClient, job_id: str) -> None:
-    assert job_id not in [j["job_id"] for j in bob.jobs()]
+    assert job_id not in [j.job_id for j in bob.jobs()]
     for method, path in [
         ("GET", f"/jobs/{job_id}"),
         ("GET", f"/jobs/{job_id}/events"),
@@ -244,15 +244,15 @@ def test_users_are_isolated(client: BackendClient, bob: BackendClient, local_job
     assert wait_final(client, job_id) == v.COMPLETED
     _bob_sees_nothing_of(bob, job_id)  # and once it is done, with artifacts
     job = client.job(job_id)
-    assert not job["cancel_requested"]  # bob's cancel did nothing
-    assert "model.keras" in [a["name"] for a in client.artifacts(job_id)]
+    assert not job.cancel_requested  # bob's cancel did nothing
+    assert "model.keras" in [a.name for a in client.artifacts(job_id)]
 
     # local's instance (cooling): bob neither sees nor terminates it
-    inst_id = job["instance_id"]
-    assert inst_id in [i["id"] for i in client.instances()]
+    inst_id = job.instance_id
+    assert inst_id in [i.id for i in client.instances()]
     resp = _call(bob.url, "POST", f"/instances/{inst_id}/terminate", bob.t.token)
     assert resp.status_code == 404 and "no instance" in resp.json()["error"]
-    assert {i["id"]: i["status"] for i in client.instances()}[inst_id] == v.COOLING
+    assert {i.id: i.status for i in client.instances()}[inst_id] == v.COOLING
 
     # local's blobs: bob cannot see them, nor use them in a job without sending the bytes himself
     assert client.t.request("HEAD", f"/blobs/{x_sha}").status_code == 200
@@ -274,7 +274,7 @@ def test_worker_token_reaches_only_its_assignment(
 ) -> None:
     job_id, x_sha = local_job
     wait_final(client, job_id)
-    inst_id = client.job(job_id)["instance_id"]
+    inst_id = client.job(job_id).instance_id
     token = _worker_token(aibro_home, inst_id)
 
     # a worker token is not a user token
@@ -292,7 +292,7 @@ def test_worker_token_reaches_only_its_assignment(
     events = {"attempt": 0, "events": [{"type": "log", "wseq": 10_000, "data": {"message": "injected"}}]}
     resp = _call(client.url, "POST", f"/worker/jobs/{job_id}/events", token, json=events)
     assert resp.status_code == 409
-    assert "extra.txt" not in [a["name"] for a in client.artifacts(job_id)]
+    assert "extra.txt" not in [a.name for a in client.artifacts(job_id)]
     assert "injected" not in [e["data"].get("message") for e in client.events(job_id)["events"]]
 
 

@@ -205,7 +205,7 @@ def test_proxy_follows_jobs_cancels_and_never_leaks_the_token(fresh_lab, digits,
         )
     )
     listed = requests.get(f"{url}/aibro/api/jobs", headers=auth, timeout=30).json()
-    assert [j["job_id"] for j in listed["jobs"]] == [j["job_id"] for j in client.jobs()]
+    assert [j["job_id"] for j in listed["jobs"]] == [j.job_id for j in client.jobs()]
     assert listed["cursor"] >= 1
 
     deadline, seen = time.monotonic() + 180, []
@@ -216,18 +216,18 @@ def test_proxy_follows_jobs_cancels_and_never_leaks_the_token(fresh_lab, digits,
         assert r.status_code == 200, r.text
         seen += r.json()["events"]
         after = r.json()["cursor"]
-    assert {e["job_id"] for e in seen} == {job["job_id"]}
+    assert {e["job_id"] for e in seen} == {job.job_id}
 
-    r = requests.post(f"{url}/aibro/api/jobs/{job['job_id']}/cancel", headers=auth, timeout=30)
+    r = requests.post(f"{url}/aibro/api/jobs/{job.job_id}/cancel", headers=auth, timeout=30)
     assert r.status_code == 200, r.text
     deadline = time.monotonic() + 60
-    while client.job(job["job_id"])["status"] != "CANCELED":
+    while client.job(job.job_id).status != "CANCELED":
         assert time.monotonic() < deadline
         time.sleep(0.5)
 
     bodies = [
         requests.get(f"{url}/aibro/api/{p}", headers=auth, timeout=30).text
-        for p in ("jobs", "events?after=0", "instances", "machines", "health", "policy", f"jobs/{job['job_id']}")
+        for p in ("jobs", "events?after=0", "instances", "machines", "health", "policy", f"jobs/{job.job_id}")
     ]
     bodies.append(requests.get(f"{url}/lab?token={token}", timeout=30).text)  # the page and its page config
     assert all(backend_token not in b for b in bodies), "the backend token reached the browser"
@@ -268,7 +268,7 @@ def test_the_proxy_long_polls_the_event_port_and_falls_back_to_the_main_port(tmp
 
     with own_backend(tmp_path / "home") as b:
         client = b.client()
-        events_port, main_port = client.health()["events_port"], urlsplit(b.url).port
+        events_port, main_port = client.health().events_port, urlsplit(b.url).port
         cursor = client.user_events()["cursor"]
         upstream = Upstream(logging.getLogger("test"))
         upstream._target = target = Target(b.url, b.token, embedded=False)

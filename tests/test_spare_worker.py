@@ -59,14 +59,14 @@ def test_the_first_job_runs_on_the_spare_and_a_new_spare_follows(tmp_path: Path,
     with own_backend(home, AIBRO_SPARE_WORKER="1") as backend:
         client = backend.client()
         spare = wait_spare(home)
-        assert client.policy()["spare_worker"] is True
+        assert client.policy().spare_worker is True
         x, y = digits[0][:256], digits[1][:256]
         job = Training(client).submit(
             FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, cool_down_period_s=600)
         )  # warm after it: a closed instance's folder goes (test_instance_leftovers.py), this one is looked at
-        events = wait_for(client, job["job_id"], _final)
-        assert client.job(job["job_id"])["status"] == v.COMPLETED, events[-3:]
-        inst = client.job(job["job_id"])["instance_id"]
+        events = wait_for(client, job.job_id, _final)
+        assert client.job(job.job_id).status == v.COMPLETED, events[-3:]
+        inst = client.job(job.job_id).instance_id
         assert worker_process(instance_pid(home, inst)) == spare, "the job's worker is the spare started before it"
         workdir = (home / "state" / "workers" / inst).resolve()
         assert workdir.name.startswith("spare-") and (workdir / "worker.log").exists(), (
@@ -87,9 +87,9 @@ def test_a_spare_is_never_handed_to_another_user(tmp_path: Path, digits) -> None
         job = Training(bob).submit(
             FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=0)
         )
-        wait_for(bob, job["job_id"], _final)
-        assert bob.job(job["job_id"])["status"] == v.COMPLETED
-        assert worker_process(instance_pid(home, bob.job(job["job_id"])["instance_id"])) != spare, (
+        wait_for(bob, job.job_id, _final)
+        assert bob.job(job.job_id).status == v.COMPLETED
+        assert worker_process(instance_pid(home, bob.job(job.job_id).instance_id)) != spare, (
             "bob's job got a worker of its own, not the spare started for the local user"
         )
 
@@ -107,7 +107,7 @@ def test_the_spare_goes_with_the_backend_and_the_knob_turns_it_off(tmp_path: Pat
 
     off = tmp_path / "off"
     with own_backend(off, AIBRO_SPARE_WORKER="0") as backend:
-        assert backend.client().policy()["spare_worker"] is False
+        assert backend.client().policy().spare_worker is False
         time.sleep(3)  # a spare would have been started with the backend, before it listened
         assert spares(off) == {} and not list((off / "state" / "workers").glob("spare-*"))
 

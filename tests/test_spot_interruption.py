@@ -135,15 +135,15 @@ def test_a_reclaimed_spot_machine_resumes_on_a_new_one_with_every_epoch_once(
             validation_data=(x[:500], y[:500]),
         ),
     )
-    job_id = job["job_id"]
+    job_id = job.job_id
     # Mid-way through epoch 1 (its batches are running): AWS gives its two-minute notice (the fixture's fake IMDS).
     events = wait_for(
         client, job_id, lambda evs: any(e["type"] == "log" and "spot_interrupted" in e["data"] for e in evs), 600
     )
     ec2_first = next(iter(played.envs))  # the first machine booted
     assert played.envs[ec2_first]["AIBRO_SPOT_WATCH"] == "1", "the spot machine's user data turns the watch on"
-    first = min(client.instances(), key=lambda i: i["created"])
-    assert first["machine_id"] == "g4dn.xlarge" and first["job_id"] in (job_id, None), first
+    first = min(client.instances(), key=lambda i: i.created)
+    assert first.machine_id == "g4dn.xlarge" and first.job_id in (job_id, None), first
     assert "AWS announced a spot interruption (terminate at" in played.log(ec2_first)
     agent = played.procs.get(ec2_first)
     if agent is not None:  # it exits by itself, unless the harness saw its machine terminated (by the backend) first
@@ -154,10 +154,10 @@ def test_a_reclaimed_spot_machine_resumes_on_a_new_one_with_every_epoch_once(
     events = wait_for(client, job_id, _final, timeout=600)
     final = client.job(job_id)
     said = [e["data"] for e in events if e["type"] in ("log", "error")]
-    assert final["status"] == v.COMPLETED, said[-6:]
+    assert final.status == v.COMPLETED, said[-6:]
     assert epochs_seen(events) == list(range(epochs)), "every epoch exactly once, in order"
-    assert final["attempt"] == 1, "one attempt more"
-    assert final["instance_id"] != first["id"] and final["machine_id"] == "g4dn.xlarge", "the same type again"
+    assert final.attempt == 1, "one attempt more"
+    assert final.instance_id != first.id and final.machine_id == "g4dn.xlarge", "the same type again"
     assert len(played.envs) == 2 and ec2_first in played.envs
 
     reported = [e for e in events if e["type"] == "log" and "spot_interrupted" in e["data"]]
@@ -170,9 +170,9 @@ def test_a_reclaimed_spot_machine_resumes_on_a_new_one_with_every_epoch_once(
     before = [e["data"]["epoch"] for e in events if e["type"] == "epoch" and e["seq"] < reported[0]["seq"]]
     assert before == list(range(k)), (before, k)
 
-    instances = {i["id"]: i for i in client.instances()}
-    gone = instances[first["id"]]
-    assert (gone["status"], gone["substatus"]) in ((v.CLOSING, v.TERMINATING), (v.CLOSED, v.TERMINATED)), gone
+    instances = {i.id: i for i in client.instances()}
+    gone = instances[first.id]
+    assert (gone.status, gone.substatus) in ((v.CLOSING, v.TERMINATING), (v.CLOSED, v.TERMINATED)), gone
     state = ec2.describe_instances(InstanceIds=[ec2_first])["Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state in ("shutting-down", "terminated")
 
@@ -218,9 +218,9 @@ def test_a_spot_cloud_fit_cell_in_a_kernel_is_interrupted_and_resumes_on_the_nex
         assert not setup.error, setup.error
         res = run_cell(kc, SPOT_CELL, timeout=600, until="Epoch 1/4")  # epoch 0 ended: AWS's notice comes now
         ec2_first = next(iter(played.envs))
-        job = next(j for j in client.jobs() if j["description"] == "spot in a kernel")
+        job = next(j for j in client.jobs() if j.description == "spot in a kernel")
         wait_for(
-            client, job["job_id"], lambda evs: any(e["type"] == "log" and "spot_interrupted" in e["data"] for e in evs)
+            client, job.job_id, lambda evs: any(e["type"] == "log" and "spot_interrupted" in e["data"] for e in evs)
         )
         boto3.Session(region_name=REGION).client("ec2").terminate_instances(InstanceIds=[ec2_first])
         res = drain(kc, res, timeout=600)
@@ -232,9 +232,9 @@ def test_a_spot_cloud_fit_cell_in_a_kernel_is_interrupted_and_resumes_on_the_nex
         assert len(re.findall(rf"Epoch {k}/4\b", res.stdout)) == 1, res.stdout
     final = re.search(r"FINAL (\S+) (\S+) (\d+)", res.stdout)
     assert final and final.group(1) == final.group(2) and final.group(3) == "4", res.stdout
-    done = client.job(job["job_id"])
-    assert done["status"] == v.COMPLETED and done["machine_id"] == "g4dn.xlarge.od", done
+    done = client.job(job.job_id)
+    assert done.status == v.COMPLETED and done.machine_id == "g4dn.xlarge.od", done
     assert len(played.envs) == 2
-    events = client.events(job["job_id"])["events"]
+    events = client.events(job.job_id)["events"]
     said = [e["data"].get("message", "") for e in events if e["type"] == "status"]
     assert any(m.startswith("spot machine g4dn.xlarge was reclaimed by AWS; resuming from epoch") for m in said), said

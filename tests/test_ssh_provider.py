@@ -190,11 +190,11 @@ def test_a_cloud_fit_cell_trains_on_an_ssh_hosts_two_gpus_with_the_served_agent(
     from kernel_helpers import digits_setup, run_cell, start_kernel
 
     client = backend.client()
-    machines = {m["machine_id"]: m for m in client.machines()}
+    machines = {m.machine_id: m for m in client.machines()}
     assert {"ssh:a", "ssh:a-gpu1", "ssh:a-gpu2", "ssh:b"} <= set(machines), sorted(machines)
     assert not any(m.startswith("ssh:b-gpu") for m in machines), "b's hosts entry says gpus = 0"
-    assert (machines["ssh:a-gpu2"]["gpu_type"], machines["ssh:a-gpu2"]["gpu_count"]) == ("NVIDIA A10G", 2)
-    assert machines["ssh:a"]["price_per_hour"] == 0.0
+    assert (machines["ssh:a-gpu2"].gpu_type, machines["ssh:a-gpu2"].gpu_count) == ("NVIDIA A10G", 2)
+    assert machines["ssh:a"].price_per_hour == 0.0
     km, kc = start_kernel({"AIBRO_HOME": str(tmp_path / "kernel"), "AIBRO_BACKEND_URL": backend.url,
                            "AIBRO_TOKEN": backend.token})  # fmt: skip
     try:
@@ -213,13 +213,13 @@ def test_a_cloud_fit_cell_trains_on_an_ssh_hosts_two_gpus_with_the_served_agent(
         km.shutdown_kernel(now=True)
     final = re.search(r"FINAL (\S+) (\S+)", res.stdout)
     assert final and final.group(1) == final.group(2) and float(final.group(1)) > 0.5, res.stdout[-3000:]
-    job = next(j for j in reversed(client.jobs()) if j["description"] == "on a")
-    assert job["status"] == v.COMPLETED and job["machine_id"] == "ssh:a-gpu2" and job["epochs_done"] == 2, job
+    job = next(j for j in reversed(client.jobs()) if j.description == "on a")
+    assert job.status == v.COMPLETED and job.machine_id == "ssh:a-gpu2" and job.epochs_done == 2, job
     served = shipping.served(backend.home)
     installed = hosts["servers"]["a"].home / ".aibro" / "agent" / served.version
     assert (installed / "agent-version").read_text().strip() == served.version
     assert (installed / served.filename).read_bytes() == served.path.read_bytes()
-    env_file = hosts["servers"]["a"].home / ".aibro" / "workers" / job["instance_id"] / "env"
+    env_file = hosts["servers"]["a"].home / ".aibro" / "workers" / job.instance_id / "env"
     assert env_file.stat().st_mode & 0o077 == 0, "the worker's secrets are 0600"
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in env_file.read_text(), "the job's worker holds both of a's GPUs"
 
@@ -233,20 +233,20 @@ def test_a_host_whose_sshd_goes_away_has_its_job_resumed_on_the_next_host(
         FitRequest(make_model(), x, y, machine_ids=["ssh:a", "ssh:b"], epochs=6, batch_size=16)
     )
     deadline = time.monotonic() + 600
-    while client.job(job["job_id"])["epochs_done"] < 1:
-        assert time.monotonic() < deadline, client.job(job["job_id"])
+    while client.job(job.job_id).epochs_done < 1:
+        assert time.monotonic() < deadline, client.job(job.job_id)
         time.sleep(0.5)
     server = hosts["servers"]["a"]
     server.stop()  # the host drops off the network: no SSH, and its worker (frozen) reaches nobody either
     subprocess.run(["pkill", "-STOP", "-u", server.user], capture_output=True)
     try:
-        done = _wait(client, job["job_id"])
+        done = _wait(client, job.job_id)
     finally:
         subprocess.run(["pkill", "-KILL", "-u", server.user], capture_output=True)
-    assert done["status"] == v.COMPLETED and done["machine_id"] == "ssh:b", done
-    messages = [e["data"].get("message", "") for e in client.events(job["job_id"], 0)["events"]]
+    assert done.status == v.COMPLETED and done.machine_id == "ssh:b", done
+    messages = [e["data"].get("message", "") for e in client.events(job.job_id, 0)["events"]]
     assert any("was lost (cannot reach a over SSH" in m and "resuming from epoch" in m for m in messages), messages
-    epochs = [e["data"]["epoch"] for e in client.events(job["job_id"], 0)["events"] if e["type"] == v.EV_EPOCH]
+    epochs = [e["data"]["epoch"] for e in client.events(job.job_id, 0)["events"] if e["type"] == v.EV_EPOCH]
     assert sorted(set(epochs)) == list(range(6))
     server.start()
 
@@ -259,9 +259,9 @@ def test_a_host_whose_key_changed_is_refused_naming_it(backend: OwnBackend, host
     client = backend.client()
     x, y = slow_data(64)
     job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="ssh:a", epochs=1))
-    done = _wait(client, job["job_id"])
-    messages = " ".join(e["data"].get("message", "") for e in client.events(job["job_id"], 0)["events"])
-    assert done["status"] == v.CANCELED and "SSH host key of a (127.0.0.1" in messages and "changed" in messages
+    done = _wait(client, job.job_id)
+    messages = " ".join(e["data"].get("message", "") for e in client.events(job.job_id, 0)["events"])
+    assert done.status == v.CANCELED and "SSH host key of a (127.0.0.1" in messages and "changed" in messages
 
 
 def test_stopping_the_backend_stops_its_workers(hosts: dict[str, Any], tmp_path: Path) -> None:
@@ -272,10 +272,10 @@ def test_stopping_the_backend_stops_its_workers(hosts: dict[str, Any], tmp_path:
         x, y = slow_data(3000)
         job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="ssh:b", epochs=50, batch_size=16))
         deadline = time.monotonic() + 600
-        while client.job(job["job_id"])["status"] != v.TRAINING:
+        while client.job(job.job_id).status != v.TRAINING:
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        instance_id = client.job(job["job_id"])["instance_id"]
+        instance_id = client.job(job.job_id).instance_id
         remote = json.loads((home / "state" / "ssh" / "instances.json").read_text())[instance_id]
         pid = int(remote["pid"])  # the 'host' is this machine: its pid is one here
         assert str(pid) in server.agents(), "the worker runs on the host"
@@ -294,7 +294,7 @@ def _running(pid: int) -> bool:
 
 def _wait(client: Any, job_id: str, within_s: float = 900) -> dict[str, Any]:
     deadline = time.monotonic() + within_s
-    while client.job(job_id)["status"] not in (v.COMPLETED, v.CANCELED):
+    while client.job(job_id).status not in (v.COMPLETED, v.CANCELED):
         assert time.monotonic() < deadline, client.job(job_id)
         time.sleep(0.5)
     return client.job(job_id)
@@ -316,13 +316,13 @@ def test_a_restarted_backend_finds_its_running_worker_and_the_job_completes(
         x, y = slow_data(2000)
         job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="ssh:b", epochs=8, batch_size=16))
         deadline = time.monotonic() + 600
-        while client.job(job["job_id"])["epochs_done"] < 1:
-            assert time.monotonic() < deadline, client.job(job["job_id"])
+        while client.job(job.job_id).epochs_done < 1:
+            assert time.monotonic() < deadline, client.job(job.job_id)
             time.sleep(0.5)
-        instance_id = client.job(job["job_id"])["instance_id"]
+        instance_id = client.job(job.job_id).instance_id
         b.proc.send_signal(signal.SIGKILL)
         b.proc.wait(timeout=30)
     with own_backend(home, *args, "--port", port) as again:
-        done = _wait(again.client(), job["job_id"])
-        assert done["status"] == v.COMPLETED and done["instance_id"] == instance_id, done
-        assert done["attempt"] == 0, "no resume: the same worker went on"
+        done = _wait(again.client(), job.job_id)
+        assert done.status == v.COMPLETED and done.instance_id == instance_id, done
+        assert done.attempt == 0, "no resume: the same worker went on"

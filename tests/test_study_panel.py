@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from aibro_core.models import Study
 from aibro_jupyter.widgets.study_panel import StudyPanel, best_so_far, parallel_axes
 
 pytestmark = pytest.mark.fast
@@ -25,28 +26,30 @@ def _trial(tid: str, status: str, units: int, lr: float, score: float | None, me
     }
 
 
-def _study(status: str = "RUNNING") -> dict:
-    return {
-        "study_id": "study-x",
-        "status": status,
-        "description": "",
-        "message": None,
-        "kind": "RandomSearch",
-        "objective": [{"name": "val_accuracy", "direction": "max"}],
-        "max_trials": 5,
-        "parallel": 2,
-        "created": 100.0,
-        "updated": 160.0,
-        "cost": 0.0,
-        "best_trial_id": "02",
-        "trials": [
-            _trial("00", "COMPLETED", 16, 0.01, 0.81),
-            _trial("01", "FAILED", 64, 0.001, None, "out of memory"),
-            _trial("02", "COMPLETED", 32, 0.001, 0.93),
-            _trial("03", "COMPLETED", 8, 0.01, 0.77),
-            _trial("04", "RUNNING", 48, 0.01, None),
-        ],
-    }
+def _study(status: str = "RUNNING") -> Study:
+    return Study.model_validate(
+        {
+            "study_id": "study-x",
+            "status": status,
+            "description": "",
+            "message": None,
+            "kind": "RandomSearch",
+            "objective": [{"name": "val_accuracy", "direction": "max"}],
+            "max_trials": 5,
+            "parallel": 2,
+            "created": 100.0,
+            "updated": 160.0,
+            "cost": 0.0,
+            "best_trial_id": "02",
+            "trials": [
+                _trial("00", "COMPLETED", 16, 0.01, 0.81),
+                _trial("01", "FAILED", 64, 0.001, None, "out of memory"),
+                _trial("02", "COMPLETED", 32, 0.001, 0.93),
+                _trial("03", "COMPLETED", 8, 0.01, 0.77),
+                _trial("04", "RUNNING", 48, 0.01, None),
+            ],
+        }
+    )
 
 
 def _history(*losses: float) -> list[dict]:
@@ -73,12 +76,12 @@ def test_the_trials_table_sorts_by_any_column_and_marks_the_best() -> None:
 def test_best_so_far_only_improves_in_the_objectives_direction() -> None:
     study = _study()
     assert best_so_far(study) == [(0, 0.81), (2, 0.93), (3, 0.93)], "by trial id, failed ones left out"
-    study["objective"] = [{"name": "val_loss", "direction": "min"}]
+    study = study.model_copy(update={"objective": [{"name": "val_loss", "direction": "min"}]})
     assert best_so_far(study) == [(0, 0.81), (2, 0.81), (3, 0.77)]
 
 
 def test_parallel_coordinates_place_every_scored_trial_on_each_axis() -> None:
-    scored = [t for t in _study()["trials"] if t["score"] is not None]
+    scored = [t for t in _study().trials if t.score is not None]
     axes = parallel_axes(scored, "val_accuracy")
     assert [a[0] for a in axes] == ["lr", "units", "val_accuracy"]
     lr, units, objective = (a[1] for a in axes)

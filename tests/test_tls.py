@@ -110,22 +110,22 @@ def test_a_client_with_the_ca_bundle_trains_end_to_end_and_one_without_is_refuse
     _refusal_names_the_fix(str(refused.value), b.url)
 
     client = BackendClient(b.url, b.token, ca_bundle=ca)
-    assert client.health()["user"]
+    assert client.health().user
     x, y = slow_data(400)
     job = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=2, batch_size=32))
     events = wait_for(
         client,
-        job["job_id"],
+        job.job_id,
         lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs),
         timeout=600,
     )
-    done = client.job(job["job_id"])
+    done = client.job(job.job_id)
     # the worker reached the backend only through HTTPS verified against the CA bundle the backend handed it
-    assert done["status"] == v.COMPLETED, [e["data"] for e in events if e["type"] in ("log", "error")][-5:]
+    assert done.status == v.COMPLETED, [e["data"] for e in events if e["type"] in ("log", "error")][-5:]
     assert [e["data"]["epoch"] for e in events if e["type"] == "epoch"] == [0, 1]
 
     monkeypatch.setenv("AIBRO_CA_BUNDLE", ca)  # the environment does what --ca-bundle does
-    assert BackendClient(b.url, b.token).health()["user"]
+    assert BackendClient(b.url, b.token).health().user
 
 
 def test_aibro_login_keeps_the_ca_bundle_and_without_it_names_the_option(https_backend: dict, tmp_path: Path) -> None:

@@ -47,36 +47,36 @@ def _user(b: OwnBackend, name: str) -> BackendClient:
 def test_list_shows_ids_and_times_never_a_secret(backend: OwnBackend) -> None:
     alice = _user(backend, "alice")
     made = alice.mint_token()
-    assert set(made) == {"id", "token", "created", "expires"} and made["expires"] is None
-    assert made["id"].startswith("tok_") and made["token"].startswith("aibro_u_")
+    assert set(made.model_fields_set) == {"id", "token", "created", "expires"} and made.expires is None
+    assert made.id.startswith("tok_") and made.token.startswith("aibro_u_")
     resp = requests.get(f"{backend.url}/api/v1/auth/tokens", headers={"Authorization": f"Bearer {alice.t.token}"})
     assert resp.status_code == 200
     tokens = resp.json()["tokens"]
-    assert [t["id"] for t in tokens][-1] == made["id"]
+    assert [t["id"] for t in tokens][-1] == made.id
     assert all(set(t) == {"id", "created", "expires", "last_used", "current"} for t in tokens), tokens
     assert [t["current"] for t in tokens].count(True) == 1 and tokens[0]["current"] and tokens[0]["last_used"]
-    for secret in (alice.t.token, made["token"], hash_token(alice.t.token), hash_token(made["token"])):
+    for secret in (alice.t.token, made.token, hash_token(alice.t.token), hash_token(made.token)):
         assert secret not in resp.text
 
 
 def test_a_revoked_token_stops_working_and_only_its_owner_can_revoke_it(backend: OwnBackend) -> None:
     bob, carol = _user(backend, "bob"), _user(backend, "carol")
     spare = bob.mint_token()
-    spare_client = backend.client(spare["token"])
-    assert spare_client.health()["user"] == "bob"
+    spare_client = backend.client(spare.token)
+    assert spare_client.health().user == "bob"
     with pytest.raises(ApiError, match="no token") as e:
-        carol.revoke_token(spare["id"])  # not carol's
+        carol.revoke_token(spare.id)  # not carol's
     assert e.value.status == 404
-    assert spare_client.health()["user"] == "bob"
-    assert bob.revoke_token(spare["id"]) == {"revoked": spare["id"]}
+    assert spare_client.health().user == "bob"
+    assert bob.revoke_token(spare.id).revoked == spare.id
     with pytest.raises(AuthError, match="not valid"):
         spare_client.health()
-    assert spare["id"] not in [t["id"] for t in bob.tokens()]
+    assert spare.id not in [t.id for t in bob.tokens()]
     with pytest.raises(ApiError) as e:
-        bob.revoke_token(spare["id"])
+        bob.revoke_token(spare.id)
     assert e.value.status == 404
     # revoking the token in use works too: the next call is refused
-    assert bob.revoke_token(next(t["id"] for t in bob.tokens() if t["current"]))
+    assert bob.revoke_token(next(t.id for t in bob.tokens() if t.current))
     with pytest.raises(AuthError):
         bob.health()
 
@@ -84,13 +84,13 @@ def test_a_revoked_token_stops_working_and_only_its_owner_can_revoke_it(backend:
 def test_tokens_expire(backend: OwnBackend) -> None:
     dave = _user(backend, "dave")
     short = dave.mint_token(expires_in_s=1.5)
-    assert short["expires"] == pytest.approx(short["created"] + 1.5)
-    short_client = backend.client(short["token"])
-    assert short_client.health()["user"] == "dave"
+    assert short.expires == pytest.approx(short.created + 1.5)
+    short_client = backend.client(short.token)
+    assert short_client.health().user == "dave"
     time.sleep(2.0)
-    with pytest.raises(AuthError, match=rf"the token {short['id']} expired at .*aibro login"):
+    with pytest.raises(AuthError, match=rf"the token {short.id} expired at .*aibro login"):
         short_client.health()
-    assert short["id"] not in [t["id"] for t in dave.tokens()]
+    assert short.id not in [t.id for t in dave.tokens()]
     for bad in (0, -5, "60", True, 1e12, None):
         if bad is None:
             continue
@@ -114,10 +114,10 @@ def test_live_tokens_are_capped_per_user(backend: OwnBackend) -> None:
     assert e.value.status == 429
     code, out, _ = _add_user(backend, "erin")  # the admin's mint is capped too, naming the admin's fix
     assert code == 2 and "aibro backend revoke-tokens erin" in out, out
-    erin.revoke_token(made[0]["id"])
-    assert erin.mint_token(expires_in_s=60)["expires"]
+    erin.revoke_token(made[0].id)
+    assert erin.mint_token(expires_in_s=60).expires
     # expired tokens do not count against the cap
-    erin.revoke_token(made[1]["id"])
+    erin.revoke_token(made[1].id)
     erin.mint_token(expires_in_s=0.5)
     time.sleep(1.0)
     erin.mint_token()
@@ -132,7 +132,7 @@ def test_the_cli_lists_mints_and_revokes(backend: OwnBackend, tmp_path: Path) ->
     new = aibro_cli(tmp_path, "token", "new", "--expires-in", "600", **env)
     assert new.returncode == 0, new.stderr
     tid, secret = re.search(r"(tok_\w+) \(expires [^)]+\): (aibro_u_\S+)", new.stdout).groups()
-    assert backend.client(secret).health()["user"] == "frank"
+    assert backend.client(secret).health().user == "frank"
     revoked = aibro_cli(tmp_path, "token", "revoke", tid, **env)
     assert revoked.returncode == 0 and f"revoked {tid}" in revoked.stdout
     assert tid not in aibro_cli(tmp_path, "token", "list", **env).stdout

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from aibro_backend.providers.local import pid_alive
 from aibro_core import vocabulary as v
+from aibro_core.models import Job
 from aibro_jupyter import Training, bundle
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
@@ -37,8 +38,8 @@ SEED_SIGNATURE = [
 def first_job(client: BackendClient, digits, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN001
     x, y, xv, yv = digits
     for inst in client.instances():  # start from a cold machine so gear-up can be compared with a warm one
-        if inst["status"] == v.COOLING:
-            client.terminate(inst["id"])
+        if inst.status == v.COOLING:
+            client.terminate(inst.id)
     model = make_model()
     before = [w.copy() for w in model.get_weights()]
     out = tmp_path_factory.mktemp("first-job")
@@ -121,7 +122,7 @@ def test_online_fit_prints_progress(client: BackendClient, digits, capsys: pytes
 
 def test_states_and_events(client: BackendClient, first_job) -> None:  # noqa: ANN001
     job = client.job(first_job["job_id"])
-    assert job["status"] == v.COMPLETED and job["epochs_done"] == EPOCHS
+    assert job.status == v.COMPLETED and job.epochs_done == EPOCHS
     events = client.events(first_job["job_id"])["events"]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), "seq must be gap-free"
     status_events = [e["data"] for e in events if e["type"] == "status"]
@@ -129,7 +130,7 @@ def test_states_and_events(client: BackendClient, first_job) -> None:  # noqa: A
     assert list(dict.fromkeys(walked)) == list(v.SUBSTATUS_ORDER), walked  # each once, in the vocabulary's order
     statuses = [d["status"] for d in status_events]
     assert list(dict.fromkeys(statuses)) == [v.QUEUING, v.TRAINING, v.COMPLETED], statuses
-    ts = [t["ts"] for t in job["timeline"]]
+    ts = [t.ts for t in job.timeline]
     assert ts == sorted(ts)
     epoch_events = [e["data"] for e in events if e["type"] == "epoch"]
     assert [d["epoch"] for d in epoch_events] == list(range(EPOCHS))
@@ -143,7 +144,7 @@ def test_states_and_events(client: BackendClient, first_job) -> None:  # noqa: A
 
 def test_artifacts_and_tensorboard_logs(client: BackendClient, first_job, tmp_path: Path) -> None:  # noqa: ANN001
     job_id = first_job["job_id"]
-    names = {a["name"] for a in client.artifacts(job_id)}
+    names = {a.name for a in client.artifacts(job_id)}
     assert {"model.keras", "history.json"} <= names
     assert {f"checkpoints/epoch-{i:04d}.keras" for i in range(1, EPOCHS + 1)} <= names
     assert any(n.startswith("tensorboard/train/events.out.tfevents") for n in names)
@@ -164,22 +165,22 @@ def test_second_job_reuses_the_warm_worker(client: BackendClient, first_job, dig
     bundle.save_model(model, probe, plan_names(model))
     model_bytes = (probe.workdir / "model.keras").stat().st_size
     job = Training(client).submit(FitRequest(model, x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600))
-    Training(client).watch(job["job_id"])
-    second = client.job(job["job_id"])
-    assert second["status"] == v.COMPLETED
-    assert second["instance_id"] == first["instance_id"], "a warm instance of the same machine must be reused"
+    Training(client).watch(job.job_id)
+    second = client.job(job.job_id)
+    assert second.status == v.COMPLETED
+    assert second.instance_id == first.instance_id, "a warm instance of the same machine must be reused"
 
-    def gear_up(j: dict) -> float:
-        t = {s["substatus"]: s["ts"] for s in j["timeline"]}
+    def gear_up(j: Job) -> float:
+        t = {s.substatus: s.ts for s in j.timeline}
         return t[v.SENDING_MODEL_DATA] - t[v.GEARING_UP_ENV]
 
     print(f"gear-up: cold {gear_up(first):.3f}s, warm {gear_up(second):.3f}s")
     # the data is already there: only the new (untrained) model's bytes travel
     assert client.counters().get("blob_bytes_received", 0) - before == model_bytes
-    inst = next(i for i in client.instances() if i["id"] == second["instance_id"])
-    states = [h[0] for h in inst["history"]]
+    inst = next(i for i in client.instances() if i.id == second.instance_id)
+    states = [h[0] for h in inst.history]
     assert states[:4] == [v.LAUNCHING, v.EXECUTING, v.COOLING, v.EXECUTING]
-    assert inst["status"] == v.COOLING and inst["cooling_left_s"] > 0
+    assert inst.status == v.COOLING and inst.cooling_left_s > 0
 
 
 def test_events_long_poll(client: BackendClient, first_job) -> None:  # noqa: ANN001
@@ -203,9 +204,11 @@ def test_events_long_poll(client: BackendClient, first_job) -> None:  # noqa: AN
 
 def test_events_long_poll_returns_when_an_event_arrives(client: BackendClient, digits) -> None:  # noqa: ANN001
     x, y = digits[0][:64], digits[1][:64]
-    job_id = Training(client).submit(
-        FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600)
-    )["job_id"]
+    job_id = (
+        Training(client)
+        .submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1, cool_down_period_s=600))
+        .job_id
+    )
     seen = 0
     waits = []
     while True:
@@ -224,14 +227,14 @@ def test_cancel_stops_within_about_a_batch(client: BackendClient) -> None:
     job = Training(client).submit(
         FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=50, batch_size=16, cool_down_period_s=600)
     )
-    job_id = job["job_id"]
+    job_id = job.job_id
     events = wait_for(client, job_id, lambda evs: any(e["type"] == "batch" for e in evs))
     client.cancel(job_id)
     events = wait_for(
         client, job_id, lambda evs: any(e["type"] == "status" and e["data"]["status"] in v.JOB_FINAL for e in evs)
     )
     final = client.job(job_id)
-    assert final["status"] == v.CANCELED and final["epochs_done"] == 0
+    assert final.status == v.CANCELED and final.epochs_done == 0
     cancel_at = next(e["ts"] for e in events if e["type"] == "log" and e["data"]["message"] == "cancel requested")
     assert not [e for e in events if e["type"] == "epoch"], "the first epoch must not finish"
     batches = [e["data"] for e in events if e["type"] == "batch"]
@@ -243,14 +246,14 @@ def test_cancel_stops_within_about_a_batch(client: BackendClient) -> None:
     done_at = next(e["ts"] for e in events if e["type"] == "status" and e["data"]["status"] == v.CANCELED)
     assert done_at - cancel_at < 15
     # the instance is healthy and cooling, ready for the next job
-    inst = next(i for i in client.instances() if i["id"] == final["instance_id"])
-    assert inst["status"] == v.COOLING
+    inst = next(i for i in client.instances() if i.id == final.instance_id)
+    assert inst.status == v.COOLING
 
 
 def test_replay_runs_a_recorded_job_again(client: BackendClient, first_job) -> None:  # noqa: ANN001
     new_id, model, history = Training.replay_job(first_job["job_id"])
     assert new_id != first_job["job_id"]
-    assert client.job(new_id)["replay_of"] == first_job["job_id"]
+    assert client.job(new_id).replay_of == first_job["job_id"]
     assert history.epoch == list(range(EPOCHS))
     _, _, xv, yv = first_job["data"]
     _, acc = model.evaluate(xv, yv, verbose=0)
@@ -287,15 +290,15 @@ def test_cool_down_expiry_closes_the_instance(client: BackendClient, aibro_home:
     job = Training(client).submit(
         FitRequest(make_model(), x[:200], y[:200], machine_ids="local-cpu", epochs=1, cool_down_period_s=1)
     )
-    Training(client).watch(job["job_id"])
-    inst_id = client.job(job["job_id"])["instance_id"]
+    Training(client).watch(job.job_id)
+    inst_id = client.job(job.job_id).instance_id
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        inst = next(i for i in client.instances() if i["id"] == inst_id)
-        if inst["status"] == v.CLOSED:
+        inst = next(i for i in client.instances() if i.id == inst_id)
+        if inst.status == v.CLOSED:
             break
         time.sleep(0.2)
-    states = [h[0] for h in inst["history"]]
+    states = [h[0] for h in inst.history]
     assert states[-3:] == [v.COOLING, v.CLOSING, v.CLOSED], states
-    assert inst["substatus"] == v.TERMINATED
+    assert inst.substatus == v.TERMINATED
     assert not pid_alive(instance_pid(aibro_home, inst_id)), "the worker process is gone"

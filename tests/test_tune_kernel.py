@@ -41,7 +41,7 @@ def test_a_cloud_tune_cell_runs_its_search_remotely_and_the_rest_here(aibro_home
         assert study["status"] == "COMPLETED" and len(study["trials"]) == 4
         best = next(t for t in study["trials"] if t["trial_id"] == study["best_trial_id"])
         assert f"BEST {best['values']} {round(best['score'], 4)}" in res.stdout, "its best epoch: " + res.stdout
-        final = client.job(best["job_id"])["history"][-1]["val_accuracy"]
+        final = client.job(best["job_id"]).history[-1].val_accuracy
         assert f"FINAL {round(final, 4)}" in res.stdout, "best_model: the job's final model, " + res.stdout
         assert "TRIALS 4" in res.stdout
         for t in study["trials"]:

@@ -87,13 +87,13 @@ def nothing_uploaded(client: BackendClient) -> Iterator[None]:
 
     A job that slipped through (a product bug) is canceled and followed to its end, so it cannot linger."""
     before = _uploaded(client)
-    known = {j["job_id"] for j in client.jobs()}
+    known = {j.job_id for j in client.jobs()}
     yield
     after = _uploaded(client)
     for job in client.jobs():
-        if job["job_id"] not in known:
-            client.cancel(job["job_id"])
-            wait_for(client, job["job_id"], lambda evs: any(_final(e) for e in evs))
+        if job.job_id not in known:
+            client.cancel(job.job_id)
+            wait_for(client, job.job_id, lambda evs: any(_final(e) for e in evs))
     assert after == before, "bytes were uploaded or a job was created before the error"
 
 
@@ -340,7 +340,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackendClient]
         url = json.loads((home / "backend.json").read_text())["url"]
         token = json.loads((home / "credentials.json").read_text())["token"]
         client = BackendClient(url, token)
-        assert client.policy()["max_job_bytes"] == 10000
+        assert client.policy().max_job_bytes == 10000
         yield client
     finally:
         proc.terminate()

@@ -9,6 +9,7 @@ import ipywidgets as w
 import pytest
 
 from aibro_core import vocabulary as v
+from aibro_core.models import Job, Machine, TimelineEntry
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.progress import JobView
@@ -25,7 +26,7 @@ EPOCHS = 3
 
 
 @pytest.fixture(scope="module")
-def done_job(client: BackendClient, digits) -> dict:  # noqa: ANN001
+def done_job(client: BackendClient, digits) -> Job:  # noqa: ANN001
     x, y, xv, yv = digits
     job = Training(client).submit(
         FitRequest(
@@ -40,15 +41,15 @@ def done_job(client: BackendClient, digits) -> dict:  # noqa: ANN001
             description="widgets",
         ),
     )
-    Training(client).watch(job["job_id"])
-    return client.job(job["job_id"])
+    Training(client).watch(job.job_id)
+    return client.job(job.job_id)
 
 
-def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_job: dict) -> None:
-    panel = ProgressPanel(done_job["job_id"], "widgets", done_job["machines"])
-    view = JobView(done_job["job_id"])
+def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_job: Job) -> None:
+    panel = ProgressPanel(done_job.job_id, "widgets", done_job.machines)
+    view = JobView(done_job.job_id)
     epoch_values, batch_bars = [], []
-    for ev in client.events(done_job["job_id"])["events"]:
+    for ev in client.events(done_job.job_id)["events"]:
         view.apply(ev)
         panel.update(view, ev)
         if ev["type"] == v.EV_EPOCH:
@@ -123,7 +124,7 @@ def test_metrics_table_keeps_every_epoch_and_loss_can_go_log_scale() -> None:
     assert "loss (train)" in panel.legend.value and "val_loss (validation)" in panel.legend.value
 
 
-def test_panel_buttons(done_job: dict) -> None:
+def test_panel_buttons(done_job: Job) -> None:
     panel = ProgressPanel("job-x", "", ["local-cpu"])
     calls = []
     panel.on_cancel(lambda: calls.append("cancel"))
@@ -178,19 +179,21 @@ def test_picker_lists_the_marketplace_and_starts_with_an_ordered_choice(client: 
     assert len(picker.children) == 1 and "training on local-cpu" in picker.children[0].value, "it folds at Start"
 
 
-def _offer(mid: str, price: float, gpus: int, vcpus: int, mem: float, spot: bool, avail: str = "available") -> dict:
-    return {
-        "machine_id": mid,
-        "provider": "aws" if gpus else "local",
-        "gpu_count": gpus,
-        "gpu_type": "T4" if gpus else None,
-        "vcpus": vcpus,
-        "memory_gib": mem,
-        "price_per_hour": price,
-        "on_demand_price_per_hour": 0.526 if gpus else 0.0,
-        "spot": spot,
-        "availability": avail,
-    }
+def _offer(mid: str, price: float, gpus: int, vcpus: int, mem: float, spot: bool, avail: str = "available") -> Machine:
+    return Machine.model_validate(
+        {
+            "machine_id": mid,
+            "provider": "aws" if gpus else "local",
+            "gpu_count": gpus,
+            "gpu_type": "T4" if gpus else None,
+            "vcpus": vcpus,
+            "memory_gib": mem,
+            "price_per_hour": price,
+            "on_demand_price_per_hour": 0.526 if gpus else 0.0,
+            "spot": spot,
+            "availability": avail,
+        }
+    )
 
 
 MARKET = [
@@ -255,11 +258,11 @@ def test_picker_refuses_an_empty_choice() -> None:
 
 
 @pytest.mark.parametrize("chart", ["pie", "funnel"])
-def test_plot_timeline_from_the_jobs_timestamps(done_job: dict, chart: str) -> None:
-    fig = Training.plot_timeline(done_job["job_id"], chart)
+def test_plot_timeline_from_the_jobs_timestamps(done_job: Job, chart: str) -> None:
+    fig = Training.plot_timeline(done_job.job_id, chart)
     assert isinstance(fig, bq.Figure)
-    timeline = done_job["timeline"]
-    total = timeline[-1]["ts"] - timeline[0]["ts"]
+    timeline = done_job.timeline
+    total = timeline[-1].ts - timeline[0].ts
     mark = fig.marks[0]
     if chart == "pie":
         assert isinstance(mark, bq.Pie)
@@ -275,8 +278,8 @@ def test_plot_timeline_from_the_jobs_timestamps(done_job: dict, chart: str) -> N
 
 def test_timeline_of_a_running_job_counts_until_now_and_names_bad_charts() -> None:
     tl = [
-        {"status": "QUEUING", "substatus": v.REQUESTING_SERVER, "ts": 100.0},
-        {"status": "TRAINING", "substatus": v.SUB_TRAINING, "ts": 103.0},
+        TimelineEntry(status=v.QUEUING, substatus=v.REQUESTING_SERVER, ts=100.0),
+        TimelineEntry(status=v.TRAINING, substatus=v.SUB_TRAINING, ts=103.0),
     ]
     assert durations(tl, now=110.0) == [(v.REQUESTING_SERVER, 3.0), (v.SUB_TRAINING, 7.0)]
     with pytest.raises(ValueError, match="chart_type must be 'pie' or 'funnel'"):

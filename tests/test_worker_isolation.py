@@ -90,8 +90,8 @@ def test_worker_runs_isolated_in_its_own_directory(client: BackendClient, aibro_
         cool_down_period_s=600,
     )
     job = client.job(job_id)
-    assert job["status"] == v.COMPLETED
-    instance_id = job["instance_id"]
+    assert job.status == v.COMPLETED
+    instance_id = job.instance_id
     pid = worker_process(instance_pid(aibro_home, instance_id))
     env = assert_isolated(pid, aibro_home, instance_id)
     # The filter is what keeps these out: the backend that started the worker does hold AIBRO_HOME.
@@ -231,9 +231,9 @@ def test_backend_trains_a_job_through_the_agent_venv(agent_venv: Path, machine_s
 
         client = BackendClient(info["url"], token)
         job = client.job(result["job_id"])
-        assert job["status"] == v.COMPLETED, job
+        assert job.status == v.COMPLETED, job
         assert result["val_accuracy"] > 0.5, result
-        instance_id = job["instance_id"]
+        instance_id = job.instance_id
         pid = worker_process(instance_pid(home, instance_id))
         env = assert_isolated(pid, home, instance_id)
         assert "AIBRO_ISOLATION_CANARY" not in env
@@ -262,22 +262,20 @@ def test_an_agent_of_other_code_never_runs_a_job(agent_venv: Path, tmp_path: Pat
         with own_backend(tmp_path / "home", AIBRO_WORKER_PYTHON=str(agent_venv), AIBRO_SPARE_WORKER="0") as b:
             client = b.client()
             x, y = slow_data(64)
-            job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1))[
-                "job_id"
-            ]
+            job_id = Training(client).submit(FitRequest(make_model(), x, y, machine_ids="local-cpu", epochs=1)).job_id
             deadline = time.monotonic() + 600
-            while client.job(job_id)["status"] not in (v.COMPLETED, v.CANCELED):
+            while client.job(job_id).status not in (v.COMPLETED, v.CANCELED):
                 assert time.monotonic() < deadline, client.job(job_id)
                 time.sleep(0.5)
             job = client.job(job_id)
             expected = agent_version()
-            assert job["status"] == v.CANCELED and job["epochs_done"] == 0, job
-            assert f"is not this backend's {expected}" in job["error"] and "GET /worker/agent" in job["error"]
+            assert job.status == v.CANCELED and job.epochs_done == 0, job
+            assert f"is not this backend's {expected}" in job.error and "GET /worker/agent" in job.error
             (inst,) = client.instances()
-            refusal = [h[1] for h in inst["history"] if "is not this backend's" in h[1]]
-            assert refusal and refusal[0].startswith("agent 0.") and expected in refusal[0], inst["history"]
+            refusal = [h[1] for h in inst.history if "is not this backend's" in h[1]]
+            assert refusal and refusal[0].startswith("agent 0.") and expected in refusal[0], inst.history
             assert refusal[0].split()[1] != expected, "the refused agent reported its own, other version"
-            _sidebar_names_both_versions(b.home, tmp_path, job_id, inst["id"], refusal[0].split()[1], expected)
+            _sidebar_names_both_versions(b.home, tmp_path, job_id, inst.id, refusal[0].split()[1], expected)
     finally:
         agent_py.write_text(original)
 

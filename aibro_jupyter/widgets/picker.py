@@ -12,6 +12,8 @@ from typing import Any
 
 import ipywidgets as w
 
+from aibro_core.models import Machine
+
 from ..prices import hourly
 from .style import STYLE, text_class
 
@@ -71,31 +73,29 @@ def _compact() -> w.Layout:
     return w.Layout(width="auto", padding="0 6px", margin="0 2px")
 
 
-def marketplace_rows(offers: list[dict[str, Any]]) -> list[Row]:
-    """Offers grouped by machine: `g4dn.xlarge` (spot) and `g4dn.xlarge.od` (on-demand) make one row."""
-    ids = {o["machine_id"] for o in offers}
+def marketplace_rows(offers: list[Machine]) -> list[Row]:
+    """Offers grouped by machine: `g4dn.xlarge` (spot) and `g4dn.xlarge.od` (on-demand) make one row. An offer whose
+    provider does not say whether it is spot is spot when an `.od` variant of it is on offer too."""
+    ids = {o.machine_id for o in offers}
     rows: dict[str, Row] = {}
     for o in offers:
-        mid = o["machine_id"]
+        mid = o.machine_id
         base = mid[: -len(".od")] if mid.endswith(".od") else mid
-        spot = o.get("spot", not mid.endswith(".od") and f"{mid}.od" in ids)
-        row = rows.setdefault(
-            base,
-            Row(base, o["provider"], o.get("gpu_count") or 0, o.get("gpu_type"), o["vcpus"], o["memory_gib"], ""),
-        )
+        spot = o.spot if "spot" in o.model_fields_set else not mid.endswith(".od") and f"{mid}.od" in ids
+        row = rows.setdefault(base, Row(base, o.provider, o.gpu_count, o.gpu_type, o.vcpus, o.memory_gib, ""))
         if spot:
-            row.spot = (mid, float(o["price_per_hour"]))
+            row.spot = (mid, o.price_per_hour)
         else:
-            row.on_demand = (mid, float(o["price_per_hour"]))  # what this offer costs (Ray's and local: nothing)
-        if AVAILABILITY_RANK.get(str(o["availability"]), 0) >= AVAILABILITY_RANK.get(row.availability, -1):
-            row.availability = str(o["availability"])
+            row.on_demand = (mid, o.price_per_hour)  # what this offer costs (Ray's and local: nothing)
+        if AVAILABILITY_RANK.get(o.availability, 0) >= AVAILABILITY_RANK.get(row.availability, -1):
+            row.availability = o.availability
     return list(rows.values())
 
 
 class MachinePicker(w.VBox):
     """Pick an ordered fallback list of machines; Start sets `chosen` (machine ids, cool-down seconds)."""
 
-    def __init__(self, offers: list[dict[str, Any]], cool_down_s: float = 0) -> None:
+    def __init__(self, offers: list[Machine], cool_down_s: float = 0) -> None:
         self.offers = offers
         self.rows = marketplace_rows(offers)
         self.sort_key, self.descending = "spot", False
@@ -158,7 +158,7 @@ class MachinePicker(w.VBox):
         """Add a machine (its on-demand variant when asked and offered) to the end of the ordered list."""
         if not machine_id:
             return
-        known = {o["machine_id"] for o in self.offers}
+        known = {o.machine_id for o in self.offers}
         mid = f"{machine_id}.od" if on_demand and f"{machine_id}.od" in known else machine_id
         if mid not in known:
             self.message.value = f"<span class='{text_class('error')}'>no machine {html.escape(mid)} on offer</span>"

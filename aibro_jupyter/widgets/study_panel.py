@@ -13,6 +13,7 @@ from typing import Any
 import ipywidgets as w
 
 from aibro_core import vocabulary as v
+from aibro_core.models import Study, StudyTrial
 
 from .followcontrols import FollowControls
 from .progress_panel import whole_ticks
@@ -29,44 +30,44 @@ STUDY_STYLE = """<style>
 </style>"""
 
 
-def _objective(study: dict[str, Any]) -> tuple[str, str]:
-    first = (study.get("objective") or [{"name": "score", "direction": "min"}])[0]
+def _objective(study: Study) -> tuple[str, str]:
+    first = (study.objective or [{"name": "score", "direction": "min"}])[0]
     return str(first["name"]), str(first.get("direction") or "min")
 
 
-def _shown_values(trial: dict[str, Any]) -> dict[str, Any]:
+def _shown_values(trial: StudyTrial) -> dict[str, Any]:
     """The trial's hyperparameters without KerasTuner's own bookkeeping (Hyperband's tuner/epochs and so on)."""
-    return {k: val for k, val in trial["values"].items() if not k.startswith("tuner/")}
+    return {k: val for k, val in trial.values.items() if not k.startswith("tuner/")}
 
 
-def trial_numbers(study: dict[str, Any]) -> list[int]:
+def trial_numbers(study: Study) -> list[int]:
     """Each trial's place on a chart's x-axis: its id where KerasTuner numbers them ("0", "1", …), else its order."""
-    ids = [t["trial_id"] for t in study["trials"]]
+    ids = [t.trial_id for t in study.trials]
     return [int(i) for i in ids] if all(i.isdigit() for i in ids) else list(range(len(ids)))
 
 
-def best_so_far(study: dict[str, Any]) -> list[tuple[int, float]]:
+def best_so_far(study: Study) -> list[tuple[int, float]]:
     """(trial number, the best score up to and including it) for each trial that has a score, in trial order: the
     curve a search flattens along as it converges."""
     _name, direction = _objective(study)
     pick = min if direction == "min" else max
     out: list[tuple[int, float]] = []
     best: float | None = None
-    for n, trial in zip(trial_numbers(study), study["trials"], strict=True):
-        if trial.get("score") is None or trial["status"] != v.TRIAL_COMPLETED:
+    for n, trial in zip(trial_numbers(study), study.trials, strict=True):
+        if trial.score is None or trial.status != v.TRIAL_COMPLETED:
             continue
-        best = float(trial["score"]) if best is None else pick(best, float(trial["score"]))
+        best = trial.score if best is None else pick(best, trial.score)
         out.append((n, best))
     return out
 
 
-def parallel_axes(trials: list[dict[str, Any]], objective: str) -> list[tuple[str, list[float], str, str]]:
+def parallel_axes(trials: list[StudyTrial], objective: str) -> list[tuple[str, list[float], str, str]]:
     """One axis per hyperparameter and one for the objective: (name, each trial's value placed in 0..1, the label
     at 0, the label at 1). Numbers are placed between their least and greatest value, choices by their order."""
     names = sorted({k for t in trials for k in _shown_values(t)})
     axes = []
     for name in [*names, objective]:
-        raw = [t.get("score") if name == objective else _shown_values(t).get(name) for t in trials]
+        raw = [t.score if name == objective else _shown_values(t).get(name) for t in trials]
         numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in raw if x is not None)
         if numeric:
             nums = [float(x) for x in raw if x is not None]
@@ -90,7 +91,7 @@ class StudyPanel(FollowControls, w.VBox):
         self.study_id = study_id
         self.attach_hint = attach_hint or f"%cloud_attach {study_id}"
         self._make_controls()
-        self._study: dict[str, Any] | None = None
+        self._study: Study | None = None
         self._histories: dict[str, list[dict[str, Any]]] = {}
         self._lock = threading.Lock()
         desc = f" — {html.escape(description)}" if description else ""
@@ -155,7 +156,7 @@ class StudyPanel(FollowControls, w.VBox):
         self.result.value = f"<div class='aibro-nb-final aibro-nb-{kind}'>{html.escape(error or text)}</div>"
         self._render_state()
 
-    def update(self, study: dict[str, Any], histories: dict[str, list[dict[str, Any]]]) -> None:
+    def update(self, study: Study, histories: dict[str, list[dict[str, Any]]]) -> None:
         """The study as the backend has it, and the loss history of the trials fetched this time; safe to call from
         the following thread. A detached panel keeps still."""
         if self.detached.is_set():
@@ -164,58 +165,58 @@ class StudyPanel(FollowControls, w.VBox):
             self._study = study
             self._histories.update(histories)
             name, direction = _objective(study)
-            hps = sorted({k for t in study["trials"] for k in _shown_values(t)})
+            hps = sorted({k for t in study.trials for k in _shown_values(t)})
             options = ["trial", "status", name, *hps]
             if list(self.sort_by.options) != options:
                 keep = self.sort_by.value if self.sort_by.value in options else "trial"
                 self.sort_by.options, self.sort_by.value = options, keep
-            done = sum(t["status"] != v.TRIAL_RUNNING for t in study["trials"])
-            of = f"/{study['max_trials']}" if study.get("max_trials") else ""
-            best = next((t for t in study["trials"] if t["trial_id"] == study.get("best_trial_id")), None)
+            done = sum(t.status != v.TRIAL_RUNNING for t in study.trials)
+            of = f"/{study.max_trials}" if study.max_trials else ""
+            best = next((t for t in study.trials if t.trial_id == study.best_trial_id), None)
             best_text = (
-                f"best {html.escape(name)} <b>{best['score']:.4f}</b> (trial {html.escape(best['trial_id'])})"
+                f"best {html.escape(name)} <b>{best.score:.4f}</b> (trial {html.escape(best.trial_id)})"
                 if best
                 else "no trial completed yet"
             )
             self.summary.value = (
-                f"<div class='aibro-nb-summary'><code>{html.escape(study['status'])}</code> "
-                f"{html.escape(study['kind'])} · objective {html.escape(name)} ({direction}) · {done}{of} trials done, "
-                f"up to {study['parallel']} at once · {best_text}</div>"
+                f"<div class='aibro-nb-summary'><code>{html.escape(study.status)}</code> "
+                f"{html.escape(study.kind)} · objective {html.escape(name)} ({direction}) · {done}{of} trials done, "
+                f"up to {study.parallel} at once · {best_text}</div>"
             )
             self._render_table()
             self._render_best(study)
             self._render_loss(study)
             self._render_coords(study)
-            final = study["status"] in v.STUDY_FINAL
+            final = study.status in v.STUDY_FINAL
             if final:
                 self.hide_controls()
-            end = study["updated"] if final else time.time()
-            self.cost.value = f"cost ${study.get('cost', 0.0):.2f} · elapsed {max(0.0, end - study['created']):.0f}s"
+            end = study.updated if final else time.time()
+            self.cost.value = f"cost ${study.cost:.2f} · elapsed {max(0.0, end - study.created):.0f}s"
             self._render_state()
 
     @property
     def rows(self) -> list[str]:
         """The trial ids in the order the table shows them."""
-        return [t["trial_id"] for t in self._sorted()]
+        return [t.trial_id for t in self._sorted()]
 
-    def _sorted(self) -> list[dict[str, Any]]:
+    def _sorted(self) -> list[StudyTrial]:
         study = self._study
         if study is None:
             return []
         key, name = self.sort_by.value, _objective(study)[0]
 
-        def value(t: dict[str, Any]) -> tuple[int, Any]:
+        def value(t: StudyTrial) -> tuple[int, Any]:
             if key == "trial":
-                return (0, t["trial_id"])
+                return (0, t.trial_id)
             if key == "status":
-                return (0, t["status"])
-            got = t.get("score") if key == name else _shown_values(t).get(key)
+                return (0, str(t.status))
+            got = t.score if key == name else _shown_values(t).get(key)
             if got is None:
                 return (1, "")  # no value: at the end either way
             return (0, (0, got) if isinstance(got, (int, float)) else (1, str(got)))
 
-        present = [t for t in study["trials"] if value(t)[0] == 0]
-        missing = [t for t in study["trials"] if value(t)[0] == 1]
+        present = [t for t in study.trials if value(t)[0] == 0]
+        missing = [t for t in study.trials if value(t)[0] == 1]
         return sorted(present, key=value, reverse=self.descending.value) + missing
 
     def _render_table(self) -> None:
@@ -223,33 +224,33 @@ class StudyPanel(FollowControls, w.VBox):
         if study is None:
             return
         name = _objective(study)[0]
-        hps = sorted({k for t in study["trials"] for k in _shown_values(t)})
+        hps = sorted({k for t in study.trials for k in _shown_values(t)})
         head = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", "status", *hps, name, "best epoch", "job"])
         rows = []
         for t in self._sorted():
             values = _shown_values(t)
-            cells = [t["trial_id"], t["status"], *[_fmt(values.get(h, "")) for h in hps]]
-            score = _fmt(t["score"]) if t.get("score") is not None else (t.get("message") or "")
-            epoch = str(t["best_step"] + 1) if t.get("best_step") is not None and t.get("score") is not None else ""
-            cells += [score, epoch, t["job_id"]]
-            best = " class='aibro-nb-best'" if t["trial_id"] == study.get("best_trial_id") else ""
+            cells = [t.trial_id, t.status, *[_fmt(values.get(h, "")) for h in hps]]
+            score = _fmt(t.score) if t.score is not None else (t.message or "")
+            epoch = str(t.best_step + 1) if t.best_step is not None and t.score is not None else ""
+            cells += [score, epoch, t.job_id]
+            best = " class='aibro-nb-best'" if t.trial_id == study.best_trial_id else ""
             body = "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
-            rows.append(f"<tr data-trial='{html.escape(t['trial_id'])}'{best}>{body}</tr>")
+            rows.append(f"<tr data-trial='{html.escape(t.trial_id)}'{best}>{body}</tr>")
         self.table.value = (
             f"<div class='aibro-nb-scroll'><table class='aibro-nb-table'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>"
         )
 
-    def _render_best(self, study: dict[str, Any]) -> None:
+    def _render_best(self, study: Study) -> None:
         if self._best_marks is None:
             return
         curve, dots, axis = self._best_marks
         points = best_so_far(study)
         numbers = trial_numbers(study)
         scored = [
-            (n, float(t["score"]))
-            for n, t in zip(numbers, study["trials"], strict=True)
-            if t["status"] == v.TRIAL_COMPLETED and t.get("score") is not None
+            (n, t.score)
+            for n, t in zip(numbers, study.trials, strict=True)
+            if t.status == v.TRIAL_COMPLETED and t.score is not None
         ]
         axis.tick_values = whole_ticks(min(numbers, default=0), max(numbers, default=0))
         xs, ys = curve.scales["x"], curve.scales["y"]
@@ -265,16 +266,16 @@ class StudyPanel(FollowControls, w.VBox):
         with dots.hold_sync():
             dots.x, dots.y = [p[0] for p in scored], [p[1] for p in scored]
 
-    def _render_loss(self, study: dict[str, Any]) -> None:
+    def _render_loss(self, study: Study) -> None:
         if self._loss is None:
             return
         scales, axis = self._loss
         import bqplot as bq
 
         marks, legend = [], []
-        running = [t for t in study["trials"] if t["status"] == v.TRIAL_RUNNING]
-        for t in study["trials"]:
-            history = self._histories.get(t["trial_id"]) or []
+        running = [t for t in study.trials if t.status == v.TRIAL_RUNNING]
+        for t in study.trials:
+            history = self._histories.get(t.trial_id) or []
             xs = [int(h["epoch"]) for h in history if h.get("loss") is not None]
             ys = [float(h["loss"]) for h in history if h.get("loss") is not None]
             if not xs:
@@ -294,7 +295,7 @@ class StudyPanel(FollowControls, w.VBox):
             )
             if live:
                 swatch = f"<span class='aibro-nb-swatch' style='background:{color}'></span>"
-                legend.append(f"<span class='aibro-nb-key'>{swatch}trial {html.escape(t['trial_id'])}</span>")
+                legend.append(f"<span class='aibro-nb-key'>{swatch}trial {html.escape(t.trial_id)}</span>")
         last = max((int(h["epoch"]) for hs in self._histories.values() for h in hs), default=1)
         axis.tick_values = whole_ticks(1, last)
         ended = len(marks) - len(legend)
@@ -304,18 +305,18 @@ class StudyPanel(FollowControls, w.VBox):
         self.loss_chart.marks = marks
         self.loss_legend.value = f"<div class='aibro-nb-legend'>{' '.join(legend)}</div>"
 
-    def _render_coords(self, study: dict[str, Any]) -> None:
+    def _render_coords(self, study: Study) -> None:
         if self._coords is None:
             return
         lines, ticks, labels = self._coords
         name, direction = _objective(study)
-        trials = [t for t in study["trials"] if t["status"] == v.TRIAL_COMPLETED and t.get("score") is not None]
+        trials = [t for t in study.trials if t.status == v.TRIAL_COMPLETED and t.score is not None]
         if not trials:
             return
         self.coords_caption.value = _caption(f"hyperparameters against {name}, one line per completed trial")
         axes = parallel_axes(trials, name)
         xs = list(range(len(axes)))
-        scores = [float(t["score"]) for t in trials]
+        scores = [t.score for t in trials if t.score is not None]
         low, high = min(scores), max(scores)
         colors = []
         for s in scores:
@@ -340,7 +341,7 @@ class StudyPanel(FollowControls, w.VBox):
 
     def _render_state(self) -> None:
         study = html.escape(self.study_id)
-        status = html.escape(self._study["status"]) if self._study else v.STUDY_RUNNING
+        status = html.escape(self._study.status) if self._study else v.STUDY_RUNNING
         if self.cell_state == "detached":
             kind, text = (
                 "warn",

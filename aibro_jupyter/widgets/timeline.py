@@ -6,27 +6,30 @@ import time
 from typing import Any
 
 from aibro_core import vocabulary as v
+from aibro_core.models import TimelineEntry
 
 
-def durations(timeline: list[dict[str, Any]], now: float | None = None) -> list[tuple[str, float]]:
-    """(substatus, seconds) in order; the last state runs until `now` unless the job is final."""
+def durations(timeline: list[TimelineEntry], now: float | None = None) -> list[tuple[str, float]]:
+    """(substatus, seconds) in order, over the entries that have a time; the last state runs until `now` unless the
+    job is final."""
+    timed = [(e, e.ts) for e in timeline if e.ts is not None]
     out: list[tuple[str, float]] = []
-    for cur, nxt in zip(timeline, timeline[1:] + [None]):
+    for (cur, start), nxt in zip(timed, [*timed[1:], None]):
         if nxt is None:
-            if cur["status"] in v.JOB_FINAL:
+            if cur.status in v.JOB_FINAL:
                 break
             end = now or time.time()
         else:
-            end = nxt["ts"]
-        name = cur["substatus"]
+            end = nxt[1]
+        name = str(cur.substatus)
         if out and out[-1][0] == name:
-            out[-1] = (name, out[-1][1] + end - cur["ts"])
+            out[-1] = (name, out[-1][1] + end - start)
         else:
-            out.append((name, max(0.0, end - cur["ts"])))
+            out.append((name, max(0.0, end - start)))
     return out
 
 
-def timeline_chart(timeline: list[dict[str, Any]], chart_type: str = "pie") -> Any:
+def timeline_chart(timeline: list[TimelineEntry], chart_type: str = "pie") -> Any:
     """A bqplot pie, or a funnel (horizontal bars in order), of the time spent per substatus."""
     import bqplot as bq
     import ipywidgets as w
