@@ -28,8 +28,8 @@ from aibro_core.jobpicture import JobPicture
 from aibro_core.kerasfile import keras_notes_quiet
 from aibro_core.models import Study, StudyTrial, TrialCheckpoint
 
-from .client import spec_json
-from .errors import StudyFailed, ValidationError
+from .client import FOLLOW_BACKOFF, spec_json
+from .errors import BackendUnreachable, StudyFailed, ValidationError
 from .fitrequest import FitRequest
 from .randomstate import random_state_kept
 from .rebuildplan import kept_arguments
@@ -342,15 +342,30 @@ def follow(
     the study and the epoch history of each trial that trained since the last poll. None when `stop` is set."""
     seen: dict[str, tuple[str, str]] = {}
     trained = TrialHistories(client)  # no request until the first poll that has a panel to hand it to
+    down = 0  # failed polls in this outage of the backend
     while True:
-        study = client.study(study_id)
+        try:
+            study = client.study(study_id)
+            histories = trained.since_last(study) if on_poll is not None else {}
+        except BackendUnreachable as exc:  # the study goes on in the backend: wait for it, as the job follower does
+            if down == 0:
+                print(f"[{study_id}] backend unreachable, retrying… ({exc})", file=sys.stderr, flush=True)
+            down += 1
+            if stop is None:
+                time.sleep(FOLLOW_BACKOFF.delay(down - 1))
+            elif stop.wait(FOLLOW_BACKOFF.delay(down - 1)):
+                return None
+            continue
+        if down:
+            down = 0
+            print(f"[{study_id}] backend is back at {client.url}; carrying on", file=sys.stderr, flush=True)
         for trial in study.trials:
             now = (trial.status, trial.job_id)  # a trial's next execution is a line of its own
             if verbose and seen.get(trial.trial_id) != now:
                 seen[trial.trial_id] = now
                 print(trial_line(study, trial), flush=True)
         if on_poll is not None:
-            on_poll(study, trained.since_last(study))
+            on_poll(study, histories)
         if study.status in v.STUDY_FINAL:
             if verbose:
                 why = f": {study.message}" if study.message else ""

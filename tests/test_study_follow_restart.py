@@ -2,9 +2,9 @@
 started again, the fault alone (issue 39 item 3, found by benchmarks/soak.py).
 
 The job follower (`client.follow`) retries with backoff and carries on; the study follower (`search.follow`, what
-`%%cloud_tune` and `Training.online_search` wait in) calls `client.study` with no retry, so its first poll in the
-outage raises BackendUnreachable and the search call ends while the study goes on. Marked xfail (strict) until the
-kernel's study follower retries as the job follower does; the fix is in aibro_jupyter/search.py."""
+`%%cloud_tune` and `Training.online_search` wait in) called `client.study` with no retry, so its first poll in the
+outage raised BackendUnreachable and the search call ended while the study went on. It now waits with the job
+follower's backoff and says so."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import keras_tuner as kt
-import pytest
 from backend_proc import own_backend
 from searchmodels import build_model
 
 from aibro_core import vocabulary as v
-from aibro_core.errors import BackendUnreachable
 from aibro_jupyter import Training
 from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.search import follow, given_args, start_study
@@ -26,7 +24,6 @@ from aibro_jupyter.search import follow, given_args, start_study
 from helpers import slow_data
 
 
-@pytest.mark.xfail(strict=True, raises=BackendUnreachable, reason="search.follow has no retry (issue 39 soak)")
 def test_a_study_follower_outlives_a_backend_restart(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with own_backend(home) as first:
