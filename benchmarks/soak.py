@@ -668,13 +668,17 @@ def client_main(kind: str, seed: int, epochs: int, rows: int) -> int:
 
         tuner = kt.RandomSearch(sl.build_model, objective="loss", max_trials=2, seed=seed, directory="tuner")
         req = FitRequest(None, x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
-        sid = start_study(trainer, tuner, req, parallel=1, verbose=False, search_args=given_args(req))
+        try:
+            sid = start_study(trainer, tuner, req, parallel=1, verbose=False, search_args=given_args(req))
+        except BackendUnreachable as exc:  # started while the backend is down: refused, as a fit's submission is
+            print("UNREACHABLE submit", str(exc).split(":")[0], flush=True)
+            return 3
         print("STUDY", sid, flush=True)
         while True:
             try:
                 follow_to_end(trainer, tuner, sid, verbose=False)
                 return 0
-            except BackendUnreachable as exc:  # finding: the study follower has no retry (the job follower has)
+            except BackendUnreachable as exc:  # the follower waits out an outage (35bcc5d); counted if it ever does not
                 print("FOLLOW-LOST", str(exc).split(":")[0], flush=True)
                 time.sleep(2)  # then follows again, as a user would with Training.attach_study
     extra = [sl.DiskFill(mb=(DISK_LIMIT >> 20) + 4)] if kind == "disk" else None
