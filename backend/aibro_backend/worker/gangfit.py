@@ -11,8 +11,9 @@ inside `fit_in_gang`, after setting it (and refuses to run where Keras was alrea
 What the scheduler and the agent must hand every member (`GangSpec`, JSON; see `GangSpec.load`):
 
 * `coordinator` "HOST:PORT": where member 0 serves JAX's coordination service. Every member connects to it, so it is
-  an address all of them reach; member 0 binds `bind` (default: 0.0.0.0 with that port; give the job network's
-  address). The port must be free on member 0's host: the launcher picks it and starts again with another one when
+  an address all of them reach; member 0 binds `bind` (default: the coordinator address itself, never 0.0.0.0
+  unless told; give the job network's address). The port must be free on member 0's host: the launcher picks it
+  and starts again with another one when
   member 0 says it is taken (`PORT_TAKEN_EXIT`). Gloo then makes its own connections: each member listens on an
   ephemeral port (seen with `ss`: one per member, besides the coordinator's) at the address its host name resolves
   to, and publishes it through the coordinator. So (1) a sandbox must let the gang's members reach each other on any
@@ -191,8 +192,7 @@ def _join(spec: GangSpec) -> None:
     """Join the gang through JAX's coordination service, with the spec's bounds (Keras' `initialize` passes none)."""
     import jax
 
-    port = spec.coordinator.rpartition(":")[2]
-    bind = spec.bind or f"0.0.0.0:{port}"
+    bind = spec.bind or spec.coordinator  # never every interface unless told: the coordinator's own address
     if spec.process_id == 0 and not _can_bind(bind):
         # Checked here because jax 0.10 does not fail cleanly on a taken port (gRPC logs "No address added", then
         # the process raises or, as often, dies of SIGSEGV). A plain bind also fails against a port another gang's
