@@ -60,8 +60,18 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from aibro_core.vocabulary import (  # noqa: E402
+    JOB_FINAL,
+    STUDY_FINAL,
+    InstanceStatus,
+    JobStatus,
+    TrialStatus,
+)
+
+from helpers import find_worker_process  # noqa: E402 - tests/ is no package
+
 KINDS = ("kill_worker", "kill_backend", "kill_client", "stop_worker", "fill_disk")
-TERMINAL_STUDY = ("COMPLETED", "CANCELED", "FAILED")
 DISK_LIMIT = 8 << 20
 
 # WARNING/ERROR lines of the backend log that the injected faults explain; any other such line fails the run. None
@@ -185,33 +195,6 @@ class Backend:
             db.close()
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(proc.name))
-    return kids
-
-
-def worker_process(pid: int) -> int | None:
-    """The worker's own Python under the pid the backend keeps (bubblewrap's, when sandboxed), as the tests find it."""
-    kids, todo = _children(), [pid]
-    while todo:
-        cur = todo.pop(0)
-        try:
-            cmd = Path(f"/proc/{cur}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0] != b"bwrap" and b"aibro_backend.worker" in cmd:
-            return cur
-        todo += kids.get(cur, [])
-    return None
-
-
 def workers_under(home: Path) -> dict[int, str]:
     """Every process whose AIBRO_WORKER_DIR lies under `home`, with that folder."""
     found: dict[int, str] = {}
@@ -305,7 +288,7 @@ class Soak:
             rows = self.backend.db(f"SELECT status FROM jobs WHERE id IN ({marks})", *mine)
         except sqlite3.Error:
             return len(mine)
-        return sum(1 for (st,) in rows if st not in ("COMPLETED", "CANCELED"))
+        return sum(1 for (st,) in rows if st not in JOB_FINAL)
 
     def user_loop(self, user: str, n: int) -> None:
         rng = random.Random(self.cfg.seed * 1000 + n)
@@ -325,11 +308,13 @@ class Soak:
         """(instance id, worker python pid) of every instance now running a TRAINING job."""
         rows = self.backend.db(
             "SELECT i.id, i.pid FROM instances i JOIN jobs j ON j.instance_id = i.id "
-            "WHERE j.status = 'TRAINING' AND i.status = 'EXECUTING' AND i.pid IS NOT NULL ORDER BY i.id"
+            "WHERE j.status = ? AND i.status = ? AND i.pid IS NOT NULL ORDER BY i.id",
+            JobStatus.TRAINING,
+            InstanceStatus.EXECUTING,
         )
         out = []
         for iid, pid in rows:
-            wp = worker_process(int(pid))
+            wp = find_worker_process(int(pid))
             if wp:
                 out.append((iid, wp))
         return out
@@ -488,11 +473,11 @@ def check(soak: Soak, bound: float) -> Report:
                 jobs.setdefault(t.job_id, (user, "trial"))
 
     def studies_ended() -> bool:
-        return all(clients[u].study(s).status in TERMINAL_STUDY for s, u in studies.items())
+        return all(clients[u].study(s).status in STUDY_FINAL for s, u in studies.items())
 
     def jobs_ended() -> bool:
         trial_jobs()
-        return all(clients[u].job(j).status in ("COMPLETED", "CANCELED") for j, (u, _) in jobs.items())
+        return all(clients[u].job(j).status in JOB_FINAL for j, (u, _) in jobs.items())
 
     ended = _until(lambda: studies_ended() and jobs_ended(), bound)
     rep.ok("every job and study ended", bool(ended), f"{len(jobs)} jobs, {len(studies)} studies")
@@ -505,10 +490,10 @@ def check(soak: Soak, bound: float) -> Report:
     unreadable, epoch_bad = [], []
     for j, job in views.items():
         by_status[str(job.status)] = by_status.get(str(job.status), 0) + 1
-        if job.status != "COMPLETED" and (not job.error or job.error.lstrip().startswith("Traceback")):
+        if job.status != JobStatus.COMPLETED and (not job.error or job.error.lstrip().startswith("Traceback")):
             unreadable.append(f"{j} {job.status} {job.error!r}")
         hist = [r.epoch for r in job.history]
-        want = list(range(1, job.epochs + 1)) if job.status == "COMPLETED" else list(range(1, len(hist) + 1))
+        want = list(range(1, job.epochs + 1)) if job.status == JobStatus.COMPLETED else list(range(1, len(hist) + 1))
         evs: list[int] = []
         after = 0
         while True:
@@ -528,7 +513,7 @@ def check(soak: Soak, bound: float) -> Report:
     disk = [views[j] for j, (_, k) in jobs.items() if k == "disk"]
     rep.ok(
         "every disk-filling job ended naming the limit",
-        all(d.status == "CANCELED" and "AIBRO_JOB_MAX_DISK_BYTES" in (d.error or "") for d in disk),
+        all(d.status == JobStatus.CANCELED and "AIBRO_JOB_MAX_DISK_BYTES" in (d.error or "") for d in disk),
         f"{len(disk)} jobs",
     )
     rcs: dict[int, int] = {}
@@ -551,7 +536,7 @@ def check(soak: Soak, bound: float) -> Report:
     import numpy as np
 
     unequal = []
-    done = [j for j, job in views.items() if job.status == "COMPLETED"]
+    done = [j for j, job in views.items() if job.status == JobStatus.COMPLETED]
     with tempfile.TemporaryDirectory(prefix="soak-models-") as d:
         for j in done:
             c = clients[jobs[j][0]]
@@ -581,7 +566,7 @@ def check(soak: Soak, bound: float) -> Report:
         for t in st.trials:
             if t.score is None and not t.message:
                 bad_trials.append(f"{sid}/{t.trial_id} {t.status}: no score, no reason")
-            if len(t.executions) != st.executions_per_trial and t.status == "COMPLETED":
+            if len(t.executions) != st.executions_per_trial and t.status == TrialStatus.COMPLETED:
                 bad_trials.append(f"{sid}/{t.trial_id}: {len(t.executions)} executions")
     rep.ok("every study trial ran once with a score or a reason", not bad_trials, "; ".join(bad_trials[:5]))
 
@@ -691,7 +676,7 @@ def client_main(kind: str, seed: int, epochs: int, rows: int) -> int:
     print("JOB", job.job_id, flush=True)
     if kind == "fit":
         view = trainer.watch(job.job_id)  # retries with backoff while the backend is down
-        if view.status == "COMPLETED":
+        if view.status == JobStatus.COMPLETED:
             try:
                 trainer.collect(view)
             except BackendUnreachable as exc:  # no retry here, unlike watch: counted, the job is checked anyway

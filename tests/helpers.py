@@ -96,9 +96,9 @@ def slow_data(n: int = 6000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def worker_process(pid: int) -> int:
+def find_worker_process(pid: int) -> int | None:
     """The worker's own Python process: `pid` itself, or, when the worker is sandboxed, the process bubblewrap
-    (whose pid the backend keeps) started inside its namespaces."""
+    (whose pid the backend keeps) started inside its namespaces; None when there is none (yet)."""
     children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -121,4 +121,26 @@ def worker_process(pid: int) -> int:
         ):
             return cur
         todo += children.get(cur, [])
-    raise AssertionError(f"no worker process under pid {pid}")
+    return None
+
+
+def worker_process(pid: int) -> int:
+    """`find_worker_process` for a worker that must be there."""
+    found = find_worker_process(pid)
+    if found is None:
+        raise AssertionError(f"no worker process under pid {pid}")
+    return found
+
+
+def user_data_config() -> Any:
+    """An `AwsConfig` with every field a machine's user data reads, for tests of the user data alone."""
+    from aibro_backend.providers.aws_config import AwsConfig
+
+    return AwsConfig.model_construct(
+        region="us-east-1",
+        subnet_id="subnet-1",
+        security_group_ids=("sg-1",),
+        s3_bucket="bucket",
+        instance_profile="profile",
+        backend_public_url="https://aibro.example.test:8888",
+    )

@@ -32,7 +32,7 @@ from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import kill_workers, make_model
-from helpers import aibro_cli, instance_pid, slow_data, wait_until
+from helpers import aibro_cli, instance_pid, slow_data, user_data_config, wait_until
 
 GiB = 2**30
 
@@ -203,17 +203,9 @@ def test_the_memory_limit_is_a_shared_backends_share_unless_the_operator_sets_on
 def test_a_cloud_machine_gets_its_jobs_memory_limit_in_its_user_data(tmp_path: Path) -> None:
     from aibro_backend.providers import shipping
     from aibro_backend.providers.aws import build_user_data, parse_user_data_env
-    from aibro_backend.providers.aws_config import AwsConfig
 
     agent = shipping.served(tmp_path / "agent")
-    cfg = AwsConfig.model_construct(
-        region="us-east-1",
-        subnet_id="subnet-1",
-        security_group_ids=("sg-1",),
-        s3_bucket="bucket",
-        instance_profile="profile",
-        backend_public_url="https://aibro.example.test:8888",
-    )
+    cfg = user_data_config()
     token = "aibro_e_" + "x" * 32
     env = parse_user_data_env(build_user_data(cfg, "inst-1", token, agent, job_memory_bytes=16 * GiB))
     assert env["AIBRO_JOB_MAX_MEMORY_BYTES"] == str(16 * GiB)

@@ -28,7 +28,7 @@ from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
 
 from conftest import make_model
-from helpers import slow_data, user_env, wait_for
+from helpers import slow_data, user_data_config, user_env, wait_for
 
 # a client refused on purpose: the backend's TLS layer notes the handshake its client broke off
 pytestmark = [pytest.mark.fast, pytest.mark.backend_log(r"SSL Error on \d+ .*TLSV1_ALERT_UNKNOWN_CA")]
@@ -180,18 +180,10 @@ def test_a_cloud_machine_gets_the_ca_bundle_in_its_user_data(https_backend: dict
         parse_user_data_ca,
         parse_user_data_env,
     )
-    from aibro_backend.providers.aws_config import AwsConfig
 
     pem = https_backend["pem"]["ca"].read_text()
     agent = shipping.served(tmp_path / "agent")
-    cfg = AwsConfig.model_construct(
-        region="us-east-1",
-        subnet_id="subnet-1",
-        security_group_ids=("sg-1",),
-        s3_bucket="bucket",
-        instance_profile="profile",
-        backend_public_url="https://aibro.example.test:8888",
-    )
+    cfg = user_data_config()
     script = build_user_data(cfg, "inst-1", "aibro_e_" + "x" * 32, agent, ca_pem=pem)
     assert len(script.encode()) <= USER_DATA_LIMIT
     assert parse_user_data_env(script)["AIBRO_CA_BUNDLE"] == "/etc/aibro/ca.pem"
