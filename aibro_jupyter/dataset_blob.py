@@ -7,6 +7,7 @@ pipeline randomises (`.shuffle`, random augmentation) is drawn once, here, not a
 
 from __future__ import annotations
 
+import os
 import tarfile
 import warnings
 from pathlib import Path
@@ -199,10 +200,12 @@ def save_dataset(ds: Any, path: Path) -> Path:
     (folder / meta.run_id).rename(folder / RUN_ID)
     meta.run_id, meta.creation_timestamp = RUN_ID, 0
     (folder / "snapshot.metadata").write_bytes(meta.SerializeToString())
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # the user's data, as private as the other blobs whatever the kernel's umask
+    with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for file in sorted(p for p in folder.rglob("*") if p.is_file()):
             info = tarfile.TarInfo(file.relative_to(folder).as_posix())
-            info.size, info.mode = file.stat().st_size, 0o644
+            info.size, info.mode = file.stat().st_size, 0o600
             with open(file, "rb") as f:
                 tar.addfile(info, f)
     return path

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import stat
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -69,6 +73,36 @@ def test_saved_dataset_is_byte_stable_and_loads_back(tmp_path: Path) -> None:
     loaded = list(load_dataset(blob))
     assert len(loaded) == 7 and np.array_equal(np.concatenate([bx for bx, _ in loaded]), x)
     assert list(load_dataset(blob)) and (tmp_path / "blobs" / "sha.dataset").is_dir(), "unpacked once, reused"
+
+
+@pytest.mark.fast
+def test_a_dataset_is_private_in_the_kernel_and_on_the_worker(tmp_path: Path) -> None:
+    """The tar the kernel writes is 0600 whatever its umask, and so are the files it holds; the worker unpacks
+    every file 0600 and every folder 0700, even from a tar whose files say 0644 (what an older kernel sent)."""
+    x = np.arange(200, dtype="float32").reshape(100, 2)
+    old = os.umask(0o022)
+    try:
+        tar = save_dataset(_pairs(x, np.arange(100), 16), tmp_path / "a.tar")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(tar.stat().st_mode) == 0o600
+    with tarfile.open(tar) as t:
+        assert {m.mode for m in t.getmembers()} == {0o600}
+    loose = tmp_path / "blobs" / "sha"
+    loose.parent.mkdir()
+    with tarfile.open(tar) as t, tarfile.open(loose, "w", format=tarfile.GNU_FORMAT) as out:
+        for member in t.getmembers():
+            out.addfile(member.replace(mode=0o644), t.extractfile(member))
+    done = subprocess.run(  # under the worker's own umask (agent.py, spare.py), as it runs there
+        [sys.executable, "-c", "import os, sys, pathlib; os.umask(0o077); from aibro_backend.worker.datatree "
+         "import load_dataset; print(len(list(load_dataset(pathlib.Path(sys.argv[1])))))", str(loose)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.split()[-1:] == ["7"], done.stderr[-2000:]
+    unpacked = loose.with_name("sha.dataset")
+    modes = {p.relative_to(unpacked).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in unpacked.rglob("*")}
+    assert modes and all(m == (0o700 if (unpacked / p).is_dir() else 0o600) for p, m in modes.items()), modes
+    assert stat.S_IMODE(unpacked.stat().st_mode) == 0o700
 
 
 def test_worker_refuses_a_tar_that_reaches_outside(tmp_path: Path) -> None:

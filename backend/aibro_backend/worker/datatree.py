@@ -60,7 +60,8 @@ def fit_data(data: Data, fetch: Callable[[str], Path]) -> tuple[Any, Any, Any, A
 
 
 def load_dataset(blob: Path) -> Any:
-    """Unpack once per blob (a warm worker reuses it) with tarfile's 'data' filter: no links out, no devices.
+    """Unpack once per blob (a warm worker reuses it) with tarfile's 'data' filter (no links out, no devices), every
+    file 0600.
 
     `Dataset.save` keeps the elements, not the pipeline: the kernel's `.prefetch` is gone, and each epoch reads the
     files again. So the loaded dataset prefetches, and one that fits the memory budget (CACHE_MAX_BYTES, a
@@ -72,12 +73,19 @@ def load_dataset(blob: Path) -> Any:
     if not folder.is_dir():
         unpacked = Path(tempfile.mkdtemp(prefix="unpack-", dir=blob.parent))
         with tarfile.open(blob) as tar:
-            tar.extractall(unpacked, filter="data")
+            tar.extractall(unpacked, filter=_private)
         unpacked.rename(folder)
     ds = tf.data.Dataset.load(str(folder))
     if sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) <= cache_max_bytes():
         ds = ds.cache()
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _private(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """tarfile's 'data' filter, and every file 0600 whatever mode the tar gives it (an older kernel's said 0644):
+    the user's data is as private here as the blob it came in. Folders are made under the worker's umask (0700)."""
+    member = tarfile.data_filter(member, dest)
+    return member.replace(mode=0o600, deep=False) if member.isfile() else member
 
 
 def cache_max_bytes() -> int:
