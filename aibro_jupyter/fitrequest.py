@@ -23,7 +23,7 @@ class FitRequest:
     name the argument the user knows. `build` (a search's build function or HyperModel class, search.py) makes
     `model` one it built, checked against the data but not sent: the function travels as code and the spec's
     `trial` names it; `hypermodel_fit` (a HyperModel whose own fit trains the model) checks neither the data nor
-    the compile against that model."""
+    the compile against that model. `workers` > 1 trains the one fit on that many workers together (gangcheck.py)."""
 
     model: Any
     train_X: Any
@@ -45,6 +45,7 @@ class FitRequest:
     argnames: dict[str, str] | None = None
     build: Any = None
     hypermodel_fit: bool = False
+    workers: int = 1
 
     @property
     def sample_weight(self) -> Any:

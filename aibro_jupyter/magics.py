@@ -66,6 +66,9 @@ class CloudMagics(Magics):
         help="packages the worker installs: a requirements file, or specs like 'cowsay==6.1,humanize'",
     )
     @argument("--quiet", "-q", action="store_true", help="no per-epoch text lines under the panel")
+    @argument(
+        "--workers", type=int, default=1, help="train the fit on N workers together (data-parallel, Keras on JAX)"
+    )
     @cell_magic
     def cloud_fit(self, line: str, cell: str) -> Any:
         """Run this cell with its one `.fit(...)` call on a remote machine.
@@ -148,8 +151,10 @@ class CloudMagics(Magics):
             safe_mode=not args.unsafe,
             meta={"variable": args.into or model_src},
             requirements=args.requirements,
+            workers=args.workers,
             argnames={
                 "requirements": "--requirements",
+                "workers": "--workers",
                 "machine_ids": "--machine",
                 "cool_down_period_s": "--cool-down",
                 "wait_request_s": "--wait-request",

@@ -33,6 +33,7 @@ from .dataset_blob import from_pydataset, is_dataset, is_pydataset
 from .errors import ApiError, JobFailed, ValidationError
 from .filereturn import FilesBack
 from .fitrequest import FitRequest
+from .gangcheck import check_model_code, check_workers
 from .kerasnames import attached_objects, keras_configs, plan_names
 from .prices import hourly
 from .progress import JobView, TextProgress
@@ -184,6 +185,7 @@ class Training:
         model, train_Y, build, hypermodel_fit = request.model, request.train_Y, request.build, request.hypermodel_fit
         fit_kwargs = dict(request.fit_kwargs or {})
         _check_fit_kwargs(fit_kwargs)
+        check_workers(request)
         shuffle_batches = is_pydataset(request.train_X) and bool(fit_kwargs.get("shuffle", True))
         train_X, validation_data = _pydatasets_as_datasets(request.train_X, train_Y, request.validation_data)
         # arguments, then size from nbytes, then shapes/labels/NaN: before any byte is written
@@ -209,6 +211,7 @@ class Training:
         if not hypermodel_fit:
             b.build_from_data(model, train_X)
         names = plan_names(model, extra=keras_configs(travelling.specs, compile_args))
+        check_model_code(request.workers, names.travel, (request.argnames or {}).get("workers", "workers"))
         code = plan_code(names.travel + travelling.objects + ([build] if build is not None else []))
         warn_missing_requirements(code, reqs)
         machines = _machine_list(request.machine_ids, self.client.machines())
@@ -275,6 +278,7 @@ class Training:
                 record=request.record,
                 meta=request.meta or {},
                 seed=kernel_seed(),
+                **({"workers": request.workers} if request.workers > 1 else {}),
                 compile=compile_args,
                 objects=names.refs,
                 cwd=str(Path.cwd()),
@@ -365,9 +369,11 @@ class Training:
         safe_mode: bool = True,
         verbose: bool = True,
         requirements: list[str] | str | None = None,
+        workers: int = 1,
     ) -> tuple[str, Any, Any]:
         """Train `model` remotely; returns (job_id, trained_model, history). The trained weights and optimizer
-        state land in the same `model` object. Ctrl-C detaches: the job goes on, `Training.attach` resumes."""
+        state land in the same `model` object. Ctrl-C detaches: the job goes on, `Training.attach` resumes.
+        `workers` > 1 trains it on that many workers together, data-parallel (Keras on JAX; see the README)."""
         request = FitRequest.of_call(locals())  # every argument a FitRequest has, by name
         self = cls()
         job = self.submit(request)

@@ -179,7 +179,7 @@ def kernel_then_worker(client: BackendClient, case: Case) -> tuple[str | None, s
     except ValidationError as exc:
         return str(exc), None
     try:
-        validate_spec(spec_json(spec), {"local-cpu": {}})  # as POST /jobs takes it, after the wire
+        validate_spec(spec_json(spec), {"local-cpu": ("local", {})})  # as POST /jobs takes it, after the wire
     except ApiError as exc:
         shutil.rmtree(bundle.workdir, ignore_errors=True)
         return None, f"the backend refuses the job: {exc.message}"

@@ -73,7 +73,7 @@ def _spec(folder: Path, **changes: Any) -> GangSpec:
 
 
 def _mid_fit(spec: GangSpec, folder: Path, within_s: float = 300, attempts: int = 5) -> list[subprocess.Popen[bytes]]:
-    """A gang started on a free port and waited for until member 0 has ended its first epoch (its first line in the
+    """A gang started on a free port and waited for until member 0 has trained a batch (its first line in the
     `progress` FIFO, read with select while every member lives): both members are then mid-fit. A port taken
     before member 0 binds it (PORT_TAKEN_EXIT) starts the gang again on another one."""
     for _ in range(attempts):
@@ -85,7 +85,7 @@ def _mid_fit(spec: GangSpec, folder: Path, within_s: float = 300, attempts: int 
             _end(procs)
             raise
         if line is not None:
-            assert json.loads(line)["epoch"] == 0
+            assert json.loads(line)["kind"] in ("batch", "epoch")  # a batch trained: mid-fit
             return procs
         _end(procs)
     raise AssertionError(f"no free coordinator port in {attempts} attempts")

@@ -6,3 +6,4 @@ MAX_EPOCHS = 1_000_000
 MAX_COOL_DOWN_S = 7 * 24 * 3600  # a week warm at most
 MAX_WAIT_REQUEST_S = 30 * 24 * 3600
 MAX_DESCRIPTION_CHARS = 500
+MAX_WORKERS = 64  # processes (machines) of one data-parallel job

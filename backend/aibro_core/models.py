@@ -38,6 +38,7 @@ from .bounds import (
     MAX_DESCRIPTION_CHARS,
     MAX_EPOCHS,
     MAX_WAIT_REQUEST_S,
+    MAX_WORKERS,
 )
 from .datatree import MAX_KEY_CHARS, MAX_TREE_DEPTH, MAX_TREE_ITEMS, tree_depth
 from .errors import ValidationError as RequirementsError
@@ -736,6 +737,11 @@ class JobSpec(Request):
         "'seed' must be the kernel's keras.utils.set_random_seed value, an integer from 0 to 2**32-1, or null",
         False,
     ) = Field(None, description="the worker calls keras.utils.set_random_seed(seed) before fit, as the kernel did")
+    workers: described(
+        Annotated[int, Field(ge=1, le=MAX_WORKERS), INTEGRAL],
+        f"'workers' must be an integer from 1 to {MAX_WORKERS}: the processes that train the job together",
+        False,
+    ) = Field(1, description="more than 1: one data-parallel fit by that many workers, on Keras' JAX backend")
 
     @field_validator("callbacks", mode="before")
     @classmethod
@@ -770,6 +776,8 @@ class JobSpec(Request):
             )
         if self.trial is not None and self.code is None:
             raise _fail("a 'trial' job needs 'code': the uploaded sources of its build function")
+        if self.trial is not None and self.workers > 1:
+            raise _fail("a study's trials run on one worker each: 'workers' must be 1 for a 'trial' job")
         return self
 
     def blobs(self) -> list[str]:
@@ -934,6 +942,7 @@ class EpochData(Request):
     seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     samples_per_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     ended: Timestamp | None = None
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS), INTEGRAL] | None = None  # a job of several (JobSpec.workers)
 
 
 class BatchData(Request):
@@ -1331,6 +1340,7 @@ class Job(Response):
     error: str | None
     study_id: str | None = Field(None, description="the hyperparameter study this job is a trial of")
     trial_id: str | None = Field(None, description="which of the study's trials it is")
+    workers: int = Field(1, description="the processes that train it together (JobSpec.workers)")
 
 
 class TrialExecution(Response):

@@ -140,7 +140,9 @@ class JobCard {
 
   /** Elapsed time moves every second while the job is active. */
   tick(): void {
-    const where = this.job.machine_id ?? this.job.machines.join(' → ');
+    const machine = this.job.machine_id ?? this.job.machines.join(' → ');
+    const workers = this.job.workers ?? 1;
+    const where = workers > 1 ? `${machine} · ${workers} workers` : machine;
     this.meta.textContent = `${where} · ${duration(elapsed(this.job))} · ${jobCost(this.job, this.model)}`;
   }
 }

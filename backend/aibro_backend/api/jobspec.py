@@ -16,8 +16,11 @@ from aibro_core.models import JobSpec, explain
 from ..storage.records import job_spec_text
 from .base import ApiError
 
+GANG_PROVIDERS = ("local",)
+"""Whose machines run a job of several workers today: the local one, as processes sharing its cores."""
 
-def validate_spec(spec: dict[str, Any] | JobSpec, machines: Mapping[str, object]) -> JobSpec:
+
+def validate_spec(spec: dict[str, Any] | JobSpec, machines: Mapping[str, tuple[str, object]]) -> JobSpec:
     """Check a job spec (as it came, or one the backend derived from a stored one: a replay, a study's trial, whose
     changed fields are checked again as the row that keeps it will be read); raise ApiError(400) naming the problem
     and the fix."""
@@ -32,4 +35,13 @@ def validate_spec(spec: dict[str, Any] | JobSpec, machines: Mapping[str, object]
     unknown = [m for m in job.machines if m not in machines]
     if unknown:
         raise ApiError(400, f"unknown machine {unknown[0]!r}; available: {sorted(machines)}")
+    if job.workers > 1:
+        elsewhere = [m for m in job.machines if machines[m][0] not in GANG_PROVIDERS]
+        if elsewhere:
+            raise ApiError(
+                400,
+                f"a job of {job.workers} workers runs on this backend's own machines only for now "
+                f"({', '.join(m for m in machines if machines[m][0] in GANG_PROVIDERS) or 'none here'}); "
+                f"{elsewhere[0]!r} is not one: pick a local machine, or submit with workers 1",
+            )
     return job

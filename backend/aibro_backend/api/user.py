@@ -73,6 +73,7 @@ def job_view(
         error=picture.error,
         study_id=study_id,
         trial_id=trial_id,
+        workers=spec.workers,
     )
 
 

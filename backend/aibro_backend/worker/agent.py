@@ -175,6 +175,10 @@ class Worker:
         self, outbox: Outbox, job_id: str, attempt: int, spec: JobSpec, resume: dict | None, memory: MemoryWatch
     ) -> tuple[str, str | None]:
         self._status(outbox, v.GEARING_UP_ENV)
+        if spec.workers > 1:
+            from .gangrun import require_jax
+
+            require_jax(spec.workers)
         keras = self._gear_up(outbox, job_id, attempt, spec)
         self._status(outbox, v.SENDING_MODEL_DATA)
         from aibro_core.objectrefs import resolve
@@ -230,6 +234,8 @@ class Worker:
         model = self._load_model(keras, model_path, spec.safe_mode, spec.compile, objects)
         memory.check()
         self._status(outbox, v.SUB_TRAINING)
+        if spec.workers > 1:
+            return self._fit_gang(outbox, job_id, attempt, spec, model, model_path, (x, y, sw), fit, objects)
         replicas = _replicas(model) if getattr(model, "distribute_strategy", None) is not None else 1
         if replicas > 1:
             batch = int(fit.get("batch_size") or 32)
@@ -318,6 +324,57 @@ class Worker:
             if path.is_file():
                 name = "tensorboard/" + path.relative_to(tb_dir).as_posix()
                 self._put_artifact(job_id, attempt, name, path)
+        return v.OUTCOME_COMPLETED, None
+
+    def _fit_gang(
+        self,
+        outbox: Outbox,
+        job_id: str,
+        attempt: int,
+        spec: JobSpec,
+        model: Any,
+        model_path: Path,
+        data: tuple[Any, Any, Any],
+        fit: dict[str, Any],
+        objects: dict[str, Any],
+    ) -> tuple[str, str | None]:
+        """The fit by `spec.workers` processes of this machine on Keras-on-JAX (gangrun.py); checkpoints, events and
+        the returned model go as a one-process fit's do."""
+        from .gangrun import GangJob, arrays_of, fit_in_gang
+        from .pipeline import EpochPipeline
+
+        arrays = arrays_of(*data)
+        job = GangJob(
+            model_path=model_path,
+            arrays=arrays,
+            workers=spec.workers,
+            batch_size=int(fit.get("batch_size") or 32),
+            epochs=spec.fit.epochs,
+            initial_epoch=int(fit.get("initial_epoch") or 0),
+            shuffle=bool(fit.get("shuffle", True)),
+            seed=spec.seed or 0,
+            folder=Path(tempfile.mkdtemp(prefix="gang-", dir=self.workdir)),
+            objects={name: ref.model_dump(by_alias=True, exclude_none=True) for name, ref in spec.objects.items()},
+            safe_mode=spec.safe_mode,
+        )
+        outbox.put(v.EV_LOG, {"message": f"training on {spec.workers} workers (Keras on JAX, data-parallel)"})
+
+        def upload_checkpoint(path: Path, epoch: int) -> None:
+            self._put_artifact(job_id, attempt, v.checkpoint_name(epoch), path)
+
+        scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
+        pipeline = EpochPipeline(outbox, model, None, upload_checkpoint, scratch)
+        try:
+            ended = fit_in_gang(job, model, pipeline, outbox.cancel, len(arrays["x"]))
+            pipeline.drain()
+        finally:
+            pipeline.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(job.folder, ignore_errors=True)
+        if not ended or outbox.cancel.is_set():
+            return v.OUTCOME_CANCELED, None
+        self._status(outbox, v.RETURNING)
+        self._upload_model(model, job_id, attempt, "model.keras", spec.objects)
         return v.OUTCOME_COMPLETED, None
 
     def _interrupted(self, outbox: Outbox, resume_at: int) -> tuple[str, str]:

@@ -159,6 +159,11 @@ class GangSpec:
     bind: str | None = None
     weights: str | None = None
     progress: str | None = None
+    snapshots: str | None = None
+    objects: dict[str, Any] | None = None
+    paths: tuple[str, ...] = ()
+    safe_mode: bool = True
+    cpus: tuple[int, ...] | None = None
     heartbeat_timeout_s: int = 60
     init_timeout_s: int = 300
     shutdown_timeout_s: int = 300
@@ -169,7 +174,11 @@ class GangSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> GangSpec:
-        return cls(**json.loads(Path(path).read_text()))
+        fields = json.loads(Path(path).read_text())
+        for name in ("paths", "cpus"):  # JSON has lists; the spec is frozen, its sequences tuples
+            if fields.get(name) is not None:
+                fields[name] = tuple(fields[name])
+        return cls(**fields)
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self)))
@@ -237,6 +246,9 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     if len(set(rows.values())) != 1:
         raise ValueError(f"the arrays differ in rows: {rows}")
     plan = ShardPlan(rows["x"], spec.batch_size, spec.num_processes)  # refused before the gang forms
+    if spec.cpus:
+        os.sched_setaffinity(0, spec.cpus)  # before JAX sizes its thread pools from what this process may use
+    sys.path[:0] = [p for p in spec.paths if p not in sys.path]  # the job's own code, as the agent's gear-up put it
     keras = _jax_keras()
     _join(spec)
     # The same seed on every member before anything random runs: Keras' own initialize would agree on one by a
@@ -245,11 +257,13 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     devices = keras.distribution.list_devices()
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
 
-    model = keras.saving.load_model(spec.model)
+    objects = _objects(spec)
+    with keras.saving.custom_object_scope(objects):
+        model = keras.saving.load_model(spec.model, custom_objects=objects, safe_mode=spec.safe_mode)
     data, epoch_order = _shard_dataset(keras, plan, arrays, spec)
     callbacks = [epoch_order]
     if spec.progress and spec.process_id == 0:
-        callbacks.append(_Progress(keras, spec.progress))
+        callbacks.append(_Progress(keras, spec.progress, plan.steps, spec.snapshots))
     history = model.fit(
         data,
         callbacks=callbacks,
@@ -267,22 +281,65 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     return history.history
 
 
-def _Progress(keras: Any, path: str) -> Any:
-    """Member 0 writes one JSON line per epoch ({"epoch": E, "logs": {...}}) to `path`, flushed at once: the agent
-    (or a test) follows the fit's epochs from outside; a FIFO works."""
+def _objects(spec: GangSpec) -> dict[str, Any]:
+    """The classes and functions the model names, found as the agent finds them (aibro_core.objectrefs)."""
+    if not spec.objects:
+        return {}
+    from aibro_core.objectrefs import resolve
+
+    return resolve(spec.objects)
+
+
+BATCH_LINE_INTERVAL_S = 0.5
+
+
+def _Progress(keras: Any, path: str, steps: int, snapshots: str | None) -> Any:
+    """Member 0 writes one JSON line per epoch ({"kind": "epoch", "epoch": E, "logs": {...}, "seconds": S,
+    "snapshot": NPZ}) and, a few times a second, one per batch ({"kind": "batch", ...}) to `path`, flushed at once:
+    the agent (or a test) follows the fit from outside; a FIFO works. With `snapshots`, each epoch's weights and
+    optimizer variables are written there first (an .npz, complete before its line): the agent's checkpoint of
+    that epoch. Every member holds every weight under DataParallel, so member 0 reads its own copies alone (no
+    collective), after Keras has synced them back into the variables for the epoch's callbacks."""
 
     class Progress(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
             self.out = open(path, "w", buffering=1)  # noqa: SIM115 (open for the whole fit)
+            self.started = self.last_batch = 0.0
+            self.epoch = 0
+
+        def line(self, kind: str, **fields: Any) -> None:
+            self.out.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self.started, self.epoch = time.monotonic(), epoch
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            now = time.monotonic()
+            if now - self.last_batch >= BATCH_LINE_INTERVAL_S:
+                self.last_batch = now
+                self.line("batch", epoch=self.epoch, batch=batch, steps=steps, logs=_floats(logs))
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            self.out.write(json.dumps({"epoch": epoch, "logs": {k: float(v) for k, v in (logs or {}).items()}}) + "\n")
+            seconds = time.monotonic() - self.started
+            snapshot = None
+            if snapshots:
+                snapshot = os.path.join(snapshots, f"epoch-{epoch + 1}.npz")
+                values = [keras.ops.convert_to_numpy(v.value) for v in self.model.weights]
+                values += [keras.ops.convert_to_numpy(v.value) for v in self.model.optimizer.variables]
+                with open(snapshot + ".part", "wb") as f:
+                    np.savez(f, *values)
+                os.replace(snapshot + ".part", snapshot)
+            self.line("epoch", epoch=epoch, logs=_floats(logs), seconds=round(seconds, 4), snapshot=snapshot)
 
         def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
             self.out.close()
 
     return Progress()
+
+
+def _floats(logs: dict[str, Any] | None) -> dict[str, float]:
+    return {k: float(v) for k, v in (logs or {}).items()}
 
 
 def _shard_dataset(keras: Any, plan: ShardPlan, arrays: dict[str, np.ndarray], spec: GangSpec) -> tuple[Any, Any]:
@@ -321,13 +378,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def start_local(spec: GangSpec, folder: Path, env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
-    """Start every member of `spec`'s gang on this host, one process each (spec.process_id is ignored); their specs
-    and logs in `folder` (member-I.json, member-I.log)."""
+def start_local(
+    spec: GangSpec,
+    folder: Path,
+    env: dict[str, str] | None = None,
+    cpus: Sequence[tuple[int, ...] | None] | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """Start every member of `spec`'s gang on this host, one process each (spec.process_id is ignored), member I on
+    the cores `cpus[I]` (all of them where None); their specs and logs in `folder` (member-I.json, member-I.log)."""
     procs = []
     for i in range(spec.num_processes):
         path = folder / f"member-{i}.json"
-        spec.member(i).dump(path)
+        spec.member(i, cpus=cpus[i] if cpus else None).dump(path)
         with open(folder / f"member-{i}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(

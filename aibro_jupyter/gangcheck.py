@@ -1,0 +1,122 @@
+"""What a job of several workers can run, decided in the kernel before anything is uploaded (issue 37).
+
+Such a job trains with Keras on the JAX backend (the TensorFlow route across machines is blocked upstream:
+keras-team/keras#20585), so a model whose own code calls TensorFlow (`tf.GradientTape` in a `train_step`, `tf.*` ops
+in a layer) cannot take it: each class or function of the user's that the model names is read, and a name in it
+that stands for TensorFlow is refused with the piece and its line. Models built from Keras layers and `keras.ops`
+pass. The fit itself takes arrays and the arguments below; anything else is refused by name with the way out
+(`--workers 1` runs it as it runs today)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+import textwrap
+import types
+from typing import Any
+
+import numpy as np
+
+from aibro_core.bounds import MAX_WORKERS
+
+from .cellcode import definition_source, is_cell_object
+from .errors import ValidationError
+from .fitrequest import FitRequest
+
+GANG_FIT_ARGS = {"epochs", "batch_size", "shuffle", "initial_epoch", "verbose", "sample_weight"}
+"""What a gang's fit takes (the worker's gangrun.FIT_ARGS, with sample_weight, which travels as data)."""
+KERAS_DEFAULT_BATCH = 32
+
+
+def check_workers(request: FitRequest) -> None:
+    """The data and the fit's arguments of a job of `request.workers` workers; no-op for one worker."""
+    workers, flag = request.workers, (request.argnames or {}).get("workers", "workers")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ValidationError(f"{flag} must be an integer from 1 to {MAX_WORKERS}, not {workers!r}")
+    if workers == 1:
+        return
+    way_out = f"or train with {flag} 1"
+    for name, value in (("x", request.train_X), ("y", request.train_Y), ("sample_weight", request.sample_weight)):
+        if value is not None and not isinstance(value, np.ndarray):
+            raise ValidationError(
+                f"{flag} {workers} takes NumPy arrays for x, y and sample_weight; {name} is {type(value).__name__}: "
+                f"pass one array each (np.asarray), {way_out}"
+            )
+    if request.train_X is None:
+        raise ValidationError(f"{flag} {workers} needs the training inputs x as a NumPy array")
+    if request.validation_data is not None:
+        raise ValidationError(f"{flag} {workers} does not take validation_data yet: evaluate after training, {way_out}")
+    others = sorted(set(request.fit_kwargs or {}) - GANG_FIT_ARGS)
+    if others:
+        raise ValidationError(
+            f"{flag} {workers} does not take the fit argument {others[0]!r} yet (it takes "
+            f"{', '.join(sorted(GANG_FIT_ARGS))}): drop it, {way_out}"
+        )
+    batch = request.batch_size if request.batch_size is not None else KERAS_DEFAULT_BATCH
+    if isinstance(batch, int) and batch % workers:
+        raise ValidationError(
+            f"batch_size {batch} is not a multiple of the {workers} workers: each takes an equal part of every batch; "
+            f"use a batch size such as {max(workers, batch - batch % workers)}"
+        )
+    rows = len(request.train_X)
+    if rows < workers:
+        raise ValidationError(f"{rows} rows cannot feed {workers} workers")
+
+
+def check_model_code(workers: int, travelling: list[Any], flag: str = "workers") -> None:
+    """Refuse, naming the piece, a class or function of the user's that calls TensorFlow (what Keras on JAX cannot
+    run); `travelling` are the user's own objects the model names (kerasnames.plan_names(...).travel)."""
+    if workers == 1:
+        return
+    for obj in travelling:
+        found = tensorflow_use(obj)
+        if found is not None:
+            name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+            raise ValidationError(
+                f"{flag} {workers} trains with Keras on JAX, and {name} calls TensorFlow ({found}): write it with "
+                f"keras.ops (and Keras' own train_step), or train with {flag} 1"
+            )
+
+
+def tensorflow_use(obj: Any) -> str | None:
+    """Where `obj`'s own source reads a name that stands for TensorFlow (`tf.reduce_sum (line 4)`), else None."""
+    try:
+        source = textwrap.dedent(definition_source(obj) if is_cell_object(obj) else inspect.getsource(obj))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, ValidationError):
+        return None  # no source to read: the first step on the workers says what fails
+    names = _namespace(obj)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and _is_tensorflow(names.get(node.id)):
+            segment = ast.get_source_segment(source, _outermost(tree, node)) or node.id
+            return f"{segment.splitlines()[0][:80]} (line {node.lineno})"
+    return None
+
+
+def _namespace(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, types.FunctionType):
+        return obj.__globals__
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    return vars(module) if module is not None else {}
+
+
+def _is_tensorflow(value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, types.ModuleType):
+        return value.__name__.split(".")[0] == "tensorflow"
+    return str(getattr(value, "__module__", "") or "").split(".")[0] == "tensorflow"
+
+
+def _outermost(tree: ast.AST, name: ast.Name) -> ast.AST:
+    """The attribute chain a name starts (`tf.math.reduce_sum` for `tf`), for the message."""
+    best: ast.AST = name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            inner = node
+            while isinstance(inner, ast.Attribute):
+                inner = inner.value
+            if inner is name and len(ast.dump(node)) > len(ast.dump(best)):
+                best = node
+    return best

@@ -1,0 +1,202 @@
+"""A job of several workers (issue 37): `Training.online_fit(..., workers=2)` and `%%cloud_fit --workers 2` on the
+embedded backend, trained by two real processes on Keras-on-JAX in the worker's sandbox, each epoch checkpointed and
+reported as any job's, the weights and optimizer state back in the kernel's own TensorFlow model; what such a job
+cannot run is refused in the kernel, naming the piece, before anything is uploaded."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from kernel_helpers import digits_setup, run_cell, start_kernel
+
+from aibro_core import vocabulary as v
+from aibro_jupyter import Training
+from aibro_jupyter.errors import ValidationError
+from aibro_jupyter.fitrequest import FitRequest
+from aibro_jupyter.gangcheck import check_model_code, check_workers, tensorflow_use
+
+from conftest import make_model
+from helpers import wait_for
+
+BATCH = 64  # 1400 rows: 21 full batches and 56 rows, split 28 + 28: every step the one a single fit takes
+EPOCHS = 3
+STEPS = 22
+
+
+@keras.saving.register_keras_serializable(package="gangtest")
+class TfScale(keras.layers.Layer):
+    """A layer whose own code calls TensorFlow: Keras on JAX cannot run it."""
+
+    def call(self, x):  # noqa: ANN001, ANN201
+        import tensorflow as tf
+
+        return tf.math.scalar_mul(2.0, x)
+
+
+@keras.saving.register_keras_serializable(package="gangtest")
+class OpsScale(keras.layers.Layer):
+    """The same layer written with keras.ops: it runs on any backend."""
+
+    def call(self, x):  # noqa: ANN001, ANN201
+        return keras.ops.multiply(x, 2.0)
+
+
+import tensorflow as tf  # noqa: E402 - after the layers: TfTape's source reads this module's `tf`
+
+
+class TfTape(keras.Model):
+    """A model whose train_step records its own tf.GradientTape."""
+
+    def train_step(self, data):  # noqa: ANN001, ANN201
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+@pytest.mark.fast
+def test_tensorflow_in_the_users_code_is_found_and_named() -> None:
+    assert "tf.math.scalar_mul" in (tensorflow_use(TfScale) or "")
+    assert "tf.GradientTape" in (tensorflow_use(TfTape) or "")
+    assert tensorflow_use(OpsScale) is None
+    with pytest.raises(ValidationError, match=r"TfScale calls TensorFlow \(tf\.math\.scalar_mul.*keras\.ops"):
+        check_model_code(2, [OpsScale, TfScale], "--workers")
+    check_model_code(1, [TfScale])  # one worker trains on TensorFlow, as today
+    check_model_code(2, [OpsScale])
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"workers": 0}, "--workers must be an integer from 1 to 64"),
+        ({"batch_size": 30, "workers": 4}, "batch_size 30 is not a multiple of the 4 workers.*such as 28"),
+        ({"validation_data": (np.zeros((4, 64)), np.zeros(4))}, "does not take validation_data yet"),
+        ({"fit_kwargs": {"class_weight": {0: 1.0}}}, "does not take the fit argument 'class_weight'"),
+        ({"train_X": [[0.0] * 64] * 10}, "NumPy arrays.*x is list"),
+    ],
+)
+def test_what_a_job_of_workers_cannot_take_is_refused_by_name(
+    digits: tuple[np.ndarray, ...], changes: dict, message: str
+) -> None:
+    base = {
+        "model": make_model(),
+        "train_X": digits[0],
+        "train_Y": digits[1],
+        "workers": 2,
+        "batch_size": BATCH,
+        "argnames": {"workers": "--workers"},
+    }
+    with pytest.raises(ValidationError, match=message):
+        check_workers(FitRequest(**{**base, **changes}))
+    check_workers(FitRequest(**base))  # the same without the change passes
+
+
+def test_a_tensorflow_only_model_is_refused_before_anything_is_uploaded(client, digits) -> None:  # noqa: ANN001
+    model = keras.Sequential([keras.Input((64,)), TfScale(), keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    jobs_before = len(client.jobs())
+    with pytest.raises(ValidationError, match="TfScale calls TensorFlow"):
+        Training.online_fit(model, digits[0], digits[1], "local-cpu", BATCH, EPOCHS, workers=2, verbose=False)
+    assert len(client.jobs()) == jobs_before
+
+
+def test_two_workers_train_the_model_in_place_as_one_fit_would(client, digits) -> None:  # noqa: ANN001
+    x, y = digits[0], digits[1]
+    reference = make_model(seed=3)  # the same start, fit in this process on TensorFlow, same batches in order
+    ref_history = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    model = make_model(seed=3)
+    job_id, trained, history = Training.online_fit(
+        model,
+        x,
+        y,
+        "local-cpu",
+        BATCH,
+        EPOCHS,
+        fit_kwargs={"shuffle": False},
+        description="gang of two",
+        workers=2,
+        verbose=False,
+    )
+    assert trained is model
+    assert keras.backend.backend() == "tensorflow"
+    assert int(model.optimizer.iterations.numpy()) == STEPS * EPOCHS  # the optimizer state came back too
+    # Two engines, the same global batches: within float error of each other (measured gaps ~1e-6).
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-3)
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights(), strict=True))
+    assert gap < 1e-2, gap
+    view = client.job(job_id)
+    assert view.status == v.COMPLETED
+    events = client.events(job_id)["events"]
+    epochs = [e["data"] for e in events if e["type"] == v.EV_EPOCH]
+    assert [e["epoch"] for e in epochs] == list(range(EPOCHS)) and all(e["workers"] == 2 for e in epochs)
+    assert any(e["type"] == v.EV_BATCH for e in events), "batches are reported as they come"
+    said = [str(e["data"].get("message", "")) for e in events if e["type"] == v.EV_LOG]
+    assert any("training on 2 workers" in m for m in said), said
+    # Each epoch's checkpoint is a model that loads here and holds that epoch's weights: a job resumes from it.
+    names = {a.name for a in client.artifacts(job_id)}
+    assert {v.checkpoint_name(e) for e in range(EPOCHS)} <= names
+
+
+def test_cloud_fit_workers_in_a_real_kernel(aibro_home: Path, client, tmp_path: Path) -> None:  # noqa: ANN001
+    km, kc = start_kernel({"AIBRO_HOME": str(aibro_home)})
+    try:
+        setup = run_cell(kc, digits_setup(then="model = build()\nmodel_id = id(model)"), timeout=180)
+        assert not setup.error, setup.error
+        res = run_cell(
+            kc,
+            f"""%%cloud_fit --machine local-cpu --workers 2 --description "magic gang"
+history = model.fit(x_train, y_train, epochs=2, batch_size={BATCH})
+print("BACK", id(model) == model_id, len(history.history["loss"]), int(model.optimizer.iterations.numpy()))
+""",
+            timeout=600,
+        )
+        assert not res.error, res.error
+        assert re.search(rf"BACK True 2 {STEPS * 2}\b", res.stdout), res.stdout
+        refused = run_cell(kc, "%%cloud_fit --machine local-cpu --workers 3\nmodel.fit(x_train, y_train)")
+        assert "batch_size 32 is not a multiple of the 3 workers" in refused.stdout + refused.error
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    job = next(j for j in reversed(client.jobs()) if j.description == "magic gang")
+    assert job.status == v.COMPLETED
+
+
+def _member(process_id: int, job_id: str) -> int | None:
+    """The pid of the gang member `process_id` of `job_id`'s gang (its spec file, member-I.json, is on its command
+    line; the job's folder is named after nothing the test knows, so the job's log line is the check below)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"aibro_backend.worker.gangfit" in cmd and cmd[-2].endswith(f"member-{process_id}.json".encode()):
+                return int(proc.name)
+    return None
+
+
+def test_a_worker_killed_mid_fit_and_the_job_completes_every_epoch_once(client, digits) -> None:  # noqa: ANN001
+    x, y = np.tile(digits[0], (4, 1)), np.tile(digits[1], 4)  # epochs long enough to kill a member inside one
+    epochs = 5
+    job = Training().submit(
+        FitRequest(make_model(), x, y, "local-cpu", BATCH, epochs, description="gang loses one", workers=2)
+    )
+    wait_for(client, job.job_id, lambda evs: any(e["type"] == v.EV_EPOCH for e in evs))
+    pid = _member(1, job.job_id)
+    assert pid is not None, "member 1 of the gang is running"
+    os.kill(pid, signal.SIGKILL)
+    events = wait_for(client, job.job_id, lambda evs: client.job(job.job_id).status in v.JOB_FINAL, timeout=900)
+    view = client.job(job.job_id)
+    assert view.status == v.COMPLETED, view.error
+    epochs_seen = [e["data"]["epoch"] for e in events if e["type"] == v.EV_EPOCH]
+    assert epochs_seen == list(range(epochs)), epochs_seen  # each epoch once, in order
+    said = [str(e["data"].get("message", "")) for e in events if e["type"] == v.EV_LOG]
+    assert any(re.search(r"worker 1 of the job's 2 was killed by signal 9: the 2 workers start again", m) for m in said)
