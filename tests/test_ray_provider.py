@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -258,6 +259,38 @@ def test_instances_spread_over_nodes_and_a_third_waits(cluster: RayCluster, prov
     wait_for("both CPUs free", lambda: (offer(provider, "ray-cpu1") or {}).get("available") == 2)
 
 
+def test_an_ended_instance_leaves_only_its_log_on_its_node(cluster: RayCluster, provider: RayProvider) -> None:
+    """What an instance leaves under the node's worker root once its agent has ended: its folder (token, data, code,
+    outputs) goes and its log stays as `worker-logs/<instance>.log`, as the local provider keeps it; the folder of
+    an actor killed before it could remove it goes at the next instance's start there, never that of one alive."""
+    ids = ["inst-f1", "inst-f2", "inst-f3"]
+    for i in ids[:2]:
+        provider.launch(LaunchRequest(i, "ray-cpu1", env_for(i), user_id=1))
+    wait_for("two instances running", lambda: all(state(provider, i) == "running" for i in ids[:2]), timeout=60)
+    f1, f2 = (Path(provider.info(record(i))["workdir"]) for i in ids[:2])
+    root = f1.parent.parent
+    wait_for("their agents writing", lambda: (f1 / "env.json").exists() and (f2 / "env.json").exists())
+    (f1 / "stop").touch()  # its agent exits on its own
+    wait_for("the first over", lambda: not provider.alive(record("inst-f1")))
+    assert not f1.exists() and (root / "worker-logs" / "inst-f1.log").exists(), sorted(root.rglob("*"))
+    assert oct((root / "worker-logs" / "inst-f1.log").stat().st_mode & 0o777) == "0o600"
+    agent = provider.info(record("inst-f2"))["pid"]
+    actor = int(Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the agent's parent
+    os.kill(actor, signal.SIGKILL)  # no time to clean: the fault
+    wait_for("the second lost", lambda: not provider.alive(record("inst-f2")), timeout=30)
+    assert f2.exists(), "an actor killed outright removes nothing"
+    provider.launch(LaunchRequest("inst-f3", "ray-cpu1", env_for("inst-f3"), user_id=1))
+    wait_for("the third running", lambda: state(provider, "inst-f3") == "running", timeout=60)
+    wait_for("the killed one's folder swept by the next start", lambda: not f2.exists())
+    f3 = Path(provider.info(record("inst-f3"))["workdir"])
+    assert f3.exists() and (root / "worker-logs" / "inst-f2.log").exists()
+    provider.terminate(record("inst-f3"))
+    wait_for("the third terminated", lambda: not provider.alive(record("inst-f3")), timeout=15)
+    wait_for("a terminated one's folder gone", lambda: not f3.exists())
+    assert sorted(p.name for p in (root / "workers").iterdir()) == [], "nothing of the three is left"
+    assert {p.name for p in (root / "worker-logs").iterdir()} >= {f"{i}.log" for i in ids}
+
+
 class _Backend(http.server.BaseHTTPRequestHandler):
     """Answers the agent's first poll with 'exit' and records what it asked: enough to see it reach us."""
 
@@ -292,7 +325,8 @@ def test_the_real_agent_reaches_the_backend_over_http(cluster: RayCluster, tmp_p
         assert p.wait_ready(60), p.cluster_error()
         p.launch(LaunchRequest("inst-real", "ray-cpu1", env_for("inst-real"), user_id=2))
         wait_for("the agent's exit", lambda: not p.alive(record("inst-real")), timeout=90, every=0.3)
-        log = (tmp_path / "workers" / "workers" / "inst-real" / "worker.log").read_text()
+        assert not (tmp_path / "workers" / "workers" / "inst-real").exists(), "its folder went with it"
+        log = (tmp_path / "workers" / "worker-logs" / "inst-real.log").read_text()  # kept, as local workers' are
         assert p.lost_reason(record("inst-real")) == "the worker exited with code 0", log
         assert ("/api/v1/worker/assignment", "Bearer aibro_w_inst-real") in _Backend.seen, log
         assert "instance closing; exiting" in log

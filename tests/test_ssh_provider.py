@@ -197,6 +197,7 @@ def test_a_cloud_fit_cell_trains_on_an_ssh_hosts_two_gpus_with_the_served_agent(
     assert machines["ssh:a"].price_per_hour == 0.0
     km, kc = start_kernel({"AIBRO_HOME": str(tmp_path / "kernel"), "AIBRO_BACKEND_URL": backend.url,
                            "AIBRO_TOKEN": backend.token})  # fmt: skip
+    envs = EnvFiles(hosts["servers"]["a"].home / ".aibro" / "workers")  # read while the worker runs: then it goes
     try:
         assert not (res := run_cell(kc, digits_setup(), timeout=300)).error, res.error
         cell = (
@@ -209,6 +210,7 @@ def test_a_cloud_fit_cell_trains_on_an_ssh_hosts_two_gpus_with_the_served_agent(
         res = run_cell(kc, cell, timeout=900)
         assert not res.error, res.error + res.stdout[-3000:]
     finally:
+        envs.stop()
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     final = re.search(r"FINAL (\S+) (\S+)", res.stdout)
@@ -219,9 +221,81 @@ def test_a_cloud_fit_cell_trains_on_an_ssh_hosts_two_gpus_with_the_served_agent(
     installed = hosts["servers"]["a"].home / ".aibro" / "agent" / served.version
     assert (installed / "agent-version").read_text().strip() == served.version
     assert (installed / served.filename).read_bytes() == served.path.read_bytes()
-    env_file = hosts["servers"]["a"].home / ".aibro" / "workers" / job.instance_id / "env"
-    assert env_file.stat().st_mode & 0o077 == 0, "the worker's secrets are 0600"
-    assert "CUDA_VISIBLE_DEVICES=0,1\n" in env_file.read_text(), "the job's worker holds both of a's GPUs"
+    mode, text = envs.seen[job.instance_id]
+    assert mode & 0o077 == 0, "the worker's secrets are 0600"
+    assert "CUDA_VISIBLE_DEVICES=0,1\n" in text, "the job's worker holds both of a's GPUs"
+
+
+class EnvFiles:
+    """Each worker's env file under `workers` as it was while its worker ran: (mode, text) by instance id."""
+
+    def __init__(self, workers: Path) -> None:
+        import threading
+
+        self.workers, self.seen = workers, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            for env in self.workers.glob("*/env"):
+                try:
+                    self.seen.setdefault(env.parent.name, (env.stat().st_mode, env.read_text()))
+                except OSError:
+                    pass  # it went meanwhile
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def test_an_ended_workers_folder_goes_and_its_log_stays_on_the_host(backend: OwnBackend, hosts: dict[str, Any]) -> None:
+    """What a job leaves on the host after it ends: its worker's folder goes (token, data, code, outputs) and its
+    log stays as ~/.aibro/worker-logs/<instance>.log (0600, in a 0700 folder), as the local provider keeps it;
+    and a start there removes what ended workers left before (a crashed backend's, an older version's) but the
+    folder of a worker still running (another backend's)."""
+    server = hosts["servers"]["b"]
+    root = server.home / ".aibro"
+    workers = root / "workers"
+    workers.mkdir(parents=True, exist_ok=True)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    other = subprocess.Popen(["sleep", "600"], user=server.user)
+    try:
+        for name in ("inst-crashed", "inst-older", "inst-other"):
+            (workers / name / "cache").mkdir(parents=True, exist_ok=True)
+            (workers / name / "cache" / "data.npy").write_bytes(b"a user's data")
+            (workers / name / "worker.log").write_text(f"{name} printed this")
+        (workers / "inst-crashed.pid").write_text(f"{ended.pid}\n")
+        (workers / "inst-other.pid").write_text(f"{other.pid}\n")
+        _run("chown", "-R", f"{server.user}:{server.user}", str(root))
+        old = time.time() - 3600
+        os.utime(workers / "inst-older", (old, old))  # an older version's: no pid file, and not starting now
+
+        client = backend.client()
+        x, y = slow_data(64)
+        job = Training(client).submit(
+            FitRequest(make_model(), x, y, machine_ids="ssh:b", epochs=1, cool_down_period_s=0)
+        )
+        done = _wait(client, job.job_id)
+        assert done.status == v.COMPLETED, done
+        inst = done.instance_id
+        deadline = time.monotonic() + 120
+        while (workers / inst).exists() or client.job(job.job_id).status != v.COMPLETED:
+            assert time.monotonic() < deadline, sorted(p.name for p in workers.iterdir())
+            time.sleep(0.5)
+        left = sorted(p.name for p in workers.iterdir())
+        assert left == ["inst-other", "inst-other.pid"], left
+        logs = root / "worker-logs"
+        assert "aibro.worker" in (logs / f"{inst}.log").read_text(), "its worker's log is kept on the host"
+        assert (logs / "inst-crashed.log").read_text() == "inst-crashed printed this"
+        assert (logs / "inst-older.log").read_text() == "inst-older printed this"
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [logs, *logs.iterdir()]}
+        assert modes == {"worker-logs": "0o700", **{p.name: "0o600" for p in logs.iterdir()}}, modes
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_host_whose_sshd_goes_away_has_its_job_resumed_on_the_next_host(

@@ -152,6 +152,15 @@ def remove_workdir(workdir: Path | None, logs: Path) -> None:
         workdir.unlink(missing_ok=True)
 
 
+def drop_old_logs(logs: Path) -> None:
+    """The kept logs of instances closed over WORKER_LOG_KEEP_S ago go."""
+    cutoff = time.time() - WORKER_LOG_KEEP_S
+    for old in logs.glob("*.log") if logs.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if old.lstat().st_mtime < cutoff:
+                old.unlink()
+
+
 class LocalProvider(Provider):
     """Offers what this host really has: its CPUs as `local-cpu`, and each GPU as `local-gpuN`.
 
@@ -393,9 +402,5 @@ class LocalProvider(Provider):
             if entry.name not in keep:
                 remove_workdir(entry, self.logs)
                 removed += 1
-        cutoff = time.time() - WORKER_LOG_KEEP_S
-        for old in self.logs.glob("*.log") if self.logs.is_dir() else ():
-            with contextlib.suppress(OSError):
-                if old.lstat().st_mtime < cutoff:
-                    old.unlink()
+        drop_old_logs(self.logs)
         return removed

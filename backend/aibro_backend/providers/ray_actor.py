@@ -7,6 +7,7 @@ See ARCHITECTURE.md ("The Ray provider") for why an actor."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -18,6 +19,46 @@ from pathlib import Path
 from typing import Any
 
 from aibro_core.files import open_private_log, private_dir
+
+
+def hold(root: Path, instance_id: str) -> int:
+    """An instance's lock under `root/locks`, held (flock) by its actor's process for as long as it lives: the
+    kernel lets go of it when that process dies, however (SIGKILL, the node's restart). The descriptor."""
+    fd = os.open(private_dir(root / "locks") / instance_id, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def ended(root: Path, workdir: Path) -> None:
+    """An instance's agent has exited: its folder goes, its worker.log kept as `root/worker-logs/<instance>.log`
+    (local.remove_workdir, as the local provider does), and its lock with it."""
+    from .local import WORKER_LOGS, remove_workdir
+
+    remove_workdir(workdir, root / WORKER_LOGS)
+    (root / "locks" / workdir.name).unlink(missing_ok=True)
+
+
+def sweep(root: Path) -> int:
+    """The folders of instances whose actor is gone without removing them (killed, its node restarted) go, with
+    their logs kept, and the logs kept over a week; a folder whose lock an actor holds stays. How many went."""
+    from .local import WORKER_LOGS, drop_old_logs
+
+    removed = 0
+    workers = root / "workers"
+    for entry in sorted(workers.iterdir()) if workers.is_dir() else ():
+        fd = os.open(private_dir(root / "locks") / entry.name, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # its actor lives
+        try:
+            ended(root, entry)
+            removed += 1
+        finally:
+            os.close(fd)
+    drop_old_logs(root / WORKER_LOGS)
+    return removed
 
 
 class InstanceActor:
@@ -35,6 +76,7 @@ class InstanceActor:
         self._error: str | None = None
         self._started = threading.Event()
         self._done = threading.Event()
+        self._lock: int | None = None  # the descriptor of its instance's lock (`hold`), held while it lives
         ctx = ray.get_runtime_context()
         self._info: dict[str, Any] = {
             "node_id": ctx.get_node_id(),
@@ -64,6 +106,8 @@ class InstanceActor:
             raise RuntimeError(f"{root} is not a folder of this node's Ray user: remove it, or set another worker_root")
         private_dir(root)  # 0700, and so are its folders, whatever the umask of Ray's workers
         uid = box.uid_for(spec.get("user_id"))
+        self._lock = hold(root, spec["instance_id"])  # before its folder is there: a sweep never takes a live one
+        sweep(root)
         workdir = private_dir(root / "workers") / spec["instance_id"]
         envs = private_dir(root / "envs") / f"u{int(spec.get('user_id') or 0)}"  # one user's, never shared
         box.prepare(workdir, uid)
@@ -105,6 +149,8 @@ class InstanceActor:
             return
         self._started.set()
         self._code = self._proc.wait()
+        with contextlib.suppress(OSError):  # before anyone hears of the end: the bridge kills this actor then
+            ended(workdir.parent.parent, workdir)
         self._done.set()
         # Nobody killed this actor after the agent exited (the backend or its bridge is away): free the
         # reservation on its own after a while, so a finished instance never holds a GPU for good.

@@ -5,10 +5,12 @@ The system's OpenSSH client does the talking, with this backend's own known_host
 a host's key and a changed key is refused, naming the host and the file (host-key checking is never off). A launch
 installs the agent this backend serves (shipping.py's wheel, checked against its SHA-256) into a venv under
 `~/.aibro/agent/<version>` on the host, once per version, then starts the worker detached (`setsid`), so it
-outlives the SSH connection; its environment goes through a 0600 file, never a command line. A poller asks each
-host which of its workers still run; a host unreachable for `unreachable_grace_s` loses its instances (their jobs
-resume elsewhere from the last checkpoint). What runs where is kept in `state/ssh/instances.json`, so a restarted
-backend finds its workers again; stopping the backend stops them.
+outlives the SSH connection; its environment goes through a 0600 file, never a command line. A worker's folder
+(`~/.aibro/workers/<instance>`: its token, the job's data, code and outputs) goes once its worker has ended, its
+log kept as `~/.aibro/worker-logs/<instance>.log` for a week, as the local provider keeps it (`leftovers_script`).
+A poller asks each host which of its workers still run; a host unreachable for `unreachable_grace_s` loses its
+instances (their jobs resume elsewhere from the last checkpoint). What runs where is kept in
+`state/ssh/instances.json`, so a restarted backend finds its workers again; stopping the backend stops them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,39 @@ from .ssh_hosts import Host
 log = logging.getLogger("aibro.ssh")
 REMOTE = "$HOME/.aibro"
 CHANGED_KEY = "REMOTE HOST IDENTIFICATION HAS CHANGED"
+STARTING_S = 600  # a worker folder with no pid beside it yet this young is a worker starting now: left alone
+
+
+def leftovers_script(gone: list[str] | tuple[str, ...] = (), keep: list[str] | tuple[str, ...] = ()) -> str:
+    """sh that removes worker folders on a host as the local provider does (local.remove_workdir, sweep): those of
+    the `gone` instances (their worker ended: the backend ended it or saw it exit), then every other one whose worker
+    is not running (its pid, in `workers/<instance>.pid`, is gone or a zombie; a folder with no pid yet only once it
+    is STARTING_S old), but those of the `keep` instances (this backend's live ones). Each worker.log is kept as
+    `worker-logs/<instance>.log` (0600, in a 0700 folder, never through a link the job left), and logs a week old go.
+    Prints nothing."""
+    ids = " ".join(shlex.quote(i) for i in gone)
+    kept = " ".join(shlex.quote(i) for i in keep)
+    return f"""R="{REMOTE}"; umask 077
+mkdir -p "$R/worker-logs" "$R/workers"; chmod 700 "$R/worker-logs"
+state() {{ sed 's/.*) //' "/proc/$1/stat" | cut -c1; }}
+running() {{ [ -n "$1" ] && kill -0 "$1" 2>/dev/null && {{ [ ! -r "/proc/$1/stat" ] || [ "$(state "$1")" != Z ]; }}; }}
+gone() {{
+  if [ -f "$1/worker.log" ] && [ ! -L "$1/worker.log" ]; then
+    mv -f "$1/worker.log" "$R/worker-logs/${{1##*/}}.log" && chmod 600 "$R/worker-logs/${{1##*/}}.log"
+  fi
+  rm -rf "$1" "$1.pid"
+}}
+for i in {ids}; do gone "$R/workers/$i"; done
+for w in "$R"/workers/*; do
+  [ -d "$w" ] && [ ! -L "$w" ] || {{ [ "${{w%.pid}}" != "$w" ] && [ ! -e "${{w%.pid}}" ] && rm -f "$w"; continue; }}
+  case " {kept} " in *" ${{w##*/}} "*) continue ;; esac
+  if [ -f "$w.pid" ]; then running "$(cat "$w.pid")" && continue
+  elif [ -n "$(find "$w" -maxdepth 0 -mmin -{STARTING_S // 60})" ]; then continue; fi
+  gone "$w"
+done
+find "$R/worker-logs" -name '*.log' -mtime +7 -exec rm -f {{}} + 2>/dev/null
+true
+"""
 
 
 class SshError(RuntimeError):
@@ -138,8 +173,9 @@ class SshProvider(Provider):
             "command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader || true"
         )
         for host in self.hosts.values():
+            sweep = leftovers_script(keep=self._live_on(host.name))  # what workers of before left there
             try:
-                lines = self.run(host, probe, timeout=60).splitlines()
+                lines = self.run(host, f"{{ {sweep}\n}} >/dev/null 2>&1; {probe}", timeout=60).splitlines()
             except SshError as exc:
                 problems.append(str(exc).replace("exit 7", "its python3 is missing or older than 3.10"))
                 continue
@@ -257,13 +293,17 @@ class SshProvider(Provider):
                 env["AIBRO_WORKER_URL"] = self.worker_url
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, remote.gpus)) or "-1"
             lines = "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
-            script = f"""set -eu
+            sweep = leftovers_script(keep=self._live_on(host.name))  # each start cleans what ended there
+            script = f"""{{ {sweep}
+}} >/dev/null 2>&1
+set -eu
 w="{REMOTE}/workers/{instance_id}"; umask 077; mkdir -p "$w" "{REMOTE}/envs"
 cat > "$w/env"
 cd "$w"
 set -a; . "$w/env"; AIBRO_WORKER_DIR="$w"; AIBRO_ENV_CACHE="{REMOTE}/envs"; set +a
 py="{self._agent_dir}/venv/bin/python"
 setsid "$py" -I -m aibro_backend.worker > "$w/worker.log" 2>&1 < /dev/null &
+echo $! > "$w.pid"
 echo $!
 """
             pid = int(self.run(host, script, stdin=lines.encode()).strip().splitlines()[-1])
@@ -291,9 +331,15 @@ echo $!
             self._save()
         host = self.hosts.get(remote.host)
         if pid is None or host is None or was in ("exited", "failed"):
-            return
+            return  # an exited worker's folder went when the poller saw it exit; a failed start's goes at the next
         log.info("stopping %s on %s (pid %s)", instance_id, host.name, pid)  # its process group: setsid made it
-        self.run(host, f"kill -TERM -{pid} 2>/dev/null; sleep 2; kill -KILL -{pid} 2>/dev/null; true", timeout=60)
+        stop = f"kill -TERM -{pid} 2>/dev/null; sleep 2; kill -KILL -{pid} 2>/dev/null; true"
+        self.run(host, f"{stop}\n{leftovers_script(gone=[instance_id], keep=self._live_on(host.name))}", timeout=60)
+
+    def _live_on(self, host: str) -> list[str]:
+        """This backend's instances that are starting or running on `host`: their folders stay."""
+        with self._lock:
+            return [i for i, r in self._remotes.items() if r.host == host and r.state in ("launching", "running")]
 
     # -- watching ----------------------------------------------------------------------------------------------
     def _poll_forever(self) -> None:
@@ -322,7 +368,14 @@ echo $!
             return
         self._unreachable_since.pop(name, None)
         up = {int(p) for p in out.split()}
-        self._mark({i: r for i, r in running.items() if r.pid not in up}, "exited", "the worker exited")
+        exited = {i: r for i, r in running.items() if r.pid not in up}
+        self._mark(exited, "exited", "the worker exited")
+        if exited:  # their folders go now, their logs kept
+            try:
+                self.run(self.hosts[name], leftovers_script(gone=list(exited), keep=self._live_on(name)), timeout=60)
+            except SshError as exc:
+                log.warning("could not remove the folders of %s on %s (the next start there does): %s",
+                            ", ".join(exited), name, exc)  # fmt: skip
 
     def _mark(self, remotes: dict[str, Remote], state: str, why: str) -> None:
         if not remotes:
