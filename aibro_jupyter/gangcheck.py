@@ -19,12 +19,24 @@ from typing import Any
 import numpy as np
 
 from aibro_core.bounds import MAX_WORKERS
+from aibro_core.models import GANG_CALLBACKS
 
 from .cellcode import definition_source, is_cell_object
 from .errors import ValidationError
 from .fitrequest import FitRequest
 
-GANG_FIT_ARGS = {"epochs", "batch_size", "shuffle", "initial_epoch", "verbose", "sample_weight"}
+GANG_FIT_ARGS = {
+    "epochs",
+    "batch_size",
+    "shuffle",
+    "initial_epoch",
+    "verbose",
+    "sample_weight",
+    "validation_split",
+    "validation_batch_size",
+    "callbacks",
+}
+
 """What a gang's fit takes (the worker's gangrun.FIT_ARGS, with sample_weight, which travels as data)."""
 KERAS_DEFAULT_BATCH = 32
 
@@ -45,20 +57,37 @@ def check_workers(request: FitRequest) -> None:
             )
     if request.train_X is None:
         raise ValidationError(f"{flag} {workers} needs the training inputs x as a NumPy array")
-    if request.validation_data is not None:
-        raise ValidationError(f"{flag} {workers} does not take validation_data yet: evaluate after training, {way_out}")
+    held_out = request.validation_data
+    if held_out is not None and not (
+        isinstance(held_out, (tuple, list))
+        and 2 <= len(held_out) <= 3
+        and all(part is None or isinstance(part, np.ndarray) for part in held_out)
+    ):
+        raise ValidationError(
+            f"{flag} {workers} takes validation_data as a tuple of NumPy arrays (x_val, y_val[, sample_weight]); "
+            f"this one is {type(held_out).__name__}: pass arrays, {way_out}"
+        )
     others = sorted(set(request.fit_kwargs or {}) - GANG_FIT_ARGS)
     if others:
         raise ValidationError(
             f"{flag} {workers} does not take the fit argument {others[0]!r} yet (it takes "
             f"{', '.join(sorted(GANG_FIT_ARGS))}): drop it, {way_out}"
         )
+    for callback in (request.fit_kwargs or {}).get("callbacks") or []:
+        kind = type(callback)
+        if not (kind.__module__.startswith("keras") and kind.__name__ in GANG_CALLBACKS):
+            raise ValidationError(
+                f"{flag} {workers} runs the callbacks {', '.join(GANG_CALLBACKS)} on every worker, and not yet "
+                f"{kind.__name__}: leave it out (save the returned model yourself), {way_out}"
+            )
     batch = request.batch_size if request.batch_size is not None else KERAS_DEFAULT_BATCH
-    if isinstance(batch, int) and batch % workers:
-        raise ValidationError(
-            f"batch_size {batch} is not a multiple of the {workers} workers: each takes an equal part of every batch; "
-            f"use a batch size such as {max(workers, batch - batch % workers)}"
-        )
+    sizes = (("batch_size", batch), ("validation_batch_size", (request.fit_kwargs or {}).get("validation_batch_size")))
+    for name, size in sizes:
+        if isinstance(size, int) and size % workers:
+            raise ValidationError(
+                f"{name} {size} is not a multiple of the {workers} workers: each takes an equal part of every "
+                f"batch; use a batch size such as {max(workers, size - size % workers)}"
+            )
     rows = len(request.train_X)
     if rows < workers:
         raise ValidationError(f"{rows} rows cannot feed {workers} workers")

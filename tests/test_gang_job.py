@@ -78,7 +78,8 @@ def test_tensorflow_in_the_users_code_is_found_and_named() -> None:
     [
         ({"workers": 0}, "--workers must be an integer from 1 to 64"),
         ({"batch_size": 30, "workers": 4}, "batch_size 30 is not a multiple of the 4 workers.*such as 28"),
-        ({"validation_data": (np.zeros((4, 64)), np.zeros(4))}, "does not take validation_data yet"),
+        ({"validation_data": [1, 2]}, "validation_data as a tuple of NumPy arrays"),
+        ({"fit_kwargs": {"validation_batch_size": 33}}, "validation_batch_size 33 is not a multiple of the 2"),
         ({"fit_kwargs": {"class_weight": {0: 1.0}}}, "does not take the fit argument 'class_weight'"),
         ({"train_X": [[0.0] * 64] * 10}, "NumPy arrays.*x is list"),
     ],
@@ -110,8 +111,11 @@ def test_a_tensorflow_only_model_is_refused_before_anything_is_uploaded(client, 
 
 def test_two_workers_train_the_model_in_place_as_one_fit_would(client, digits) -> None:  # noqa: ANN001
     x, y = digits[0], digits[1]
+    held_out = (digits[2][:384], digits[3][:384])  # 6 batches of 64: every validation row seen, as in one fit
     reference = make_model(seed=3)  # the same start, fit in this process on TensorFlow, same batches in order
-    ref_history = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    ref_history = reference.fit(
+        x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=held_out, verbose=0
+    )
     model = make_model(seed=3)
     job_id, trained, history = Training.online_fit(
         model,
@@ -120,6 +124,7 @@ def test_two_workers_train_the_model_in_place_as_one_fit_would(client, digits) -
         "local-cpu",
         BATCH,
         EPOCHS,
+        validation_data=held_out,
         fit_kwargs={"shuffle": False},
         description="gang of two",
         workers=2,
@@ -129,7 +134,8 @@ def test_two_workers_train_the_model_in_place_as_one_fit_would(client, digits) -
     assert keras.backend.backend() == "tensorflow"
     assert int(model.optimizer.iterations.numpy()) == STEPS * EPOCHS  # the optimizer state came back too
     # Two engines, the same global batches: within float error of each other (measured gaps ~1e-6).
-    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-3)
+    for key in ("loss", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(history.history[key], ref_history.history[key], rtol=1e-3, err_msg=key)
     gap = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights(), strict=True))
     assert gap < 1e-2, gap
     view = client.job(job_id)
@@ -200,3 +206,31 @@ def test_a_worker_killed_mid_fit_and_the_job_completes_every_epoch_once(client, 
     assert epochs_seen == list(range(epochs)), epochs_seen  # each epoch once, in order
     said = [str(e["data"].get("message", "")) for e in events if e["type"] == v.EV_LOG]
     assert any(re.search(r"worker 1 of the job's 2 was killed by signal 9: the 2 workers start again", m) for m in said)
+
+
+def test_early_stopping_stops_every_worker_and_its_best_weights_come_back(client, digits, tmp_path) -> None:  # noqa: ANN001
+    x, y = digits[0], digits[1]
+    # Never an improvement after the first epoch: all workers stop together after the second, and the model
+    # returned holds the first epoch's weights (restore_best_weights).
+    stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=0, restore_best_weights=True)
+    slower = keras.callbacks.ReduceLROnPlateau(monitor="loss", min_delta=1e9, patience=0, factor=0.5)
+    model = make_model(seed=4)
+    job_id, _, history = Training.online_fit(
+        model, x, y, "local-cpu", BATCH, 10, fit_kwargs={"callbacks": [stop, slower]}, workers=2, verbose=False
+    )
+    assert len(history.history["loss"]) == 2, history.history
+    first = keras.saving.load_model(client.download_artifact(job_id, v.checkpoint_name(0), tmp_path / "first.keras"))
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), first.get_weights(), strict=True))
+    assert float(model.optimizer.learning_rate.numpy()) < 1e-3  # ReduceLROnPlateau's change came back too
+    with pytest.raises(ValidationError, match="not yet ModelCheckpoint"):
+        Training.online_fit(
+            make_model(),
+            x,
+            y,
+            "local-cpu",
+            BATCH,
+            2,
+            fit_kwargs={"callbacks": [keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))]},
+            workers=2,
+            verbose=False,
+        )

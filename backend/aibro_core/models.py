@@ -669,6 +669,12 @@ ObjectRefs = Annotated[
 ]
 
 
+GANG_CALLBACKS = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN", "LearningRateScheduler")
+"""The callbacks a job of several workers runs: ones that only read an epoch's logs and set the model's state, so each
+worker runs its own and, the logs being the gang's, all decide alike (the others write files or hold state that one
+process must own: not yet)."""
+
+
 class JobSpec(Request):
     """A job: the model and data (uploaded blobs), how to fit, where to train, and what to keep."""
 
@@ -778,6 +784,12 @@ class JobSpec(Request):
             raise _fail("a 'trial' job needs 'code': the uploaded sources of its build function")
         if self.trial is not None and self.workers > 1:
             raise _fail("a study's trials run on one worker each: 'workers' must be 1 for a 'trial' job")
+        other = [c.cls for c in self.callbacks if isinstance(c, OwnCallback) or c.cls not in GANG_CALLBACKS]
+        if self.workers > 1 and other:
+            raise _fail(
+                f"a job of {self.workers} workers runs the callbacks {', '.join(GANG_CALLBACKS)}, not yet {other[0]}: "
+                "leave it out, or set 'workers' to 1"
+            )
         return self
 
     def blobs(self) -> list[str]:

@@ -235,7 +235,7 @@ class Worker:
         memory.check()
         self._status(outbox, v.SUB_TRAINING)
         if spec.workers > 1:
-            return self._fit_gang(outbox, job_id, attempt, spec, model, model_path, (x, y, sw), fit, objects)
+            return self._fit_gang(outbox, job_id, attempt, spec, model, model_path, (x, y, sw, validation_data), fit)
         replicas = _replicas(model) if getattr(model, "distribute_strategy", None) is not None else 1
         if replicas > 1:
             batch = int(fit.get("batch_size") or 32)
@@ -334,16 +334,15 @@ class Worker:
         spec: JobSpec,
         model: Any,
         model_path: Path,
-        data: tuple[Any, Any, Any],
+        data: tuple[Any, Any, Any, Any],
         fit: dict[str, Any],
-        objects: dict[str, Any],
     ) -> tuple[str, str | None]:
         """The fit by `spec.workers` processes of this machine on Keras-on-JAX (gangrun.py); checkpoints, events and
         the returned model go as a one-process fit's do."""
-        from .gangrun import GangJob, arrays_of, fit_in_gang
+        from .gangrun import GangJob, arrays_of, fit_in_gang, split_validation
         from .pipeline import EpochPipeline
 
-        arrays = arrays_of(*data)
+        arrays, validation = split_validation(arrays_of(*data[:3]), data[3], fit)
         job = GangJob(
             model_path=model_path,
             arrays=arrays,
@@ -356,6 +355,9 @@ class Worker:
             folder=Path(tempfile.mkdtemp(prefix="gang-", dir=self.workdir)),
             objects={name: ref.model_dump(by_alias=True, exclude_none=True) for name, ref in spec.objects.items()},
             safe_mode=spec.safe_mode,
+            validation=validation,
+            validation_batch_size=fit.get("validation_batch_size"),
+            callbacks=tuple(c.model_dump(by_alias=True, exclude_unset=True) for c in spec.callbacks),
         )
         outbox.put(v.EV_LOG, {"message": f"training on {spec.workers} workers (Keras on JAX, data-parallel)"})
 

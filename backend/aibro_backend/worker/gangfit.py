@@ -84,6 +84,7 @@ PORT_TAKEN_EXIT = 75
 """Member 0's exit status when the coordinator's port is taken: the launcher starts the gang again on another."""
 
 _ARRAYS = ("x", "y", "sample_weight")
+_VALIDATION = {"val_x": "x", "val_y": "y", "val_sample_weight": "sample_weight"}
 # How jax 0.10's coordination service says its port is taken (gRPC logs "No address added", then this).
 _BIND_FAILED = ("failed to start rpc server", "address already in use", "failed to bind")
 
@@ -160,6 +161,11 @@ class GangSpec:
     weights: str | None = None
     progress: str | None = None
     snapshots: str | None = None
+    val_x: str | None = None
+    val_y: str | None = None
+    val_sample_weight: str | None = None
+    validation_batch_size: int | None = None
+    callbacks: tuple[dict[str, Any], ...] = ()
     objects: dict[str, Any] | None = None
     paths: tuple[str, ...] = ()
     safe_mode: bool = True
@@ -175,7 +181,7 @@ class GangSpec:
     @classmethod
     def load(cls, path: str | Path) -> GangSpec:
         fields = json.loads(Path(path).read_text())
-        for name in ("paths", "cpus"):  # JSON has lists; the spec is frozen, its sequences tuples
+        for name in ("paths", "cpus", "callbacks"):  # JSON has lists; the spec is frozen, its sequences tuples
             if fields.get(name) is not None:
                 fields[name] = tuple(fields[name])
         return cls(**fields)
@@ -239,13 +245,23 @@ def _can_bind(address: str) -> bool:
     return True
 
 
+def _load_arrays(paths: dict[str, str | None], what: str) -> dict[str, np.ndarray]:
+    arrays = {name: np.load(p, mmap_mode="r") for name, p in paths.items() if p is not None}
+    rows = {name: len(a) for name, a in arrays.items()}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"the {what} arrays differ in rows: {rows}")
+    return arrays
+
+
 def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     """Join the gang, fit this member's shard, and (member 0) save the trained model. Returns the History."""
-    arrays = {name: np.load(p, mmap_mode="r") for name in _ARRAYS if (p := getattr(spec, name)) is not None}
-    rows = {name: len(a) for name, a in arrays.items()}
-    if len(set(rows.values())) != 1:
-        raise ValueError(f"the arrays differ in rows: {rows}")
-    plan = ShardPlan(rows["x"], spec.batch_size, spec.num_processes)  # refused before the gang forms
+    arrays = _load_arrays({name: getattr(spec, name) for name in _ARRAYS}, "training")
+    plan = ShardPlan(len(arrays["x"]), spec.batch_size, spec.num_processes)  # refused before the gang forms
+    held_out = _load_arrays({short: getattr(spec, name) for name, short in _VALIDATION.items()}, "validation")
+    val_plan = None
+    if held_out:
+        # Validation too must take equal steps on every member: its batches split as the training's do.
+        val_plan = ShardPlan(len(held_out["x"]), spec.validation_batch_size or spec.batch_size, spec.num_processes)
     if spec.cpus:
         os.sched_setaffinity(0, spec.cpus)  # before JAX sizes its thread pools from what this process may use
     sys.path[:0] = [p for p in spec.paths if p not in sys.path]  # the job's own code, as the agent's gear-up put it
@@ -260,13 +276,17 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
     objects = _objects(spec)
     with keras.saving.custom_object_scope(objects):
         model = keras.saving.load_model(spec.model, custom_objects=objects, safe_mode=spec.safe_mode)
-    data, epoch_order = _shard_dataset(keras, plan, arrays, spec)
-    callbacks = [epoch_order]
+    data, epoch_order = _shard_dataset(keras, plan, arrays, spec, spec.shuffle)
+    validation = _shard_dataset(keras, val_plan, held_out, spec, False)[0] if val_plan is not None else None
+    # The user's callbacks that only read the epoch's logs and set the model's state run on every member: the logs
+    # are the gang's (global), so each member decides as the others do (EarlyStopping stops all of them together).
+    callbacks = [*_user_callbacks(spec), epoch_order]
     if spec.progress and spec.process_id == 0:
         callbacks.append(_Progress(keras, spec.progress, plan.steps, spec.snapshots))
     history = model.fit(
         data,
         callbacks=callbacks,
+        validation_data=validation,
         epochs=spec.epochs,
         initial_epoch=spec.initial_epoch,
         verbose=0,
@@ -279,6 +299,18 @@ def fit_in_gang(spec: GangSpec) -> dict[str, list[float]]:
         model.save(spec.out)
         Path(spec.history).write_text(json.dumps(history.history))
     return history.history
+
+
+def _user_callbacks(spec: GangSpec) -> list[Any]:
+    if not spec.callbacks:
+        return []
+    from pydantic import TypeAdapter
+
+    from aibro_core.models import Callback
+
+    from .usercallbacks import build_callbacks
+
+    return build_callbacks(TypeAdapter(list[Callback]).validate_python(list(spec.callbacks)), None)
 
 
 def _objects(spec: GangSpec) -> dict[str, Any]:
@@ -295,7 +327,8 @@ BATCH_LINE_INTERVAL_S = 0.5
 
 def _Progress(keras: Any, path: str, steps: int, snapshots: str | None) -> Any:
     """Member 0 writes one JSON line per epoch ({"kind": "epoch", "epoch": E, "logs": {...}, "seconds": S,
-    "snapshot": NPZ}) and, a few times a second, one per batch ({"kind": "batch", ...}) to `path`, flushed at once:
+    "snapshot": NPZ}), a few times a second one per batch ({"kind": "batch", ...}) and one when training ends
+    ({"kind": "end", "snapshot": NPZ}: the weights as the user's callbacks left them) to `path`, flushed at once:
     the agent (or a test) follows the fit from outside; a FIFO works. With `snapshots`, each epoch's weights and
     optimizer variables are written there first (an .npz, complete before its line): the agent's checkpoint of
     that epoch. Every member holds every weight under DataParallel, so member 0 reads its own copies alone (no
@@ -322,18 +355,24 @@ def _Progress(keras: Any, path: str, steps: int, snapshots: str | None) -> Any:
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             seconds = time.monotonic() - self.started
-            snapshot = None
-            if snapshots:
-                snapshot = os.path.join(snapshots, f"epoch-{epoch + 1}.npz")
-                values = [keras.ops.convert_to_numpy(v.value) for v in self.model.weights]
-                values += [keras.ops.convert_to_numpy(v.value) for v in self.model.optimizer.variables]
-                with open(snapshot + ".part", "wb") as f:
-                    np.savez(f, *values)
-                os.replace(snapshot + ".part", snapshot)
+            snapshot = self.snapshot(f"epoch-{epoch + 1}.npz")
             self.line("epoch", epoch=epoch, logs=_floats(logs), seconds=round(seconds, 4), snapshot=snapshot)
 
         def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+            # After the user's callbacks' own train end (EarlyStopping may have put its best weights back).
+            self.line("end", snapshot=self.snapshot("final.npz"))
             self.out.close()
+
+        def snapshot(self, name: str) -> str | None:
+            if not snapshots:
+                return None
+            path = os.path.join(snapshots, name)
+            values = [keras.ops.convert_to_numpy(v.value) for v in self.model.weights]
+            values += [keras.ops.convert_to_numpy(v.value) for v in self.model.optimizer.variables]
+            with open(path + ".part", "wb") as f:
+                np.savez(f, *values)
+            os.replace(path + ".part", path)
+            return path
 
     return Progress()
 
@@ -342,7 +381,9 @@ def _floats(logs: dict[str, Any] | None) -> dict[str, float]:
     return {k: float(v) for k, v in (logs or {}).items()}
 
 
-def _shard_dataset(keras: Any, plan: ShardPlan, arrays: dict[str, np.ndarray], spec: GangSpec) -> tuple[Any, Any]:
+def _shard_dataset(
+    keras: Any, plan: ShardPlan, arrays: dict[str, np.ndarray], spec: GangSpec, shuffle: bool
+) -> tuple[Any, Any]:
     """A PyDataset over this member's rows (Keras' own shuffling would differ between members) and the callback that
     tells it the epoch: Keras calls a PyDataset's `on_epoch_end` also when it resets its iterator, so counting those
     calls drifts from the fit's epoch; `Callback.on_epoch_begin` gets the epoch itself, before the epoch's first
@@ -357,7 +398,7 @@ def _shard_dataset(keras: Any, plan: ShardPlan, arrays: dict[str, np.ndarray], s
             return plan.steps
 
         def __getitem__(self, step: int) -> tuple[np.ndarray, ...]:
-            order = plan.order(spec.seed, self.epoch) if spec.shuffle else None
+            order = plan.order(spec.seed, self.epoch) if shuffle else None
             idx = plan.rows_of(step, spec.process_id, order)
             if order is not None:
                 idx = np.sort(idx)  # memory-mapped reads in file order; the rows of a step are a set

@@ -29,7 +29,15 @@ from . import gangfit
 from .callbacks import clean_logs
 from .pipeline import EpochPipeline
 
-FIT_ARGS = {"epochs", "batch_size", "shuffle", "initial_epoch", "verbose"}
+FIT_ARGS = {
+    "epochs",
+    "batch_size",
+    "shuffle",
+    "initial_epoch",
+    "verbose",
+    "validation_split",
+    "validation_batch_size",
+}
 """What a gang's fit takes from the user's arguments; the kernel refuses the others before anything is uploaded."""
 FOLLOW_S = 0.05
 PORT_ATTEMPTS = 5
@@ -56,21 +64,36 @@ def require_jax(workers: int) -> None:
         )
 
 
-def arrays_of(x: Any, y: Any, sample_weight: Any) -> dict[str, np.ndarray]:
+def arrays_of(x: Any, y: Any, sample_weight: Any, what: str = "") -> dict[str, np.ndarray]:
     """The fit's data as plain arrays with one first dimension (what each member memory-maps its rows from)."""
-    found = {}
+    found: dict[str, np.ndarray] = {}
     for name, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         if value is None:
             continue
         if not isinstance(value, np.ndarray):
             raise GangRefused(
-                f"--workers takes NumPy arrays for x, y and sample_weight; this job's {name} is "
+                f"--workers takes NumPy arrays for x, y and sample_weight; this job's {what}{name} is "
                 f"{type(value).__name__}: pass one array each, or submit with --workers 1"
             )
         found[name] = value
     if "x" not in found:
         raise GangRefused("--workers needs the training inputs x as a NumPy array")
     return found
+
+
+def split_validation(
+    arrays: dict[str, np.ndarray], validation_data: Any, fit: dict[str, Any]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(training, validation) arrays: `validation_data` as given, or the last `validation_split` of the rows, cut
+    where Keras cuts them (before any shuffling)."""
+    split = fit.get("validation_split")
+    if validation_data is not None:
+        parts = list(validation_data) + [None] * (3 - len(validation_data))
+        return arrays, arrays_of(*parts[:3], what="validation ")
+    if split:
+        at = int(np.floor(len(arrays["x"]) * (1.0 - float(split))))
+        return {k: a[:at] for k, a in arrays.items()}, {k: a[at:] for k, a in arrays.items()}
+    return arrays, {}
 
 
 @dataclass(frozen=True)
@@ -98,6 +121,9 @@ class GangJob:
     folder: Path
     objects: dict[str, Any]
     safe_mode: bool
+    validation: dict[str, np.ndarray] | None = None
+    validation_batch_size: int | None = None
+    callbacks: tuple[dict[str, Any], ...] = ()
 
 
 def cpu_shares(workers: int, cpus: set[int] | None = None) -> list[tuple[int, ...] | None]:
@@ -121,7 +147,8 @@ class GangFit:
 
     def spec(self, port: int) -> gangfit.GangSpec:
         job, files = self.job, {}
-        for name, array in job.arrays.items():
+        named = {**job.arrays, **{f"val_{k}": a for k, a in (job.validation or {}).items()}}
+        for name, array in named.items():
             path = job.folder / f"{name}.npy"
             if not path.exists():
                 np.save(path, array, allow_pickle=False)
@@ -136,6 +163,11 @@ class GangFit:
             x=files["x"],
             y=files.get("y"),
             sample_weight=files.get("sample_weight"),
+            val_x=files.get("val_x"),
+            val_y=files.get("val_y"),
+            val_sample_weight=files.get("val_sample_weight"),
+            validation_batch_size=job.validation_batch_size,
+            callbacks=job.callbacks,
             batch_size=job.batch_size,
             epochs=job.epochs,
             initial_epoch=job.initial_epoch,
@@ -163,12 +195,13 @@ class GangFit:
         on_epoch: Callable[[Epoch], None],
         on_batch: Callable[[dict[str, Any]], None],
         cancel: threading.Event,
+        on_end: Callable[[Path], None] = lambda _: None,
     ) -> bool:
         """Follow the gang to its end; False when `cancel` ended it. A member that fails raises with its log."""
         for _ in range(PORT_ATTEMPTS):
             self.start()
             try:
-                outcome = self._follow(on_epoch, on_batch, cancel)
+                outcome = self._follow(on_epoch, on_batch, cancel, on_end)
             finally:
                 self.end()
             if outcome is not None:
@@ -176,7 +209,11 @@ class GangFit:
         raise RuntimeError(f"no free port on 127.0.0.1 for the gang's coordinator in {PORT_ATTEMPTS} attempts")
 
     def _follow(
-        self, on_epoch: Callable[[Epoch], None], on_batch: Callable[[dict[str, Any]], None], cancel: threading.Event
+        self,
+        on_epoch: Callable[[Epoch], None],
+        on_batch: Callable[[dict[str, Any]], None],
+        cancel: threading.Event,
+        on_end: Callable[[Path], None],
     ) -> bool | None:
         """True when every member ended well, False on cancel, None when member 0 found its port taken."""
         pending = b""
@@ -192,7 +229,7 @@ class GangFit:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    self._line(json.loads(line), on_epoch, on_batch)
+                    self._line(json.loads(line), on_epoch, on_batch, on_end)
                 if chunk:
                     continue
                 if codes[0] == gangfit.PORT_TAKEN_EXIT:
@@ -207,12 +244,19 @@ class GangFit:
                 time.sleep(FOLLOW_S)
 
     def _line(
-        self, line: dict[str, Any], on_epoch: Callable[[Epoch], None], on_batch: Callable[[dict[str, Any]], None]
+        self,
+        line: dict[str, Any],
+        on_epoch: Callable[[Epoch], None],
+        on_batch: Callable[[dict[str, Any]], None],
+        on_end: Callable[[Path], None],
     ) -> None:
-        if line.get("kind") == "epoch":
+        kind = line.get("kind")
+        if kind == "epoch":
             on_epoch(Epoch(int(line["epoch"]), line["logs"], float(line["seconds"]), Path(line["snapshot"])))
-        elif line.get("kind") == "batch":
+        elif kind == "batch":
             on_batch(line)
+        elif kind == "end" and line.get("snapshot"):
+            on_end(Path(line["snapshot"]))
 
     def failure(self, member: int, code: int) -> str:
         log = self.job.folder / f"member-{member}.log"
@@ -282,7 +326,7 @@ def fit_in_gang(
     current = job
     for restart in range(MAX_RESTARTS + 1):
         try:
-            return GangFit(current).run(on_epoch, on_batch, cancel)
+            return GangFit(current).run(on_epoch, on_batch, cancel, lambda final: put_values(model, final))
         except GangLost as exc:
             if restart == MAX_RESTARTS:
                 raise RuntimeError(f"{exc}\n(the gang was started again {MAX_RESTARTS} times)") from None
