@@ -15,7 +15,7 @@ one where two workers no longer gain: the point where communication dominates. `
 two GPUs (one per member, CUDA_VISIBLE_DEVICES; needs jax[cuda]): the same table. Not in CI: a benchmark measures,
 it asserts nothing; run it on a quiet machine.
 
-    python benchmarks/bench_workers.py [--epochs 4] [--rows 4096] [--batch 64] [--sweep] [--gpus 0]
+    python benchmarks/bench_workers.py [--epochs 3] [--rows 2048] [--batch 64] [--sweep] [--gpus 0]
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ def compare(folder: Path, width: int, args: argparse.Namespace, x: Path, y: Path
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--rows", type=int, default=2048)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--width", type=int, default=64, help="the first conv layers' filters (64: about 2.2 M params)")
     p.add_argument("--sweep", action="store_true", help="also smaller models, down to where two workers lose")
