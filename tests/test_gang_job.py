@@ -234,3 +234,19 @@ def test_early_stopping_stops_every_worker_and_its_best_weights_come_back(client
             workers=2,
             verbose=False,
         )
+
+
+def test_cancel_ends_every_worker_of_the_gang(client, digits) -> None:  # noqa: ANN001
+    x, y = np.tile(digits[0], (4, 1)), np.tile(digits[1], 4)
+    job = Training().submit(
+        FitRequest(make_model(), x, y, "local-cpu", BATCH, 200, description="gang canceled", workers=2)
+    )
+    wait_for(client, job.job_id, lambda evs: any(e["type"] == v.EV_EPOCH for e in evs))
+    members = [_member(i, job.job_id) for i in range(2)]
+    assert None not in members, "both members of the gang are running"
+    client.cancel(job.job_id)
+    events = wait_for(client, job.job_id, lambda evs: client.job(job.job_id).status in v.JOB_FINAL, timeout=600)
+    assert client.job(job.job_id).status == v.CANCELED
+    assert len([e for e in events if e["type"] == v.EV_EPOCH]) < 200
+    for pid in members:  # gone, not left waiting for the other until a heartbeat bound
+        assert not Path(f"/proc/{pid}").exists() or b"gangfit" not in Path(f"/proc/{pid}/cmdline").read_bytes()
