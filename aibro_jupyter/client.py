@@ -27,6 +27,9 @@ from aibro_core.models import (
     Machine,
     Machines,
     Policy,
+    Prediction,
+    PredictionRequest,
+    Predictions,
     Stats,
     Study,
     TokenInfo,
@@ -148,6 +151,11 @@ class BackendClient:
 
     def policy(self) -> Policy:
         return Policy.model_validate(self.t.json("GET", "/policy"))
+
+    def predict(self, request: PredictionRequest) -> list[Prediction]:
+        """The fit's predicted time and cost on each machine (or each one `request.machines` names)."""
+        body = request.model_dump(mode="json", exclude_none=True)
+        return Predictions.model_validate(self.t.json("POST", "/predictions", json=body)).predictions
 
     def counters(self) -> dict[str, int]:
         return Stats.model_validate(self.t.json("GET", "/stats")).counters
@@ -317,6 +325,11 @@ class BackendClient:
 
     def cancel_study(self, study_id: str) -> Study:
         return Study.model_validate(self.t.json("POST", f"/studies/{study_id}/cancel"))
+
+    def study_events(self, study_id: str, after: int = 0, wait: float = 0, recover: bool = True) -> dict[str, Any]:
+        """A page of the study's own event log (`study` events: trials started and ended, its end) after seq
+        `after`, long-polling up to `wait` s, as `events` reads a job's; the page's `status` is the study's."""
+        return self._long_poll(f"/studies/{study_id}/events", {"after": after, "wait": wait}, recover)
 
     def events(self, job_id: str, after: int = 0, wait: float = 0, recover: bool = True) -> dict[str, Any]:
         """A page of the job's event log as it came: the events stay dicts, as the one reduction of them

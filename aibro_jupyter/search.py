@@ -53,7 +53,8 @@ ORACLE_ARGS = (
     "alpha",
     "beta",
 )
-POLL_S = 1.0
+LONG_POLL_S = 25.0  # how long one request waits for the study's next event (a job's follower waits as long)
+PANEL_EVERY_S = 0.5  # a panel is drawn at most this often for its trials' epochs and batches (a study event: at once)
 EVENT_PAGES_PER_POLL = 20
 
 
@@ -338,15 +339,46 @@ def follow(
     on_poll: Callable[[Study, dict[str, list[dict[str, Any]]]], None] | None = None,
     stop: threading.Event | None = None,
 ) -> Study | None:
-    """Poll the study until it ends, saying what each trial does as it changes; with `on_poll` (a panel), hand it
-    the study and the epoch history of each trial that trained since the last poll. None when `stop` is set."""
+    """Follow the study until it ends, saying what each trial does as it changes; with `on_poll` (a panel), hand it
+    the study and the epoch history of each trial that trained since the last call. None when `stop` is set.
+
+    It follows events, as a job's follower does (issue 40): it long-polls the study's own log (a trial started, a
+    trial ended with its score, the study ended), or, for a panel, the user's event stream, which carries those
+    events with the trials' epochs; the study is read again when its log moved. A backend that does not answer is
+    waited for with the job follower's backoff (the study goes on in the backend)."""
     seen: dict[str, tuple[str, str]] = {}
-    trained = TrialHistories(client)  # no request until the first poll that has a panel to hand it to
-    down = 0  # failed polls in this outage of the backend
+    trained = TrialHistories(client) if on_poll is not None else None  # no request until the study is read
+    study: Study | None = None
+    histories: dict[str, list[dict[str, Any]]] = {}  # what the panel has not been handed yet
+    handed = 0.0  # when the panel was last handed the study (monotonic)
+    after = 0  # the study log's seq this follower has read up to
+    down = 0  # failed requests in this outage of the backend
     while True:
+        if stop is not None and stop.is_set():
+            return None
         try:
-            study = client.study(study_id)
-            histories = trained.since_last(study) if on_poll is not None else {}
+            if study is None:
+                study = client.study(study_id)
+                histories = trained.since_last(study) if trained is not None else {}
+                if trained is not None:  # read again after the stream's cursor: no study event falls between
+                    study = client.study(study_id)
+                    histories.update(trained.since_last(study))
+            elif trained is not None:  # the user's stream wakes it for an epoch of a trial and for the study's events
+                owed = PANEL_EVERY_S - (time.monotonic() - handed)
+                histories.update(trained.since_last(study, wait=max(0.0, owed) if histories else LONG_POLL_S))
+                if trained.logs_moved.pop(study_id, None) is not None:
+                    study = client.study(study_id)
+                    histories.update(trained.since_last(study))  # a trial that just started, at once
+                elif time.monotonic() - handed < PANEL_EVERY_S:
+                    continue  # epochs and batches come faster than a panel needs drawing: gather them
+            else:
+                page = client.study_events(study_id, after, wait=LONG_POLL_S)
+                histories = {}
+                if page["events"]:
+                    after = int(page["events"][-1]["seq"])
+                elif page["status"] not in v.STUDY_FINAL:
+                    continue  # nothing happened within the wait: wait again
+                study = client.study(study_id)
         except BackendUnreachable as exc:  # the study goes on in the backend: wait for it, as the job follower does
             if down == 0:
                 print(f"[{study_id}] backend unreachable, retrying… ({exc})", file=sys.stderr, flush=True)
@@ -359,6 +391,8 @@ def follow(
         if down:
             down = 0
             print(f"[{study_id}] backend is back at {client.url}; carrying on", file=sys.stderr, flush=True)
+        if stop is not None and stop.is_set():
+            return None
         for trial in study.trials:
             now = (trial.status, trial.job_id)  # a trial's next execution is a line of its own
             if verbose and seen.get(trial.trial_id) != now:
@@ -366,6 +400,7 @@ def follow(
                 print(trial_line(study, trial), flush=True)
         if on_poll is not None:
             on_poll(study, histories)
+            histories, handed = {}, time.monotonic()
         if study.status in v.STUDY_FINAL:
             if verbose:
                 why = f": {study.message}" if study.message else ""
@@ -376,10 +411,6 @@ def follow(
             if told:  # said even when quiet: a failed trial is never silent
                 print(f"[{study_id}] {told}", file=sys.stderr, flush=True)
             return study
-        if stop is None:
-            time.sleep(POLL_S)
-        elif stop.wait(POLL_S):
-            return None
 
 
 class TrialHistories:
@@ -391,11 +422,14 @@ class TrialHistories:
         self.cursor: int | None = None
         self.rows: dict[str, dict[int, dict[str, Any]]] = {}  # job id -> epoch number -> row
         self.handed: set[str] = set()  # trial ids handed over at least once
+        self.logs_moved: dict[str, int] = {}  # study id -> the seq of its newest `study` event met in the stream
 
-    def since_last(self, study: Study) -> dict[str, list[dict[str, Any]]]:
-        """Trial id -> its epoch rows, for the trials that trained since the last call (and each new trial)."""
+    def since_last(self, study: Study, wait: float = 0) -> dict[str, list[dict[str, Any]]]:
+        """Trial id -> its epoch rows, for the trials that trained since the last call (and each new trial); after
+        the first call, waiting up to `wait` s for the user's next event. A study's own events it meets are noted
+        in `logs_moved` (study id -> its last seq seen) for the follower to read the study again."""
         trials = {t.job_id: t.trial_id for t in study.trials if t.job_id}
-        moved = self._first_listing(trials) if self.cursor is None else self._new_epochs()
+        moved = self._first_listing(trials) if self.cursor is None else self._new_epochs(wait)
         moved |= {job for job, trial in trials.items() if trial not in self.handed}
         out = {trials[job]: [r for _, r in sorted(self.rows.get(job, {}).items())] for job in moved if job in trials}
         self.handed |= set(out)
@@ -409,14 +443,17 @@ class TrialHistories:
                 self.rows[view.job_id] = {r.epoch: r.model_dump() for r in view.history}  # rows as events make them
         return set(trials)
 
-    def _new_epochs(self) -> set[str]:
+    def _new_epochs(self, wait: float = 0) -> set[str]:
         epochs: dict[str, list[dict[str, Any]]] = {}
         for _ in range(EVENT_PAGES_PER_POLL):
-            page = self.client.user_events(self.cursor)
+            page = self.client.user_events(self.cursor, wait)
+            wait = 0  # the first page waits for news; the rest is what came with it
             self.cursor = int(page["cursor"])
             for ev in page["events"]:
                 if ev["type"] == v.EV_EPOCH:
                     epochs.setdefault(ev["job_id"], []).append(ev)
+                elif ev["type"] == v.EV_STUDY:
+                    self.logs_moved[ev["job_id"]] = int(ev["seq"])
             if not page["events"]:
                 break
         for job, evs in epochs.items():  # an epoch a resumed attempt ran again replaces the lost one's

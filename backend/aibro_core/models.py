@@ -991,6 +991,9 @@ class LogData(Request):
         None, description="that file's path under the kernel-side folder of its callback argument"
     )
     trial: TrialReport | None = Field(None, description="a study trial's report at the end of its fit")
+    timings: Annotated[dict[ShortText, Annotated[float, Field(ge=0, le=1e7)]], Field(max_length=16)] | None = Field(
+        None, description="seconds of the job's start on the worker, by part (data, build, load)"
+    )
 
 
 class TrialReport(Request):
@@ -1425,14 +1428,35 @@ class Jobs(Response):
 
 
 class Event(Response):
-    """One event of a job's log; `seq` is gap-free per job, `gid` orders all of a user's events."""
+    """One event of a job's log (or of a study's: its `study` events); `seq` is gap-free per log, `gid` orders all
+    of a user's events."""
 
     gid: int
-    job_id: str
+    job_id: str = Field(description="whose log it is: the job's id, or the study's for a `study` event")
     seq: int
-    type: Literal["status", "epoch", "batch", "log", "error", "artifact"]
+    type: Literal["status", "epoch", "batch", "log", "error", "artifact", "study"]
     ts: float
     data: dict[str, Any]
+
+
+class StudyEventData(Response):
+    """A `study` event's data (vocabulary.StudyEvent): what the study's driver did."""
+
+    event: Literal[v.STUDY_EVENTS]  # type: ignore[valid-type]
+    trial_id: str | None = Field(None, description="the trial started or ended")
+    job_id: str | None = Field(None, description="the job a trial's execution runs as (trial started)")
+    execution: int | None = Field(None, description="which of the trial's executions (from 0) the job is")
+    status: str | None = Field(None, description="how the trial (TrialStatus) or the study (StudyStatus) ended")
+    score: float | None = Field(None, description="the ended trial's score, by the objective")
+    message: str | None = None
+    best_trial_id: str | None = Field(None, description="the best trial so far (trial ended, study ended)")
+    slot: str | None = Field(None, description="the study's slot the trial runs in (KerasTuner's tuner_id)")
+    oracle_s: float | None = Field(None, description="seconds the oracle took to hand the trial out, or to end it")
+
+
+class StudyEvents(Response):
+    events: list[Event]
+    status: Literal[v.STUDY_STATUSES]  # type: ignore[valid-type]
 
 
 class JobEvents(Response):

@@ -113,6 +113,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("post", "/studies", "start a hyperparameter study: each trial the oracle hands out runs as a job"),
     Endpoint("get", "/studies/{study_id}", "one study: its state, trials (each a job) and best trial", browser=True),
     Endpoint("post", "/studies/{study_id}/cancel", "cancel a study and its running trials' jobs", browser=True),
+    Endpoint(
+        "get",
+        "/studies/{study_id}/events",
+        "the study's own event log (trials started and ended, its end) after ?after=SEQ, long-polling up to ?wait=S",
+        browser=True,
+    ),
     Endpoint("get", "/instances", "the user's instances with their state history", browser=True),
     Endpoint("post", "/instances/{instance_id}/terminate", "terminate a cooling or stopped instance now", browser=True),
     Endpoint("get", "/openapi.json", "this document"),

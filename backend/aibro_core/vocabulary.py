@@ -63,6 +63,19 @@ TRIAL_RUNNING, TRIAL_COMPLETED, TRIAL_FAILED, TRIAL_CANCELED = TrialStatus
 TRIAL_STATUSES = tuple(TrialStatus)
 
 
+class StudyEvent(StrEnum):
+    """What a `study` event says (its `data.event`), appended to the study's own event log as the driver does it:
+    a trial's job started (`trial_id`, `job_id`, `execution`, `slot`), a trial ended (`trial_id`, its `status` and
+    `score`), the study ended (its `status` and `message`). Clients follow these as they follow a job's events."""
+
+    TRIAL_STARTED = "trial started"
+    TRIAL_ENDED = "trial ended"
+    STUDY_ENDED = "study ended"
+
+
+STUDY_EVENTS = tuple(StudyEvent)
+
+
 class TunerTrialStatus(StrEnum):
     """KerasTuner's own trial statuses (`keras_tuner.engine.trial.TrialStatus`): what the oracle host reports to
     its oracle and reads back, apart from the study's `TrialStatus` that clients see."""
@@ -135,6 +148,18 @@ class InstanceEnding(StrEnum):
 
 STOPPING, STOPPED, TERMINATING, TERMINATED = InstanceEnding
 
+
+class PredictionSource(StrEnum):
+    """Where a prediction of a fit's time comes from (issue 38), best first: earlier jobs of the same model on that
+    machine type; its FLOPs against the machine's nominal throughput, a rough guess. A calibration (a few steps on
+    a warm worker of the type) is to come between them."""
+
+    HISTORY = "history"
+    FLOPS = "flops"
+
+
+PREDICTION_SOURCES = tuple(PredictionSource)
+
 # Event types.
 EV_STATUS = "status"
 EV_EPOCH = "epoch"
@@ -142,7 +167,8 @@ EV_BATCH = "batch"
 EV_LOG = "log"
 EV_ERROR = "error"
 EV_ARTIFACT = "artifact"
-EVENT_TYPES = (EV_STATUS, EV_EPOCH, EV_BATCH, EV_LOG, EV_ERROR, EV_ARTIFACT)
+EV_STUDY = "study"  # a study's own log (issue 40): what its driver did, `data.event` one of StudyEvent
+EVENT_TYPES = (EV_STATUS, EV_EPOCH, EV_BATCH, EV_LOG, EV_ERROR, EV_ARTIFACT, EV_STUDY)
 WORKER_EVENT_TYPES = (EV_STATUS, EV_EPOCH, EV_BATCH, EV_LOG, EV_ERROR)
 
 # How a worker's attempt at a job ended (POST /worker/jobs/{id}/finish). A spot interruption is no failure: the

@@ -2,14 +2,14 @@
  * Every job of the user, kept live from the backend's event log through the server extension.
  *
  * The model lists jobs once (which also gives the event cursor), then long-polls `events?after=cursor` and
- * applies each event; any failure switches to "reconnecting" and, once an answer comes back, lists again, so
- * a page reload, a Jupyter restart or a backend restart all end in the same complete picture.
+ * applies each event (a study's own `study` events read its studies again); any failure switches to
+ * "reconnecting" and, once an answer comes back, lists again, so a page reload, a Jupyter restart or a backend
+ * restart all end in the same complete picture.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { api, IEvent, IInstance, IJob, IMachine, IStudy } from './api';
 import { FINAL } from './format';
-import { StudyStatus } from './statuses';
 import { applyEvent } from './jobpicture';
 
 export type Connection = 'connecting' | 'live' | 'reconnecting';
@@ -61,9 +61,6 @@ export class JobsModel {
     this.instanceTimer = window.setInterval(() => {
       if (this.connection === 'live') {
         void this.refreshInstances();
-        if (Array.from(this.studies.values()).some(s => s.status === StudyStatus.RUNNING)) {
-          void this.refreshStudies(); // a study ends a step after its last trial: no job event says so
-        }
         if (Date.now() - this.machinesFetched > MACHINE_REFRESH_MS) {
           void this.refreshMachines();
         }
@@ -212,6 +209,13 @@ export class JobsModel {
     let instancesChanged = false;
     let studiesChanged = false;
     for (const ev of events) {
+      if (ev.type === 'study') {
+        // A study's own log (a trial started or ended, the study ended): its group is read again, as a job's
+        // card changes with its job's events; no clock polls the studies.
+        this.serverNow = Math.max(this.serverNow, ev.ts);
+        studiesChanged = true;
+        continue;
+      }
       const job = this.jobs.get(ev.job_id);
       if (!job) {
         this.markStale(); // a job started elsewhere (CLI, another kernel): the loop lists again
@@ -221,7 +225,6 @@ export class JobsModel {
       const wasFinal = FINAL.has(job.status);
       if (applyEvent(job, ev) === 'status') {
         instancesChanged = true;
-        studiesChanged = studiesChanged || !!job.study_id;
         if (!wasFinal && FINAL.has(job.status)) {
           this.finishedSignal.emit(job);
         }
@@ -231,7 +234,7 @@ export class JobsModel {
       void this.refreshInstances(false);
     }
     if (studiesChanged) {
-      void this.refreshStudies(); // a trial ended: the study's best so far may have changed
+      void this.refreshStudies(); // a trial started or ended (its score, the best so far), or the study ended
     }
     this.changedSignal.emit();
   }

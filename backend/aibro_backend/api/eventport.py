@@ -1,4 +1,4 @@
-"""The event port: a lean HTTP/1.1 listener that answers the two event long-polls and nothing else.
+"""The event port: a lean HTTP/1.1 listener that answers the event long-polls and nothing else.
 
 Under a team's load most requests a backend answers are long-polls (each worker batch wakes every kernel,
 sidebar and script watching its job or user), and tornado spends ~200 µs of CPU in its HTTP layer on each before
@@ -8,7 +8,7 @@ its connections count under the backend's one connection cap (listener.GuardedHT
 close after the same timeout, as do ones whose client stops taking its answers (no answer is queued behind one
 that cannot be written, and one left unwritten for the idle timeout drops the connection). `/health` announces
 its port; clients send long-polls there when they reach it and to the main port otherwise. Anything but `GET` of
-those two paths is answered with where to go instead."""
+those paths is answered with where to go instead."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ MAX_HEAD = 64 * 1024  # request line and headers together (tornado's own default
 MAX_QUEUED = 16  # pipelined requests read ahead of the one being answered; reading pauses beyond it
 MAX_PIPELINED = 64  # ... and dropped beyond this (one read can hold hundreds); no long-poll client pipelines
 JOB_EVENTS = re.compile(routes.pattern("/jobs/{job_id}/events"))
+STUDY_EVENTS = re.compile(routes.pattern("/studies/{study_id}/events"))
 USER_EVENTS = re.compile(routes.pattern("/events"))
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
 REASONS.update({431: "Request Header Fields Too Large", 500: "Internal Server Error"})
@@ -113,11 +114,12 @@ class EventPort:
         where = path.decode("latin-1")
         try:
             job = JOB_EVENTS.fullmatch(where)
-            if job is None and USER_EVENTS.fullmatch(where) is None:
+            study = STUDY_EVENTS.fullmatch(where)
+            if job is None and study is None and USER_EVENTS.fullmatch(where) is None:
                 raise ApiError(
                     404,
-                    f"this port answers event long-polls only (GET /api/v1/jobs/ID/events, GET /api/v1/events): "
-                    f"send {req.method} {where[:200]} to {self.backend.url}",
+                    "this port answers event long-polls only (GET /api/v1/jobs/ID/events, /api/v1/studies/ID/events, "
+                    f"/api/v1/events): send {req.method} {where[:200]} to {self.backend.url}",
                 )
             if req.method != "GET":
                 return 405, _error(405, f"an event long-poll is a GET, not {req.method}"), "Allow: GET\r\n"
@@ -129,6 +131,8 @@ class EventPort:
             uid = int(found["user_id"])
             if job is not None:
                 return 200, await longpoll.job_events(self.backend, uid, job.group(1), after, wait), ""
+            if study is not None:
+                return 200, await longpoll.study_events(self.backend, uid, study.group(1), after, wait), ""
             return 200, await longpoll.user_events(self.backend, uid, after, wait), ""
         except ApiError as exc:
             return exc.status_code, _error(exc.status_code, exc.message, **exc.extra), ""

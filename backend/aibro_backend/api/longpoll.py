@@ -1,4 +1,4 @@
-"""The two event long-polls (a job's events, a user's events), apart from any HTTP server.
+"""The event long-polls (a job's events, a study's events, a user's events), apart from any HTTP server.
 
 Both the tornado routes (api/user.py) and the lean event port (eventport.py) answer them through these functions,
 so the checks, the waiting and the page are one code: a page is `{"events": [...], ...}` built from events encoded
@@ -60,6 +60,24 @@ async def job_events(backend: Backend, uid: int, job_id: str, after: int, wait: 
         parts = store.events.parts(job_id, after)
     status, substatus = _job_state(job_id, state, store)
     return page(parts, status=status, substatus=substatus)
+
+
+async def study_events(backend: Backend, uid: int, study_id: str, after: int, wait: float) -> bytes:
+    """The study's own events (`study`: trials started and ended, the study's end) after seq `after`, waiting up
+    to `wait` s for one, as a job's; 404 unless the study is this user's. The page carries the study's status: a
+    study's `study ended` event is appended before its final status, so a final page with no events is the end."""
+    store, bus = backend.store, backend.bus
+    study = store.studies.get(study_id, uid)
+    if study is None:
+        raise ApiError(404, f"no study '{study_id[:80]}' for this user: GET /studies lists yours")
+    status = study.status
+    deadline = time.monotonic() + wait
+    parts = store.events.parts(study_id, after)
+    while not parts and status not in v.STUDY_FINAL and time.monotonic() < deadline and not bus.closed:
+        await bus.wait(deadline - time.monotonic(), job_key(study_id))
+        status = getattr(store.studies.get(study_id), "status", status)
+        parts = store.events.parts(study_id, after)
+    return page(parts, status=status)
 
 
 async def user_events(backend: Backend, uid: int, after: int, wait: float) -> bytes:

@@ -115,6 +115,7 @@ ANSWERS: dict[str, Answer] = {
     "post /studies": Answer(m.Study, (400, 413, 429), m.StudySpec, None, 201),
     "get /studies/{study_id}": Answer(m.Study, (404,)),
     "post /studies/{study_id}/cancel": Answer(m.Study, (404,)),
+    "get /studies/{study_id}/events": Answer(m.StudyEvents, (400, 404), None, m.EventsQuery),
     "get /instances": Answer(m.Instances),
     "post /instances/{instance_id}/terminate": Answer(m.InstanceAnswer, (404, 409)),
     "get /openapi.json": Answer(m.OpenApiDocument),

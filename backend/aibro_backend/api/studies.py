@@ -1,4 +1,5 @@
-"""The user's hyperparameter studies (issue 27): submit one, list them, see one with its trials, cancel one."""
+"""The user's hyperparameter studies (issue 27): submit one, list them, see one with its trials, cancel one, follow
+one's events (issue 40)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from aibro_core.models import StudySpec
 
 from ..storage.records import StudyRecord
 from ..tuning import studies
+from . import longpoll
 from .base import ApiError, UserHandler
-from .user import check_job
+from .user import check_job, query_after_wait
 
 
 class StudiesHandler(UserHandler):
@@ -32,6 +34,12 @@ class StudyCancelHandler(UserHandler):
     def post(self, study_id: str) -> None:
         studies.cancel_study(self.backend, own_study(self, study_id))
         self.send(studies.study_view(self.backend, own_study(self, study_id)).model_dump(mode="json"))
+
+
+class StudyEventsHandler(UserHandler):
+    async def get(self, study_id: str) -> None:
+        after, wait = query_after_wait(self)
+        self.finish(await longpoll.study_events(self.backend, self.uid, study_id, after, wait))
 
 
 def own_study(handler: UserHandler, study_id: str) -> StudyRecord:

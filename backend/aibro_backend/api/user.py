@@ -243,17 +243,17 @@ class ReplayHandler(UserHandler):
 
 class JobEventsHandler(UserHandler):
     async def get(self, job_id: str) -> None:
-        after, wait = _after_wait(self)
+        after, wait = query_after_wait(self)
         self.finish(await longpoll.job_events(self.backend, self.uid, job_id, after, wait))
 
 
 class UserEventsHandler(UserHandler):
     async def get(self) -> None:
-        after, wait = _after_wait(self)
+        after, wait = query_after_wait(self)
         self.finish(await longpoll.user_events(self.backend, self.uid, after, wait))
 
 
-def _after_wait(handler: UserHandler) -> tuple[int, float]:
+def query_after_wait(handler: UserHandler) -> tuple[int, float]:
     args = handler.request.arguments
     return longpoll.after_wait({name: handler.get_query_argument(name) for name in ("after", "wait") if name in args})
 

@@ -15,6 +15,7 @@ from aibro_core.models import INT64_MAX, WorkerEnroll, WorkerEvents, WorkerFinis
 
 from ..storage.events import NewEvent, NoSuchJob
 from ..storage.records import SPEC_DUMP, InstanceRecord, JobRecord
+from ..tuning.handover import handover_hold_s
 from ..worker import version
 from .base import ApiError, BaseHandler
 from .workerbatch import read_fast
@@ -167,7 +168,8 @@ class WorkerFinishHandler(WorkerHandler):
                 scheduler.set_status(job_id, v.CANCELED, v.SUB_CANCELED, "canceled")
             else:
                 scheduler.fail(job_id, (body.error or "the worker failed without saying why")[:4000])
-        scheduler.release_instance(store.instances.get(self.instance.id))
+        # a running study's next trial is admitted as this job's end is published: it finds this worker warm
+        scheduler.release_instance(store.instances.get(self.instance.id), hold_s=handover_hold_s(store, job))
         self.send({"ok": True})
 
 

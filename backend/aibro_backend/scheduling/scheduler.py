@@ -85,12 +85,12 @@ class Scheduler:
         self.emit(job_id, v.EV_ERROR, {"message": message})
         self.set_status(job_id, v.CANCELED, v.SUB_CANCELED, message)
 
-    def release_instance(self, inst: InstanceRecord, cool: bool = True) -> None:
-        """After a job: keep the instance warm for its cool-down, or close it."""
-        if cool and inst.cool_down_s > 0 and inst.status in (v.EXECUTING, v.LAUNCHING):
-            self.store.instances.set_state(
-                inst.id, v.COOLING, "", job_id=None, cooling_until=time.time() + inst.cool_down_s
-            )
+    def release_instance(self, inst: InstanceRecord, cool: bool = True, hold_s: float = 0.0) -> None:
+        """After a job: keep the instance warm for its cool-down (at least `hold_s`: a study's next trial comes), or
+        close it."""
+        warm_s = max(inst.cool_down_s, hold_s)
+        if cool and warm_s > 0 and inst.status in (v.EXECUTING, v.LAUNCHING):
+            self.store.instances.set_state(inst.id, v.COOLING, "", job_id=None, cooling_until=time.time() + warm_s)
         else:
             self.close_instance(inst)
 

@@ -42,6 +42,7 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "/studies": studies.StudiesHandler,
     "/studies/{study_id}": studies.StudyHandler,
     "/studies/{study_id}/cancel": studies.StudyCancelHandler,
+    "/studies/{study_id}/events": studies.StudyEventsHandler,
     "/instances": user.InstancesHandler,
     "/instances/{instance_id}/terminate": user.TerminateHandler,
     "/openapi.json": OpenApiHandler,

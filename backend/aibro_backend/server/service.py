@@ -12,7 +12,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from tornado.ioloop import IOLoop, PeriodicCallback
+from tornado.ioloop import PeriodicCallback
 
 from aibro_core.files import write_private
 from aibro_core.vocabulary import CLOSING, INSTANCE_LIVE
@@ -25,7 +25,7 @@ from .limits import Limits
 from .listener import GuardedHTTPServer, connection_cap, raise_fd_limit
 from .loaders import ExtraProviders
 from .state import Backend
-from .upkeep import STUDY_STEP_MS, start_upkeep, sweep, tune_gc
+from .upkeep import start_upkeep, sweep, tune_gc
 
 log = logging.getLogger("aibro.backend")
 
@@ -86,9 +86,8 @@ async def serve(
     sweep(backend)
     sweeper = PeriodicCallback(lambda: sweep(backend), 1000 * min(600.0, max(1.0, limits.partial_ttl_s / 4)))
     sweeper.start()
-    driver = StudyDriver(backend)
-    stepper = PeriodicCallback(lambda: IOLoop.current().spawn_callback(driver.step), STUDY_STEP_MS)
-    stepper.start()
+    driver = backend.study_driver = StudyDriver(backend)
+    driver.start()  # it follows the events (a job's end, a study's start or end), never a clock
     tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,7 +98,6 @@ async def serve(
     await asyncio.sleep(0.2)
     ticker.stop()
     sweeper.stop()
-    stepper.stop()
     await driver.close()
     reconciler.stop()
     write_watch.stop()

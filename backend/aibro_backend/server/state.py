@@ -16,6 +16,7 @@ from .limits import Limits
 
 if TYPE_CHECKING:
     from ..providers.local import LocalProvider
+    from ..tuning.studies import StudyDriver
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Backend:
     sandbox: str = "none"  # how user code is confined, as GET /health says (composition.check_confinement)
     sandbox_warning: str | None = None  # said on every start and in GET /health when a shared backend runs unconfined
     group_commit: GroupCommit = field(init=False)  # worker batches of one loop turn share a transaction
+    study_driver: StudyDriver | None = None  # steps the studies as events come (tuning/studies.py); set by serve
 
     def __post_init__(self) -> None:
         self.group_commit = GroupCommit(self.store)

@@ -19,7 +19,6 @@ from ..storage.s3blobs import S3Backing
 from .state import Backend
 
 log = logging.getLogger("aibro.backend")
-STUDY_STEP_MS = 250  # how often running studies report ended trials and fill their slots
 
 
 def sweep(backend: Backend) -> None:

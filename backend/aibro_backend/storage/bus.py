@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 Key = tuple[str, Any]
 
 
 def job_key(job_id: str) -> Key:
+    """The waiters of one log: a job's, or a study's (its id is its log's name, storage/events.py)."""
     return ("job", job_id)
 
 
@@ -25,6 +27,8 @@ class EventBus:
     def __init__(self) -> None:
         self._waiters: defaultdict[Key, set[asyncio.Future]] = defaultdict(set)
         self.closed = False
+        # called with each published event, on the loop: the backend's own followers (the study driver)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def close(self) -> None:
         """The backend is stopping: every long-poll answers now (a task still waiting when the loop ends is
@@ -33,7 +37,8 @@ class EventBus:
         self.publish()
 
     def publish(self, event: dict[str, Any] | None = None) -> None:
-        """Wake the waiters of this event's job and user; with no event, every waiter."""
+        """Wake the waiters of this event's job (or study) and user, then tell the listeners; with no event, wake
+        every waiter."""
         if event is None:
             keys = list(self._waiters)
         else:
@@ -41,6 +46,9 @@ class EventBus:
         for key in keys:
             for fut in self._waiters.pop(key, ()):
                 _release(fut)
+        if event is not None:
+            for listener in self.listeners:
+                listener(event)
 
     async def wait(self, timeout: float, key: Key) -> None:
         """Return when an event under `key` is published, or after `timeout` seconds. A timer resolves the same

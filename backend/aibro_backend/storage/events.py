@@ -1,5 +1,8 @@
 """The event log: every job's events with gap-free seqs, appended in batches under one commit, read back encoded
-as the API answers them (from the recent windows when they reach back far enough, recent.py)."""
+as the API answers them (from the recent windows when they reach back far enough, recent.py).
+
+A study keeps its own log here too (issue 40): its `study` events under the study's id where a job's events have
+the job's (the `job_id` column names the log), with the same seqs, windows, long-polls and user stream."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ class NewEvent(NamedTuple):
 
 
 class NoSuchJob(KeyError):
-    """Events for a job that is not (or no longer) in the store."""
+    """Events for a job (or a study) that is not (or no longer) in the store."""
 
 
 class EventBatch(NamedTuple):
@@ -110,14 +113,19 @@ class Events:
         job_id, events, attempt = batch.job_id, batch.events, batch.attempt
         job = self.db.execute("SELECT user_id, status, substatus FROM jobs WHERE id=?", (job_id,)).fetchone()
         if job is None:
-            raise NoSuchJob(job_id)
-        uid = job["user_id"]
-        if batch.from_worker and job["status"] not in v.JOB_ACTIVE:
-            events = [ev for ev in events if ev.type != v.EV_STATUS]  # a worker's own events never move an ended job
+            uid = self._study_owner(job_id, events)
+            picture = None
+        else:
+            uid = job["user_id"]
+            if any(ev.type == v.EV_STUDY for ev in events):
+                raise ValueError(f"a {v.EV_STUDY} event goes to its study's log, not to job {job_id}'s")
+            if batch.from_worker and job["status"] not in v.JOB_ACTIVE:
+                events = [ev for ev in events if ev.type != v.EV_STATUS]  # a worker's events never move an ended job
+            picture = JobPicture(job["status"], job["substatus"])  # the job's row, as the reducer has it
         seq = seq_before = self.db.execute(
             "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id=?", (job_id,)
         ).fetchone()[0]
-        picture, moved = JobPicture(job["status"], job["substatus"]), None  # the job's row, as the reducer has it
+        moved = None
         seen = self._stored_wseqs(job_id, attempt, [ev.wseq for ev in events if ev.wseq is not None])
         kept: list[tuple[NewEvent, int, float, str]] = []  # (event, seq, ts, its data as JSON)
         for ev in events:
@@ -128,13 +136,17 @@ class Events:
             seq += 1
             ts = time.time() if ev.ts is None else ev.ts
             kept.append((ev, seq, ts, dumps(ev.data)))  # standard JSON in the log: what the API answers
-            if ev.type in (v.EV_STATUS, v.EV_EPOCH) and picture.apply({"type": ev.type, "data": ev.data, "ts": ts}):
+            if (
+                picture is not None
+                and ev.type in (v.EV_STATUS, v.EV_EPOCH)
+                and picture.apply({"type": ev.type, "data": ev.data, "ts": ts})
+            ):
                 moved = ts
         self.db.executemany(
             "INSERT INTO events (job_id, user_id, seq, type, ts, data, attempt, wseq) VALUES (?,?,?,?,?,?,?,?)",
             [(job_id, uid, s, ev.type, ts, data_json, attempt, ev.wseq) for ev, s, ts, data_json in kept],
         )
-        if moved is not None:  # the job's row as the batch leaves it, in the same transaction
+        if picture is not None and moved is not None:  # the job's row as the batch leaves it, same transaction
             self.db.execute(
                 "UPDATE jobs SET status=?, substatus=?, epochs_done=MAX(epochs_done, ?), updated=? WHERE id=?",
                 (picture.status, picture.substatus, picture.epochs_done, moved, job_id),
@@ -152,6 +164,15 @@ class Events:
             for (gid, s, _), (ev, _, ts, _) in zip(parts, kept)
         ]
         return (job_id, uid, seq_before, parts), stored
+
+    def _study_owner(self, study_id: str, events: list[NewEvent]) -> int:
+        """The user whose study's log `study_id` is; a study's log holds its `study` events only."""
+        study = self.db.execute("SELECT user_id FROM studies WHERE id=?", (study_id,)).fetchone()
+        if study is None:
+            raise NoSuchJob(study_id)
+        if any(ev.type != v.EV_STUDY for ev in events):
+            raise ValueError(f"study {study_id}'s log takes {v.EV_STUDY} events only")
+        return int(study["user_id"])
 
     def _rewind_wal(self) -> None:
         """A RESTART checkpoint between two batches, from the writer itself (see walcheckpoint.Checkpointer): the

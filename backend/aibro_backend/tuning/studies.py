@@ -7,6 +7,12 @@ once is KerasTuner's `tuner_id`; a trial that fails is recorded with its error a
 own search does (an error is an INVALID trial, retried `max_retries_per_trial` times; a FailedTrialError fails it at
 once; `max_consecutive_failed_trials` failures in a row stop the study); cancelling a study cancels its running jobs.
 
+The driver follows events, not a clock (issue 40): it steps when a job of a user with a running study ends (that
+job's final status event, as the event bus publishes it), when a study starts or ends, and once at start-up; what
+it does goes into the study's own event log (`study` events: a trial started, a trial ended with its score, the
+study ended), which the kernel's follower and the sidebar long-poll as they do a job's. A trial's machine is kept
+warm for its study's next trial (handover.py), which the driver admits as the previous one's job ends.
+
 With `executions_per_trial` N (issue 35), a trial is N fits of freshly built models, as KerasTuner's run_trial
 makes them: one job each, one after another in the trial's slot (so `parallel` still bounds the jobs at once, and
 each job keeps one fit's event log and History); the trial's metrics are each execution's metrics at its best
@@ -28,22 +34,41 @@ from typing import Any
 
 from aibro_core import vocabulary as v
 from aibro_core.jobpicture import JobPicture
-from aibro_core.models import JobSpec, Objective, Study, StudyTrial, TrialCheckpoint, TrialExecution
+from aibro_core.models import (
+    JobSpec,
+    Objective,
+    Study,
+    StudyEventData,
+    StudyTrial,
+    TrialCheckpoint,
+    TrialExecution,
+)
 
 from ..api.base import ApiError
 from ..api.user import admit_job
 from ..scheduling.costs import job_costs
 from ..server.state import Backend
 from ..storage.records import ExecutionRecord, JobRecord, StudyRecord, TrialRecord
+from .handover import release_held
 from .oracle_client import OracleHost, OracleUnavailable
 from .oracle_host import OracleRequest
 
 log = logging.getLogger(__name__)
 MAX_STEP_FAILURES = 5  # a study whose step fails this many times in a row (not a refusal: a defect) ends FAILED
+RETRY_STEP_S = 0.5  # a failed step is tried again after this, doubled each failure in a row
 
 
 def study_dir(backend: Backend, study_id: str) -> Path:
     return backend.home / "state" / "studies" / study_id
+
+
+def study_event(backend: Any, study_id: str, **fields: Any) -> None:
+    """Append a `study` event (StudyEventData's fields) to the study's own log and wake whoever follows it, as a
+    job's events are appended and published."""
+    data = StudyEventData(**fields).model_dump(mode="json", exclude_none=True)
+    event = backend.store.events.append(study_id, v.EV_STUDY, data)
+    if event is not None:
+        backend.bus.publish(event)
 
 
 def create_study(backend: Backend, uid: int, raw: dict[str, Any], spec: Any) -> str:
@@ -57,24 +82,61 @@ def create_study(backend: Backend, uid: int, raw: dict[str, Any], spec: Any) -> 
         "executions_per_trial": spec.executions_per_trial,
     }
     backend.store.studies.create(study_id, uid, stored, spec.description)
+    if backend.study_driver is not None:
+        backend.study_driver.wake()
     return study_id
 
 
 def cancel_study(backend: Backend, study: StudyRecord) -> None:
     """The study stops handing out trials; its running trials' jobs are cancelled and the trials marked so."""
-    store = backend.store
     if study.status != v.STUDY_RUNNING:
         return
-    store.studies.update(study.id, status=v.STUDY_CANCELED, message="cancelled")
-    for trial in store.studies.trials(study.id):
-        if trial.status != v.TRIAL_RUNNING:
-            continue
-        job = store.jobs.get(trial.job_id)
-        if job is not None and job.status in v.JOB_ACTIVE and not job.cancel_requested:
-            store.jobs.update(job.id, cancel_requested=1)
-            backend.scheduler.emit(job.id, v.EV_LOG, {"message": f"cancel requested (study {study.id} cancelled)"})
-        store.studies.update_trial(study.id, trial.trial_id, status=v.TRIAL_CANCELED, message="study cancelled")
-    backend.scheduler.tick()
+    end_study(backend, study, v.STUDY_CANCELED, "cancelled")
+
+
+def end_study(backend: Any, study: StudyRecord, status: v.StudyStatus, message: str | None) -> None:
+    """The study ends `status`: a cancelled or failed one stops handing out trials, its running trials' jobs are
+    cancelled and the trials marked so; the study's log says each trial's end, then the study's."""
+    store = backend.store
+    store.studies.update(study.id, status=status, message=message)  # first: nothing starts after this
+    if status != v.STUDY_COMPLETED:
+        for trial in store.studies.trials(study.id):
+            if trial.status != v.TRIAL_RUNNING:
+                continue
+            job = store.jobs.get(trial.job_id)
+            if job is not None and job.status in v.JOB_ACTIVE and not job.cancel_requested:
+                store.jobs.update(job.id, cancel_requested=1)
+                backend.scheduler.emit(job.id, v.EV_LOG, {"message": f"cancel requested (study {study.id} {status})"})
+            why = "study cancelled" if status == v.STUDY_CANCELED else "study failed"
+            store.studies.update_trial(study.id, trial.trial_id, status=v.TRIAL_CANCELED, message=why)
+            study_event(
+                backend,
+                study.id,
+                event=v.StudyEvent.TRIAL_ENDED,
+                trial_id=trial.trial_id,
+                job_id=trial.job_id,
+                status=v.TRIAL_CANCELED,
+                message=why,
+            )
+    study_event(
+        backend,
+        study.id,
+        event=v.StudyEvent.STUDY_ENDED,
+        status=status,
+        message=message,
+        best_trial_id=best_trial_id(store.studies.trials(study.id), study.spec.oracle.objective),
+    )
+    release_held(backend, study.user_id)
+    if status != v.STUDY_COMPLETED:
+        backend.scheduler.tick()
+    log.info("study %s %s%s", study.id, status, f": {message}" if message else "")
+
+
+def best_trial_id(trials: list[TrialRecord], objective: list[Objective]) -> str | None:
+    """The completed trial with the best score by the objective (the first on a tie), or None."""
+    sign = 1.0 if score_direction(objective) == "min" else -1.0
+    scored = [t for t in trials if t.status == v.TRIAL_COMPLETED and t.score is not None]
+    return min(scored, key=lambda t: sign * float(t.score or 0.0)).trial_id if scored else None
 
 
 def _checkpoint_view(found: tuple[str, int | None] | None) -> TrialCheckpoint | None:
@@ -89,9 +151,7 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
     trials = backend.store.studies.trials(study.id)
     executions = backend.store.studies.executions(study.id)
     oracle = study.spec.oracle
-    sign = 1.0 if score_direction(oracle.objective) == "min" else -1.0
-    scored = [t for t in trials if t.status == v.TRIAL_COMPLETED and t.score is not None]
-    best = min(scored, key=lambda t: sign * float(t.score or 0.0)).trial_id if scored else None
+    best = best_trial_id(trials, oracle.objective)
     costs = job_costs(backend.store.instances.list(study.user_id), time.time())
     return Study(
         study_id=study.id,
@@ -137,7 +197,9 @@ def study_view(backend: Backend, study: StudyRecord) -> Study:
 
 
 class StudyDriver:
-    """Steps every running study: reports ended trials, fills free slots, ends the study when the oracle stops."""
+    """Steps every running study: reports ended trials, fills free slots, ends the study when the oracle stops.
+    It steps when woken (`wake`): by `on_event` for a job's end or a study's, by a study's start, and once when it
+    starts; never on a timer, except to try a failed step again."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -145,6 +207,38 @@ class StudyDriver:
         self.failures: dict[str, int] = {}
         self.stepping: asyncio.Future[None] | None = None
         self.closed = False
+        self.users: set[int] = set()  # the users with a running study: their jobs' ends wake the driver
+        self._woken: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Follow the event bus and step at once (studies the backend was driving before it stopped go on)."""
+        self._woken = asyncio.Event()
+        self.backend.bus.listeners.append(self.on_event)
+        self._loop_task = asyncio.get_running_loop().create_task(self._follow())
+        self.wake()
+
+    def wake(self) -> None:
+        """Step as soon as the pass under way (if any) is done."""
+        if self._woken is not None:
+            self._woken.set()
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """A stored event, as the bus publishes it: a job of a user with a running study ended (a trial to report,
+        or a slot a job limit held), or a study ended (its oracle to close)."""
+        kind, data = event.get("type"), event.get("data") or {}
+        if kind == v.EV_STATUS and data.get("status") in v.JOB_FINAL and event.get("user_id") in self.users:
+            self.wake()
+        elif kind == v.EV_STUDY and data.get("event") == v.StudyEvent.STUDY_ENDED:
+            self.wake()
+
+    async def _follow(self) -> None:
+        assert self._woken is not None
+        while not self.closed:
+            await self._woken.wait()
+            self._woken.clear()
+            await self.step()
 
     async def step(self) -> None:
         """One pass over the running studies (never two at once: a slow oracle makes the next pass wait; none once
@@ -153,7 +247,9 @@ class StudyDriver:
             return
         self.stepping = asyncio.get_running_loop().create_future()
         try:
-            for study in self.backend.store.studies.list(statuses=(v.STUDY_RUNNING,)):
+            running = self.backend.store.studies.list(statuses=(v.STUDY_RUNNING,))
+            self.users = {study.user_id for study in running}
+            for study in running:
                 try:
                     await self._drive(study)
                 except OracleUnavailable as exc:
@@ -163,6 +259,8 @@ class StudyDriver:
                     log.exception("study %s: step failed (%d in a row)", study.id, self.failures[study.id])
                     if self.failures[study.id] >= MAX_STEP_FAILURES:
                         self._end_study(study, v.STUDY_FAILED, f"the backend could not drive it: {exc}")
+                    else:
+                        self._retry_later(self.failures[study.id])
                 else:
                     self.failures.pop(study.id, None)
             for study_id in [s for s in self.hosts if self._final(s)]:
@@ -170,6 +268,17 @@ class StudyDriver:
         finally:
             self.stepping.set_result(None)
             self.stepping = None
+
+    def _retry_later(self, failures: int) -> None:
+        """A step that failed (a defect, not a refusal) is tried again after a backoff, not at the next event."""
+        if self._retry is None and self._woken is not None:
+
+            def again() -> None:
+                self._retry = None
+                self.wake()
+
+            delay = RETRY_STEP_S * 2 ** (failures - 1)
+            self._retry = asyncio.get_running_loop().call_later(delay, again)
 
     def _final(self, study_id: str) -> bool:
         study = self.backend.store.studies.get(study_id)
@@ -200,17 +309,21 @@ class StudyDriver:
             slot = f"slot-{n}"
             if slot in busy:
                 continue
+            asked = time.perf_counter()
             got = await host.ask(OracleRequest(op="create_trial", slot=slot))
             if not got.ok or got.trial is None:
                 raise OracleUnavailable(got.error or "the oracle answered no trial")
             if got.stopped:
                 stopped += 1
             elif got.trial.status == v.TunerTrialStatus.RUNNING:
-                self._start_trial(study, slot, got.trial.trial_id, got.trial.values, host)
+                oracle_s = time.perf_counter() - asked
+                self._start_trial(study, slot, got.trial.trial_id, got.trial.values, oracle_s)
         if stopped == study.spec.parallel and not busy:
             self._end_study(study, v.STUDY_COMPLETED, None)
 
-    def _start_trial(self, study: StudyRecord, slot: str, trial_id: str, values: dict[str, Any], host: Any) -> None:
+    def _start_trial(
+        self, study: StudyRecord, slot: str, trial_id: str, values: dict[str, Any], oracle_s: float
+    ) -> None:
         """The trial as a job of the study's user (its first execution); a job the backend refuses for a limit waits
         for the next step (the oracle hands the same trial to the slot again), one it refuses outright ends the
         study."""
@@ -220,6 +333,16 @@ class StudyDriver:
         if job_id is None:
             return
         self.backend.store.studies.add_trial(study.id, trial_id, slot, job_id, values)
+        study_event(
+            self.backend,
+            study.id,
+            event=v.StudyEvent.TRIAL_STARTED,
+            trial_id=trial_id,
+            job_id=job_id,
+            execution=0,
+            slot=slot,
+            oracle_s=round(oracle_s, 4),
+        )
         log.info("study %s: trial %s runs as %s (%s)", study.id, trial_id, job_id, slot)
 
     def _start_execution(self, study: StudyRecord, trial: TrialRecord, execution: int) -> None:
@@ -231,6 +354,15 @@ class StudyDriver:
         if job_id is None:
             return
         self.backend.store.studies.add_execution(study.id, trial.trial_id, execution, job_id)
+        study_event(
+            self.backend,
+            study.id,
+            event=v.StudyEvent.TRIAL_STARTED,
+            trial_id=trial.trial_id,
+            job_id=job_id,
+            execution=execution,
+            slot=trial.slot,
+        )
         log.info("study %s: trial %s execution %d runs as %s", study.id, trial.trial_id, execution, job_id)
 
     def _trial_job(self, study: StudyRecord, trial_id: str, values: dict[str, Any], execution: int) -> JobSpec:
@@ -293,6 +425,7 @@ class StudyDriver:
         else:
             metrics, best_step = {}, None
             message = f"execution {len(runs)} of {wanted}: {ran.message}" if wanted > 1 else ran.message
+        asked = time.perf_counter()
         got = await host.ask(
             OracleRequest(
                 op="end_trial",
@@ -315,21 +448,43 @@ class StudyDriver:
         }
         if ended is not None:
             fields.update(trial_values=json.dumps(ended.values), hyperparameters=json.dumps(ended.hyperparameters))
+        oracle_s = time.perf_counter() - asked
         store.studies.update_trial(study.id, trial.trial_id, **fields)
+        if self._final(study.id):  # cancelled while the oracle answered: its log already ended with the study
+            return
+        study_event(
+            self.backend,
+            study.id,
+            event=v.StudyEvent.TRIAL_ENDED,
+            trial_id=trial.trial_id,
+            job_id=job.id,
+            status=fields["status"],
+            score=fields["score"],
+            message=fields["message"],
+            best_trial_id=best_trial_id(store.studies.trials(study.id), study.spec.oracle.objective),
+            oracle_s=round(oracle_s, 4),
+        )
         if not got.ok and "already" not in (got.error or ""):
             self._end_study(study, v.STUDY_FAILED, got.error)
 
     def _end_study(self, study: StudyRecord, status: v.StudyStatus, message: str | None) -> None:
-        if status == v.STUDY_FAILED:
-            cancel_study(self.backend, study)
-        self.backend.store.studies.update(study.id, status=status, message=message)
-        log.info("study %s %s%s", study.id, status, f": {message}" if message else "")
+        if self._final(study.id):  # cancelled by its user while this step waited on the oracle
+            return
+        end_study(self.backend, study, status, message)
 
     async def close(self) -> None:
         """Stop stepping, let a pass under way finish, then end the oracle processes."""
         self.closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._woken is not None:
+            self._woken.set()
+            if self.on_event in self.backend.bus.listeners:
+                self.backend.bus.listeners.remove(self.on_event)
         if self.stepping is not None:
             await self.stepping
+        if self._loop_task is not None:
+            await self._loop_task
         for host in self.hosts.values():
             await host.close()
         self.hosts.clear()

@@ -201,7 +201,9 @@ class Worker:
         """The fit itself, where every Keras load and every rebuilt argument finds the objects the model names."""
         from .datatree import fit_data
 
+        clock = time.perf_counter()
         x, y, sw, validation_data = fit_data(spec.data, self.fetch_blob)
+        ready = {"data": time.perf_counter() - clock}  # what the job's start spent where (ready_note)
         fit = spec.fit.model_dump(exclude_unset=True)  # the arguments the user gave; Keras' defaults for the rest
         if isinstance(fit.get("class_weight"), dict):  # JSON keys are text; Keras looks classes up by integer
             fit["class_weight"] = {int(k): float(w) for k, w in fit["class_weight"].items()}
@@ -219,7 +221,9 @@ class Worker:
 
             model_path = self.workdir / "model.keras"
             model_path.unlink(missing_ok=True)
+            clock = time.perf_counter()
             trial = build_trial_model(spec.trial, model_path, self.fetch_earlier_model, objects)
+            ready["build"] = time.perf_counter() - clock
             if spec.trial.resume_job:
                 earlier = f"trial {spec.trial.values.get('tuner/trial_id')} ({spec.trial.resume_job})"
                 outbox.put(v.EV_LOG, {"message": f"starting from the trained weights of {earlier}"})
@@ -231,7 +235,10 @@ class Worker:
             # As the kernel did before it built the model: the layers drawing default seeds as they are rebuilt
             # (Dropout's) and fit's shuffling then draw what they drew there.
             keras.utils.set_random_seed(spec.seed)
+        clock = time.perf_counter()
         model = self._load_model(keras, model_path, spec.safe_mode, spec.compile, objects)
+        ready["load"] = time.perf_counter() - clock
+        outbox.put(v.EV_LOG, ready_note(ready))
         memory.check()
         self._status(outbox, v.SUB_TRAINING)
         if spec.workers > 1:
@@ -625,6 +632,14 @@ def placement_note(devices: list[str], batch: int, x: Any) -> dict[str, Any]:
         "replicas": n,
         "replica_batch": batch // n,
     }
+
+
+def ready_note(seconds: dict[str, float]) -> dict[str, Any]:
+    """The log event that says where a job's start went on the worker, before its TRAINING status (issue 40): its
+    data (fetched, or found in the warm worker's cache), its model built by a study's build function, loaded."""
+    names = {"data": "data", "build": "model built", "load": "model loaded"}
+    said = ", ".join(f"{names[k]} {s:.2f} s" for k, s in seconds.items())
+    return {"message": f"ready to train: {said}", "timings": {k: round(s, 4) for k, s in seconds.items()}}
 
 
 def training_devices() -> list[str]:
