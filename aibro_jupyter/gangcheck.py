@@ -22,6 +22,7 @@ from aibro_core.bounds import MAX_WORKERS
 from aibro_core.models import GANG_CALLBACKS
 
 from .cellcode import definition_source, is_cell_object
+from .dataset_blob import is_dataset
 from .errors import ValidationError
 from .fitrequest import FitRequest
 
@@ -49,7 +50,14 @@ def check_workers(request: FitRequest) -> None:
     if workers == 1:
         return
     way_out = f"or train with {flag} 1"
-    for name, value in (("x", request.train_X), ("y", request.train_Y), ("sample_weight", request.sample_weight)):
+    if is_dataset(request.train_X):
+        _check_dataset(request.train_X, "x", workers, flag, way_out)
+    if is_dataset(request.validation_data):
+        _check_dataset(request.validation_data, "validation_data", workers, flag, way_out)
+    arrays = [("y", request.train_Y), ("sample_weight", request.sample_weight)]
+    if not is_dataset(request.train_X):
+        arrays.insert(0, ("x", request.train_X))
+    for name, value in arrays:
         if value is not None and not isinstance(value, np.ndarray):
             raise ValidationError(
                 f"{flag} {workers} takes NumPy arrays for x, y and sample_weight; {name} is {type(value).__name__}: "
@@ -58,10 +66,14 @@ def check_workers(request: FitRequest) -> None:
     if request.train_X is None:
         raise ValidationError(f"{flag} {workers} needs the training inputs x as a NumPy array")
     held_out = request.validation_data
-    if held_out is not None and not (
-        isinstance(held_out, (tuple, list))
-        and 2 <= len(held_out) <= 3
-        and all(part is None or isinstance(part, np.ndarray) for part in held_out)
+    if (
+        held_out is not None
+        and not is_dataset(held_out)
+        and not (
+            isinstance(held_out, (tuple, list))
+            and 2 <= len(held_out) <= 3
+            and all(part is None or isinstance(part, np.ndarray) for part in held_out)
+        )
     ):
         raise ValidationError(
             f"{flag} {workers} takes validation_data as a tuple of NumPy arrays (x_val, y_val[, sample_weight]); "
@@ -88,9 +100,30 @@ def check_workers(request: FitRequest) -> None:
                 f"{name} {size} is not a multiple of the {workers} workers: each takes an equal part of every "
                 f"batch; use a batch size such as {max(workers, size - size % workers)}"
             )
-    rows = len(request.train_X)
-    if rows < workers:
+    rows = None if is_dataset(request.train_X) else len(request.train_X)
+    if rows is not None and rows < workers:
         raise ValidationError(f"{rows} rows cannot feed {workers} workers")
+
+
+def _check_dataset(ds: Any, name: str, workers: int, flag: str, way_out: str) -> None:
+    """A tf.data dataset of (x, y[, sample_weight]) batches, each a tensor: the workers split every batch as they
+    split arrays' (its batch size, where the dataset says it, a multiple of N)."""
+    spec = ds.element_spec
+    parts = spec if isinstance(spec, tuple) else (spec,)
+    if not 1 <= len(parts) <= 3 or not all(hasattr(p, "shape") and hasattr(p, "dtype") for p in parts):
+        raise ValidationError(
+            f"{flag} {workers} takes a dataset of (x, y[, sample_weight]) tensors; {name}'s elements are {spec}: "
+            f"map them to a tuple of tensors, {way_out}"
+        )
+    batch = parts[0].shape[0] if parts[0].shape.rank else None
+    if batch is None:  # not in the spec (a last batch may be short): the first batch says, as the upload reads it
+        first = next(iter(ds.take(1)), None)
+        batch = len((first if isinstance(first, tuple) else (first,))[0]) if first is not None else None
+    if batch is not None and batch % workers:
+        raise ValidationError(
+            f"{name}'s batches of {batch} are not a multiple of the {workers} workers: each takes an equal part of "
+            f"every batch; batch it by a multiple of {workers}, {way_out}"
+        )
 
 
 def check_model_code(workers: int, travelling: list[Any], flag: str = "workers") -> None:

@@ -250,3 +250,23 @@ def test_cancel_ends_every_worker_of_the_gang(client, digits) -> None:  # noqa: 
     assert len([e for e in events if e["type"] == v.EV_EPOCH]) < 200
     for pid in members:  # gone, not left waiting for the other until a heartbeat bound
         assert not Path(f"/proc/{pid}").exists() or b"gangfit" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_a_tf_data_pipeline_trains_on_two_workers_as_in_one_fit(client, digits) -> None:  # noqa: ANN001
+    import tensorflow as tf
+
+    x, y = digits[0], digits[1]
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).prefetch(2)
+    held_out = tf.data.Dataset.from_tensor_slices((digits[2][:384], digits[3][:384])).batch(BATCH)
+    reference = make_model(seed=5)
+    ref = reference.fit(train, epochs=EPOCHS, validation_data=held_out, verbose=0)
+    model = make_model(seed=5)
+    _, _, history = Training.online_fit(
+        model, train, None, "local-cpu", None, EPOCHS, validation_data=held_out, workers=2, verbose=False
+    )
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(history.history[key], ref.history[key], rtol=1e-3, err_msg=key)
+    assert int(model.optimizer.iterations.numpy()) == STEPS * EPOCHS
+    odd = tf.data.Dataset.from_tensor_slices((x, y)).batch(33)
+    with pytest.raises(ValidationError, match="batches of 33 are not a multiple of the 2 workers"):
+        Training.online_fit(make_model(), odd, None, "local-cpu", None, 1, workers=2, verbose=False)

@@ -346,24 +346,24 @@ class Worker:
     ) -> tuple[str, str | None]:
         """The fit by `spec.workers` processes of this machine on Keras-on-JAX (gangrun.py); checkpoints, events and
         the returned model go as a one-process fit's do."""
-        from .gangrun import GangJob, arrays_of, fit_in_gang, split_validation
+        from .gangrun import GangJob, fit_in_gang, gang_data
         from .pipeline import EpochPipeline
 
-        arrays, validation = split_validation(arrays_of(*data[:3]), data[3], fit)
+        given = gang_data(*data, fit)
         job = GangJob(
             model_path=model_path,
-            arrays=arrays,
+            arrays=given.arrays,
             workers=spec.workers,
-            batch_size=int(fit.get("batch_size") or 32),
+            batch_size=given.batch_size,
             epochs=spec.fit.epochs,
             initial_epoch=int(fit.get("initial_epoch") or 0),
-            shuffle=bool(fit.get("shuffle", True)),
+            shuffle=given.shuffle,
             seed=spec.seed or 0,
             folder=Path(tempfile.mkdtemp(prefix="gang-", dir=self.workdir)),
             objects={name: ref.model_dump(by_alias=True, exclude_none=True) for name, ref in spec.objects.items()},
             safe_mode=spec.safe_mode,
-            validation=validation,
-            validation_batch_size=fit.get("validation_batch_size"),
+            validation=given.validation,
+            validation_batch_size=given.validation_batch_size,
             callbacks=tuple(c.model_dump(by_alias=True, exclude_unset=True) for c in spec.callbacks),
         )
         outbox.put(v.EV_LOG, {"message": f"training on {spec.workers} workers (Keras on JAX, data-parallel)"})
@@ -374,7 +374,7 @@ class Worker:
         scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
         pipeline = EpochPipeline(outbox, model, None, upload_checkpoint, scratch)
         try:
-            ended = fit_in_gang(job, model, pipeline, outbox.cancel, len(arrays["x"]))
+            ended = fit_in_gang(job, model, pipeline, outbox.cancel, len(given.arrays["x"]))
             pipeline.drain()
         finally:
             pipeline.close()

@@ -81,19 +81,63 @@ def arrays_of(x: Any, y: Any, sample_weight: Any, what: str = "") -> dict[str, n
     return found
 
 
-def split_validation(
-    arrays: dict[str, np.ndarray], validation_data: Any, fit: dict[str, Any]
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(training, validation) arrays: `validation_data` as given, or the last `validation_split` of the rows, cut
-    where Keras cuts them (before any shuffling)."""
-    split = fit.get("validation_split")
-    if validation_data is not None:
+def dataset_arrays(ds: Any, what: str) -> tuple[dict[str, np.ndarray], int]:
+    """A finite tf.data dataset of (x, y[, sample_weight]) batches as arrays in its order, and its batch size: the
+    gang then splits every one of its batches as a one-process fit over the dataset takes them."""
+    parts: list[list[np.ndarray]] = []
+    sizes: list[int] = []
+    for element in ds.as_numpy_iterator():
+        tensors = element if isinstance(element, tuple) else (element,)
+        if not parts:
+            parts = [[] for _ in tensors]
+        for into, tensor in zip(parts, tensors):
+            into.append(np.asarray(tensor))
+        sizes.append(len(tensors[0]))
+    if not sizes:
+        raise GangRefused(f"the {what}dataset is empty")
+    if any(size != sizes[0] for size in sizes[:-1]) or sizes[-1] > sizes[0]:
+        raise GangRefused(
+            f"the {what}dataset's batches differ in size ({sorted(set(sizes))[:5]}): --workers splits each batch "
+            "evenly; batch it once, at the end of its pipeline"
+        )
+    names = ("x", "y", "sample_weight")
+    return {names[i]: np.concatenate(chunks) for i, chunks in enumerate(parts)}, sizes[0]
+
+
+@dataclass(frozen=True)
+class GangData:
+    """What the gang trains on, as arrays: the rows, the global batch, and the validation rows and batch."""
+
+    arrays: dict[str, np.ndarray]
+    batch_size: int
+    shuffle: bool
+    validation: dict[str, np.ndarray]
+    validation_batch_size: int | None
+
+
+def gang_data(x: Any, y: Any, sample_weight: Any, validation_data: Any, fit: dict[str, Any]) -> GangData:
+    """The fit's data as the gang takes it: arrays as given, a dataset's batches as arrays in their order (Keras does
+    not shuffle a dataset), the validation rows from `validation_data` or the last `validation_split` of the rows
+    (cut where Keras cuts them, before any shuffling)."""
+    batch, shuffle = int(fit.get("batch_size") or 32), bool(fit.get("shuffle", True))
+    if hasattr(x, "element_spec"):
+        arrays, batch = dataset_arrays(x, "")
+        shuffle = False
+    else:
+        arrays = arrays_of(x, y, sample_weight)
+    val_batch = fit.get("validation_batch_size")
+    validation: dict[str, np.ndarray] = {}
+    if isinstance(validation_data, tuple) and len(validation_data) == 1:
+        validation_data = validation_data[0]  # a dataset travels as the only part of the validation data
+    if hasattr(validation_data, "element_spec"):
+        validation, val_batch = dataset_arrays(validation_data, "validation ")
+    elif validation_data is not None:
         parts = list(validation_data) + [None] * (3 - len(validation_data))
-        return arrays, arrays_of(*parts[:3], what="validation ")
-    if split:
-        at = int(np.floor(len(arrays["x"]) * (1.0 - float(split))))
-        return {k: a[:at] for k, a in arrays.items()}, {k: a[at:] for k, a in arrays.items()}
-    return arrays, {}
+        validation = arrays_of(*parts[:3], what="validation ")
+    elif fit.get("validation_split"):
+        at = int(np.floor(len(arrays["x"]) * (1.0 - float(fit["validation_split"]))))
+        arrays, validation = {k: a[:at] for k, a in arrays.items()}, {k: a[at:] for k, a in arrays.items()}
+    return GangData(arrays, batch, shuffle, validation, val_batch)
 
 
 @dataclass(frozen=True)
@@ -298,6 +342,9 @@ def fit_in_gang(
     """Run the gang and pass each of its epochs through `pipeline` as the agent's own fit would; False if canceled.
     A member lost (killed, or gone silent) ends the others; the gang then starts again from the last epoch this
     model holds (at most MAX_RESTARTS times), so every epoch is reported once."""
+    gangfit.ShardPlan(len(job.arrays["x"]), job.batch_size, job.workers)  # refused here, before a member starts
+    if job.validation:
+        gangfit.ShardPlan(len(job.validation["x"]), job.validation_batch_size or job.batch_size, job.workers)
     opt = model.optimizer
     if not opt.built:
         opt.build(model.trainable_variables)  # the variables each epoch's snapshot fills, in Keras' order
