@@ -1,5 +1,6 @@
 """The warm worker's heap between jobs (backend/aibro_backend/worker/heap.py): a job's garbage is collected when
-the job ends, and what was frozen then is still collected once it becomes garbage, at the next job's end."""
+the job ends, and what was frozen then is still collected once it becomes garbage, at the next full settle (the
+next job's end, or, between a study's back-to-back trials, when the worker idles: issue 40)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,19 @@ SCRIPT = textwrap.dedent(
     assert kept_ref() is not None, "a frozen object was collected by an ordinary collection"
     heap.settle()  # the next job's end
     assert kept_ref() is None, "an object frozen at one job's end leaked past the next"
+
+    done = cycle()  # a job between two others: the quick settle after it collects its garbage
+    gone = weakref.ref(done)
+    del done
+    kept = cycle()
+    kept_ref = weakref.ref(kept)
+    heap.settle(full=False)
+    assert gone() is None, "a quick settle left the job's own garbage"
+    del kept
+    heap.settle(full=False)
+    assert kept_ref() is not None, "a quick settle walked what was frozen"
+    heap.settle(full=True)  # the worker idles: the full one
+    assert kept_ref() is None, "the full settle left what froze and became garbage since"
     print("ok")
     """
 )

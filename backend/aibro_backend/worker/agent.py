@@ -41,6 +41,7 @@ from .spot import SpotWatch, spot_watch_from_env
 
 log = logging.getLogger("aibro.worker")
 POLL_S = 0.2
+POLL_AFTER_JOB_S = 0.05  # for the first seconds after a job: a study's next trial (or the user's next fit) comes then
 # How long the backend may be unreachable before the agent gives up (AIBRO_BACKEND_GONE_S); on a cloud machine
 # (AIBRO_SHUTDOWN_ON_LOSS=1, set by its user data) it then shuts the machine down, so nothing runs up a bill.
 BACKEND_GONE_S = WorkerSettings.from_env().backend_gone_s
@@ -101,6 +102,8 @@ class Worker:
         return self.spot is not None and self.spot.notice.is_set()
 
     def run(self) -> None:
+        ended: float | None = None  # when the last job ended (monotonic)
+        unsettled = 0  # jobs ended since the last full settle of the heap
         while True:
             if self.interrupted():
                 log.info("leaving: this spot machine is being reclaimed")
@@ -119,12 +122,21 @@ class Worker:
                 if self._releasing is not None:
                     self._releasing.join(timeout=60)
                     self._releasing = None
-                heap.settle()  # the job's garbage goes now, not inside the next job's fit
+                # the job's garbage goes now, not inside the next job's fit; the full walk over everything TensorFlow
+                # made (half a second) waits until the worker idles, so a study's next trial starts at once
+                unsettled += 1
+                heap.settle(full=unsettled >= heap.FULL_EVERY_JOBS)
+                unsettled %= heap.FULL_EVERY_JOBS
+                ended = time.monotonic()
                 if self.interrupted():
                     log.info("leaving: this spot machine is being reclaimed")
                     return
             else:
-                time.sleep(POLL_S)
+                idle = None if ended is None else time.monotonic() - ended
+                if unsettled and idle is not None and idle >= heap.IDLE_S:
+                    heap.settle(full=True)
+                    unsettled = 0
+                time.sleep(POLL_AFTER_JOB_S if idle is not None and idle < heap.IDLE_S else POLL_S)
 
     # -- one job ----------------------------------------------------------------------------------
     def run_job(self, a: dict[str, Any]) -> None:
