@@ -286,6 +286,7 @@ class CloudMagics(Magics):
         stop = threading.Event()
 
         asked = [0.0]  # when the cost was last fetched
+        prices: dict[str, float] = {}  # machine id -> its hourly price, read once from the marketplace
 
         def watch() -> JobView | None:
             def watcher(view: JobView, ev: dict[str, Any]) -> None:
@@ -294,7 +295,7 @@ class CloudMagics(Magics):
                 now = time.monotonic()
                 if ev["type"] == v.EV_STATUS or (ev["type"] == v.EV_EPOCH and now - asked[0] >= COST_EVERY_S):
                     asked[0] = now  # at most one job fetch per 10 s of epochs: a replay of 200 epochs asks once
-                    view.cost = self._cost(job_id, view.cost)
+                    self._charge(view, prices)
                 panel.update(view, ev)
                 note = worker_note(ev)
                 if note and notes is not None:
@@ -466,12 +467,18 @@ class CloudMagics(Magics):
             raise UsageError(str(exc)) from None
         print(f"{job_id}: cancel requested ({job.status} · {job.substatus})")
 
-    def _cost(self, job_id: str, last: float) -> float:
-        """The job's cost so far (the backend bills it from its instances' times); the last one if unreachable."""
+    def _charge(self, view: JobView, prices: dict[str, float]) -> None:
+        """The job's cost so far (the backend bills it from its instances' times) and the hourly price of the machine
+        it runs on (or the first it asked for), as the sidebar reads them; both stay as they were if unreachable."""
+        client = self.trainer.client
         try:
-            return float(self.trainer.client.job(job_id).cost)
+            job = client.job(view.job_id)
+            if not prices:
+                prices.update({m.machine_id: m.price_per_hour for m in client.machines()})
         except (AibroError, ValueError):  # unreachable, or an answer this client does not read
-            return last
+            return
+        view.cost = float(job.cost)
+        view.price_per_hour = prices.get(job.machine_id or (job.machines[0] if job.machines else ""))
 
     @magic_arguments()
     @argument("job_id", nargs="?", default=None, help="one job (with its chart); without it, every job of yours")

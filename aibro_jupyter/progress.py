@@ -14,12 +14,15 @@ class JobView(JobPicture):
 
     The reduction itself is aibro_core.jobpicture.JobPicture, the one the backend's job view uses too: status,
     substatus, timeline, `history` (epoch index → that epoch's event data), `last_batch`, `errors`, `last_seq`,
-    `history_dict()`, `final`. A JobView adds the job id and the cost a watcher shows."""
+    `history_dict()`, `final`. A JobView adds the job id, the cost a watcher shows, and the hourly price of the
+    machine the job runs on (None until a watcher learns it), which says whether a cost of 0 is "free" or "$0.00"
+    (prices.job_cost)."""
 
     def __init__(self, job_id: str, status: str = v.QUEUING, substatus: str = v.REQUESTING_SERVER) -> None:
         super().__init__(status, substatus)
         self.job_id = job_id
         self.cost = 0.0
+        self.price_per_hour: float | None = None
 
     def __repr__(self) -> str:
         return f"JobView({self.job_id!r}, {self.status!r}, {self.substatus!r}, epochs={len(self.history)})"

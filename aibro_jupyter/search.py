@@ -56,6 +56,7 @@ ORACLE_ARGS = (
 LONG_POLL_S = 25.0  # how long one request waits for the study's next event (a job's follower waits as long)
 PANEL_EVERY_S = 0.5  # a panel is drawn at most this often for its trials' epochs and batches (a study event: at once)
 EVENT_PAGES_PER_POLL = 20
+MAX_BATCH_ROWS = 200  # batch rows kept of a trial's epoch in progress
 
 
 def travelling_hypermodel(tuner: Any) -> tuple[Any, dict[str, Any] | None, bool]:
@@ -415,12 +416,15 @@ def follow(
 
 class TrialHistories:
     """Each trial job's epoch rows, kept current from the user's event stream: one request a poll for every
-    running trial, carrying only what is new (a job's whole view also carries its timeline and code)."""
+    running trial, carrying only what is new (a job's whole view also carries its timeline and code). After them
+    come the batches of the epoch in progress, as rows with a `batch` (from 1) and the epoch's `steps`, so a
+    trial's loss shows before its first epoch ends."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.cursor: int | None = None
         self.rows: dict[str, dict[int, dict[str, Any]]] = {}  # job id -> epoch number -> row
+        self.batches: dict[str, list[dict[str, Any]]] = {}  # job id -> the batch rows of its epoch in progress
         self.handed: set[str] = set()  # trial ids handed over at least once
         self.logs_moved: dict[str, int] = {}  # study id -> the seq of its newest `study` event met in the stream
 
@@ -431,7 +435,7 @@ class TrialHistories:
         trials = {t.job_id: t.trial_id for t in study.trials if t.job_id}
         moved = self._first_listing(trials) if self.cursor is None else self._new_epochs(wait)
         moved |= {job for job, trial in trials.items() if trial not in self.handed}
-        out = {trials[job]: [r for _, r in sorted(self.rows.get(job, {}).items())] for job in moved if job in trials}
+        out = {trials[job]: self._rows(job) for job in moved if job in trials}
         self.handed |= set(out)
         return out
 
@@ -445,6 +449,7 @@ class TrialHistories:
 
     def _new_epochs(self, wait: float = 0) -> set[str]:
         epochs: dict[str, list[dict[str, Any]]] = {}
+        batched: set[str] = set()
         for _ in range(EVENT_PAGES_PER_POLL):
             page = self.client.user_events(self.cursor, wait)
             wait = 0  # the first page waits for news; the rest is what came with it
@@ -454,11 +459,26 @@ class TrialHistories:
                     epochs.setdefault(ev["job_id"], []).append(ev)
                 elif ev["type"] == v.EV_STUDY:
                     self.logs_moved[ev["job_id"]] = int(ev["seq"])
+                elif ev["type"] == v.EV_BATCH:
+                    self._batch(ev["job_id"], ev["data"])
+                    batched.add(ev["job_id"])
             if not page["events"]:
                 break
         for job, evs in epochs.items():  # an epoch a resumed attempt ran again replaces the lost one's
             self.rows.setdefault(job, {}).update({r["epoch"]: r for r in JobPicture().apply_all(evs).history_rows()})
-        return set(epochs)
+        return set(epochs) | batched
+
+    def _batch(self, job: str, data: dict[str, Any]) -> None:
+        """Keep a batch of the epoch in progress (a new epoch drops the last one's; a long epoch keeps every other)."""
+        logs = data.get("logs") or {}
+        row = {**logs, "epoch": int(data["epoch"]) + 1, "batch": int(data["batch"]) + 1, "steps": data.get("steps")}
+        kept = [r for r in self.batches.get(job, []) if r["epoch"] == row["epoch"]]
+        self.batches[job] = (kept[::2] if len(kept) >= MAX_BATCH_ROWS else kept) + [row]
+
+    def _rows(self, job: str) -> list[dict[str, Any]]:
+        rows = [r for _, r in sorted(self.rows.get(job, {}).items())]
+        done = rows[-1]["epoch"] if rows else 0
+        return rows + [r for r in self.batches.get(job, []) if r["epoch"] > done]
 
 
 def trial_line(study: Study, trial: StudyTrial) -> str:

@@ -24,6 +24,7 @@ from browser import (
 )
 
 from aibro_jupyter.client import BackendClient
+from aibro_jupyter.widgets.style import SCROLL_ROWS
 
 from conftest import ARTIFACTS
 
@@ -252,12 +253,25 @@ for k in range(12):
     logs = {"accuracy": 0.99 - 0.55 / (k + 2) ** 1.3, "loss": 1.9 / (k + 1) ** 1.4,
             "val_accuracy": 0.985 - 0.5 / (k + 2) ** 1.3, "val_loss": 1.7 / (k + 1) ** 1.2}
     view.apply({"type": "epoch", "seq": k + 1, "data": {"epoch": k, "epochs": 12, "logs": logs}})
-view.cost = 0.158 * 150 / 3600
+view.cost, view.price_per_hour = 0.158 * 150 / 3600, 0.158
 view.apply({"type": "status", "seq": 20, "data": {"status": v.COMPLETED, "substatus": v.SUB_COMPLETED}})
 panel.update(view)
 with panel.after_fit():
     print(f"final validation accuracy (evaluated in this kernel): {logs['val_accuracy']:.4f}")
 display(panel)
+# a RandomSearch of 12 trials over a dense layer's width and the learning rate, as GET /studies/{id} answers it
+from aibro_core.models import Study
+from aibro_jupyter.widgets.study_panel import StudyPanel
+trials = [{"trial_id": f"{i:02d}", "job_id": f"job-20261127-{i:08x}", "status": "COMPLETED", "message": None,
+           "values": {"units": 8 * (i + 1), "learning_rate": [0.01, 0.001][i % 2]}, "score": 0.9 + (i % 5) / 100,
+           "metrics": {}, "best_step": 3} for i in range(12)]
+study = Study.model_validate({"study_id": "study-20261127-8d01e2aa", "status": "COMPLETED", "message": None,
+    "description": "digits width and rate", "kind": "RandomSearch", "max_trials": 12, "parallel": 2,
+    "objective": [{"name": "val_accuracy", "direction": "max"}], "created": time.time() - 640,
+    "updated": time.time(), "cost": 0.0, "best_trial_id": "04", "trials": trials})
+study_panel = StudyPanel(study.study_id, study.description)
+study_panel.update(study, {})
+display(study_panel)
 """
 
 
@@ -290,11 +304,11 @@ def test_picker_and_panel_read_in_both_themes(
         wait_kernel_idle(page)
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
         page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-        _wait(page, lambda: page.locator(".aibro-nb-panel .aibro-nb-result pre").count(), "the picker and the panel")
+        _wait(page, lambda: page.locator(".aibro-nb-study .aibro-nb-trials tbody tr").count(), "the panels")
         dismiss_news_prompt(page)
         dark = page.evaluate("document.body.dataset.jpThemeLight") == "false"
         assert dark == (theme == "JupyterLab Dark"), f"JupyterLab runs {theme}"
-        for root in (".aibro-nb-picker", ".aibro-nb-panel"):
+        for root in (".aibro-nb-picker", ".aibro-nb-panel"):  # the fit panel and the study panel
             poor = _poor_contrast(page, root)
             assert not poor, f"{theme}: text that does not read against its background in {root}: {poor}"
         heads = page.locator(".aibro-nb-picker .aibro-nb-head").all_inner_texts()
@@ -305,8 +319,22 @@ def test_picker_and_panel_read_in_both_themes(
             assert cells[at + 5 : at + 7] == ["free", "free"], f"{machine} costs nothing: {cells[at : at + 8]}"
         for head in page.locator(".aibro-nb-picker .aibro-nb-head button").all():
             assert head.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), f"a cramped header: {head.inner_text()}"
+        assert page.locator(".aibro-nb-panel .aibro-nb-result pre").count() == 1, "the fit panel shows the result"
+        cost = page.locator(".aibro-nb-panel:not(.aibro-nb-study) .widget-label", has_text="elapsed").inner_text()
+        assert cost.startswith("cost $0.01 · elapsed"), cost
+        table = page.locator(".aibro-nb-study .aibro-nb-trials")
+        in_view, sizes = table.evaluate(
+            "t => { const box = t.querySelector('.aibro-nb-scroll').getBoundingClientRect();"
+            " const rows = [...t.querySelectorAll('tbody tr')];"
+            " return [rows.filter(r => r.getBoundingClientRect().bottom <= box.bottom + 1).length,"
+            " [box.height, t.querySelector('thead').getBoundingClientRect().height,"
+            " ...rows.slice(0, 3).map(r => r.getBoundingClientRect().height)]]; }"
+        )
+        assert in_view == SCROLL_ROWS, f"the trials table shows {in_view} of 12 rows (box, head, rows: {sizes})"
+        assert f"12 trials: {SCROLL_ROWS} in view, scroll the table for the other 4" in table.inner_text()
         name = theme.split()[-1].lower()
+        fit_panel = page.locator(".aibro-nb-panel:not(.aibro-nb-study)")
         page.locator(".aibro-nb-picker").screenshot(path=str(ARTIFACTS / f"picker-{name}.png"))
-        page.locator(".aibro-nb-panel").screenshot(path=str(ARTIFACTS / f"panel-{name}.png"))
+        fit_panel.screenshot(path=str(ARTIFACTS / f"panel-{name}.png"))
         gallery_shot(page.locator(".aibro-nb-picker"), f"picker-{name}")
-        gallery_shot(page.locator(".aibro-nb-panel"), f"panel-{name}")
+        gallery_shot(fit_panel, f"panel-{name}")

@@ -51,6 +51,9 @@ print("STEPS", int(model.optimizer.iterations.numpy()))
     epoch_bar = next(cid for cid, st in progress.items() if st["description"] == "epoch")
     values = [st["value"] for cid, st in res.updates if cid == epoch_bar and "value" in st]
     assert values and values == sorted(values) and values[-1] == 3, f"then only its traits change: {values}"
+    costs = [str(st["value"]) for _cid, st in res.updates if "elapsed" in str(st.get("value", ""))]
+    assert costs and costs[-1].startswith("cost free · elapsed"), f"local-cpu is free, as the sidebar says: {costs}"
+    assert not any("$" in c for c in costs), costs
 
 
 @pytest.mark.parametrize(

@@ -229,6 +229,58 @@ def test_cancelling_a_study_cancels_its_running_trials_and_starts_no_more(
     assert later["status"] == "CANCELED" and len(later["trials"]) == 2, "no trial started after the cancel"
 
 
+def test_a_running_trials_loss_shows_batch_by_batch_before_its_first_epoch_ends(
+    backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38 item 5: what the study panel follows hands over the batches of a trial's first epoch as they come,
+    and the panel draws them (dashed, part of the way to epoch 1) before the epoch ends."""
+    from aibro_jupyter.search import start_study
+    from aibro_jupyter.widgets.study_panel import StudyPanel
+
+    monkeypatch.setenv("AIBRO_BACKEND_URL", backend.url)
+    monkeypatch.setenv("AIBRO_TOKEN", backend.token)
+    client = backend.client()
+    x, y = slow_data(24000, seed=4)  # an epoch of 1500 batches: several seconds here
+    tuner = kt.RandomSearch(build_model, objective="loss", max_trials=1, directory=str(tmp_path))
+    training = Training(client)
+    request = FitRequest(None, x, y, machine_ids="local-cpu", epochs=50, batch_size=16)
+    followed = TrialHistories(client)
+    followed.since_last(Study.model_construct(trials=[]))  # the cursor from before the study, as the panel's
+    study_id = start_study(training, tuner, request, verbose=False)
+    panel = StudyPanel(study_id)
+
+    def batches_only() -> tuple[Study, dict[str, list[dict[str, Any]]]] | None:
+        study = client.study(study_id)
+        histories = followed.since_last(study)
+        panel.update(study, histories)
+        rows = next(iter(histories.values()), [])
+        return (study, histories) if rows and all("batch" in r for r in rows) else None
+
+    try:
+        seen = wait_until(batches_only)
+        assert seen, "the trial's batches were handed over before its first epoch ended"
+        study, histories = seen
+        (rows,) = histories.values()
+        assert all(r["epoch"] == 1 and r["steps"] == 1500 and r["loss"] > 0 for r in rows), rows
+        assert [r["batch"] for r in rows] == sorted(r["batch"] for r in rows), "in the order they trained"
+        (mark,) = panel.loss_chart.marks
+        assert mark.line_style == "dashed" and all(0 < px < 1 for px in mark.x), list(mark.x)
+        assert "the epoch in progress" in panel.loss_legend.value
+
+        def an_epoch_done() -> list[dict[str, Any]] | None:
+            rows = next(iter(followed.since_last(client.study(study_id)).values()), [])
+            return rows if rows and "batch" not in rows[0] else None
+
+        rows = wait_until(an_epoch_done)
+        assert rows, "the first epoch ends"
+        epochs = [r for r in rows if "batch" not in r]
+        history = [r.model_dump() for r in client.job(study.trials[0].job_id).history]
+        assert epochs == history[: len(epochs)], "the epochs' rows are the job's own history"
+        assert all(r["epoch"] > len(epochs) for r in rows if "batch" in r), "an ended epoch's batches are gone"
+    finally:
+        client.cancel_study(study_id)
+
+
 def test_a_study_its_trials_could_not_run_is_refused_before_it_starts(backend: Any) -> None:
     """What every trial's job would be refused for (here a cool-down over the backend's cap) refuses the study at
     POST /studies, naming the fix, before any trial starts."""

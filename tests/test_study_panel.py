@@ -26,7 +26,7 @@ def _trial(tid: str, status: str, units: int, lr: float, score: float | None, me
     }
 
 
-def _study(status: str = "RUNNING") -> Study:
+def _study(status: str = "RUNNING", trials: list[dict] | None = None) -> Study:
     return Study.model_validate(
         {
             "study_id": "study-x",
@@ -41,7 +41,8 @@ def _study(status: str = "RUNNING") -> Study:
             "updated": 160.0,
             "cost": 0.0,
             "best_trial_id": "02",
-            "trials": [
+            "trials": trials
+            or [
                 _trial("00", "COMPLETED", 16, 0.01, 0.81),
                 _trial("01", "FAILED", 64, 0.001, None, "out of memory"),
                 _trial("02", "COMPLETED", 32, 0.001, 0.93),
@@ -126,3 +127,28 @@ def test_cancel_asks_once_and_greys_the_button() -> None:
     panel.update(_study(), {})
     panel.cancel_button.click()
     assert asked == ["cancel"] and panel.cancel_button.disabled and panel.canceled.is_set()
+
+
+def test_a_running_trial_draws_its_batches_dashed_until_its_epoch_ends() -> None:
+    panel = StudyPanel("study-x")
+    first = [{"epoch": 1, "batch": b, "steps": 100, "loss": 2.0 - b / 100} for b in (25, 50)]
+    panel.update(_study(), {"04": first})
+    (dashed,) = panel.loss_chart.marks
+    assert dashed.line_style == "dashed" and list(dashed.x) == [0.25, 0.5], "part of the way to epoch 1"
+    assert "trial 04" in panel.loss_legend.value and "the epoch in progress" in panel.loss_legend.value
+    second = {"epoch": 2, "batch": 50, "steps": 100, "loss": 1.2}
+    panel.update(_study(), {"04": _history(1.5) + [second, {"epoch": 2, "batch": 60, "steps": None, "loss": 1.1}]})
+    solid, dashed = panel.loss_chart.marks
+    assert list(solid.x) == [1] and solid.line_style != "dashed"
+    assert list(dashed.x) == [1, 1.5] and list(dashed.y) == [1.5, 1.2], "on from epoch 1's point; no length: left out"
+    panel.update(_study(), {"00": _history(1.0) + [second]})
+    assert [m.line_style for m in panel.loss_chart.marks].count("dashed") == 1, "an ended trial draws no batches"
+
+
+def test_a_trials_table_longer_than_its_box_says_it_scrolls() -> None:
+    panel = StudyPanel("study-x")
+    panel.update(_study(), {})
+    assert "caption'>5 trials</div>" in panel.table.value and "scroll the table" not in panel.table.value
+    panel.update(_study(trials=[_trial(f"{i:02d}", "COMPLETED", 8 * i, 0.01, i / 12) for i in range(12)]), {})
+    assert panel.table.value.count("<tr data-trial") == 12
+    assert "12 trials: 8 in view, scroll the table for the other 4" in panel.table.value

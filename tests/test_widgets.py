@@ -12,6 +12,7 @@ from aibro_core import vocabulary as v
 from aibro_core.models import Job, Machine, TimelineEntry
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
+from aibro_jupyter.prices import job_cost
 from aibro_jupyter.progress import JobView
 from aibro_jupyter.training import Training
 from aibro_jupyter.widgets.picker import MachinePicker, marketplace_rows
@@ -48,6 +49,7 @@ def done_job(client: BackendClient, digits) -> Job:  # noqa: ANN001
 def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_job: Job) -> None:
     panel = ProgressPanel(done_job.job_id, "widgets", done_job.machines)
     view = JobView(done_job.job_id)
+    view.price_per_hour = next(m.price_per_hour for m in client.machines() if m.machine_id == done_job.machine_id)
     epoch_values, batch_bars = [], []
     for ev in client.events(done_job.job_id)["events"]:
         view.apply(ev)
@@ -75,7 +77,7 @@ def test_panel_replays_a_whole_job_into_its_traits(client: BackendClient, done_j
     assert "<code>COMPLETED</code>" in panel.stepper.value and "aibro-nb-step-todo" not in panel.stepper.value
     assert panel.cancel_button.disabled and panel.detach_button.disabled, "nothing to cancel once the job ended"
     assert panel.cancel_button.layout.display == panel.detach_button.layout.display == "none", "and not shown"
-    assert panel.cost.value.startswith("cost $0.00 · elapsed")
+    assert panel.cost.value.startswith("cost free · elapsed"), "local-cpu costs nothing: free, as the sidebar says"
     assert "COMPLETED</b> after 3/3 epochs" in panel.result.value, "the panel carries the result line"
     assert f"val_accuracy: {hist['val_accuracy'][-1]:.4f}" in panel.result.value, "and the final metrics"
     assert "RUNNING" in panel.state.value, "the cell still runs until the code after the fit has"
@@ -122,6 +124,24 @@ def test_metrics_table_keeps_every_epoch_and_loss_can_go_log_scale() -> None:
     assert panel.lines[1].scales["y"] is linear
     assert not any(getattr(m, "display_legend", False) for m in panel.figure.marks), "the legend is outside the plot"
     assert "loss (train)" in panel.legend.value and "val_loss (validation)" in panel.legend.value
+
+
+def test_the_cost_line_says_free_only_where_nothing_is_billed() -> None:
+    assert [job_cost(0.0, None), job_cost(0.0, 0.0), job_cost(0.0, 0.526), job_cost(0.0123, 0.526)] == [
+        "free",
+        "free",
+        "$0.00",
+        "$0.01",
+    ], "the sidebar's jobCost: a priced machine that has billed nothing yet says $0.00"
+    assert job_cost(0.0123, None) == "$0.01", "a billed job shows its dollars even where the offer is gone"
+    panel, view = ProgressPanel("job-c"), JobView("job-c")
+    assert panel.cost.value.startswith("cost — "), "nothing is known before the first event"
+    view.price_per_hour, view.cost = 0.526, 0.0
+    panel.update(view)
+    assert panel.cost.value.startswith("cost $0.00 · elapsed")
+    view.cost = 0.31
+    panel.update(view)
+    assert panel.cost.value.startswith("cost $0.31 · elapsed")
 
 
 def test_panel_buttons(done_job: Job) -> None:

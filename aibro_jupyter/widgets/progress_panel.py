@@ -17,9 +17,10 @@ import ipywidgets as w
 
 from aibro_core import vocabulary as v
 
+from ..prices import job_cost
 from ..progress import JobView, Tee, format_logs, local_notice
 from .followcontrols import FollowControls
-from .style import STYLE, text_class
+from .style import SCROLL_ROWS, STYLE, text_class
 
 STEPS = v.SUBSTATUS_ORDER
 TRAIN_COLOR, VAL_COLOR = "#1f77b4", "#ff7f0e"  # readable on JupyterLab's light and dark backgrounds alike
@@ -53,7 +54,7 @@ class ProgressPanel(FollowControls, w.VBox):
         self.log_scale.observe(lambda ch: self._set_log_scale(bool(ch["new"])), names="value")
         self.result = w.HTML()
         self.result.add_class("aibro-nb-result")
-        self.cost = w.Label("cost $0.00 · elapsed 0s")
+        self.cost = w.Label("cost — · elapsed 0s")  # "—" until the first event says what the machine costs
         self.placement = w.HTML("")  # the devices a multi-device fit trains on, and the batch each one gets
         self.figure, self.lines, self._scales = _make_figure()
         self.status = v.QUEUING
@@ -185,7 +186,7 @@ class ProgressPanel(FollowControls, w.VBox):
             self.result.value = self._final_html(view)
         self._render_state()
         elapsed = (self._ended_at or time.time()) - self.started
-        self.cost.value = f"cost ${view.cost:.2f} · elapsed {elapsed:.0f}s"
+        self.cost.value = f"cost {job_cost(view.cost, view.price_per_hour)} · elapsed {elapsed:.0f}s"
 
     def _final_html(self, view: JobView | None = None) -> str:
         """The job's result line: its final status, epochs and last epoch's metrics."""
@@ -214,7 +215,7 @@ class ProgressPanel(FollowControls, w.VBox):
             cells = "".join(f"<td>{_fmt(hist[k][j])}</td>" for k in keys)
             rows.append(f"<tr><td>{epochs[j] + 1}</td>{cells}</tr>")
         count = "1 epoch" if len(epochs) == 1 else f"all {len(epochs)} epochs, newest first"
-        caption = count + (" (scroll for more)" if len(epochs) > 8 else "")
+        caption = count + (" (scroll for more)" if len(epochs) > SCROLL_ROWS else "")
         self.metrics.value = (
             f"<div class='aibro-nb-caption'>{caption}</div><div class='aibro-nb-scroll'><table class='aibro-nb-table'>"
             f"<thead><tr><th>epoch</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"

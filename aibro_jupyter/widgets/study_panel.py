@@ -6,6 +6,7 @@ fit panel it is displayed once and afterwards only its traits change, from the t
 from __future__ import annotations
 
 import html
+import math
 import threading
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from aibro_core.models import Study, StudyTrial
 
 from .followcontrols import FollowControls
 from .progress_panel import whole_ticks
-from .style import STYLE
+from .style import SCROLL_ROWS, STYLE
 
 RUNNING_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 ENDED_COLOR = "#9e9e9e"
@@ -25,6 +26,7 @@ RULE_COLOR = "#bdbdbd"  # the parallel coordinates' axes
 BEST_COLOR, WORST_COLOR = (44, 160, 44), (214, 39, 40)  # the parallel coordinates: best trial green, worst red
 STUDY_STYLE = """<style>
 .aibro-nb-table tr.aibro-nb-best td { font-weight: 700; color: var(--jp-success-color1); }
+[data-jp-theme-light="true"] .aibro-nb-table tr.aibro-nb-best td { color: var(--jp-success-color0); }
 .aibro-nb-study-charts { flex-wrap: wrap; gap: 8px; }
 .aibro-nb-chart-title { color: var(--jp-ui-font-color2); font-size: var(--jp-ui-font-size0); margin: 2px 0 0 8px; }
 </style>"""
@@ -38,6 +40,24 @@ def _objective(study: Study) -> tuple[str, str]:
 def _shown_values(trial: StudyTrial) -> dict[str, Any]:
     """The trial's hyperparameters without KerasTuner's own bookkeeping (Hyperband's tuner/epochs and so on)."""
     return {k: val for k, val in trial.values.items() if not k.startswith("tuner/")}
+
+
+def loss_points(rows: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """A trial's loss on the chart's epoch axis: an epoch's row at its number (1, 2, …), a batch of the epoch in
+    progress part of the way there (batch 25 of 100 of epoch 1 at 0.25); a batch of an epoch whose length is not
+    known yet is left out, as is a row without a loss."""
+    xs, ys = [], []
+    for row in rows:
+        if row.get("loss") is None:
+            continue
+        if "batch" in row:
+            if not row.get("steps"):
+                continue
+            xs.append(row["epoch"] - 1 + min(1.0, row["batch"] / row["steps"]))
+        else:
+            xs.append(float(row["epoch"]))
+        ys.append(float(row["loss"]))
+    return xs, ys
 
 
 def trial_numbers(study: Study) -> list[int]:
@@ -237,6 +257,7 @@ class StudyPanel(FollowControls, w.VBox):
             body = "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
             rows.append(f"<tr data-trial='{html.escape(t.trial_id)}'{best}>{body}</tr>")
         self.table.value = (
+            f"<div class='aibro-nb-caption'>{html.escape(table_caption(len(rows)))}</div>"
             f"<div class='aibro-nb-scroll'><table class='aibro-nb-table'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>"
         )
@@ -272,33 +293,40 @@ class StudyPanel(FollowControls, w.VBox):
         scales, axis = self._loss
         import bqplot as bq
 
-        marks, legend = [], []
+        marks, legend, ended = [], [], 0
         running = [t for t in study.trials if t.status == v.TRIAL_RUNNING]
         for t in study.trials:
             history = self._histories.get(t.trial_id) or []
-            xs = [int(h["epoch"]) for h in history if h.get("loss") is not None]
-            ys = [float(h["loss"]) for h in history if h.get("loss") is not None]
-            if not xs:
-                continue
             live = t in running
+            xs, ys = loss_points([h for h in history if "batch" not in h])
+            bx, by = loss_points([h for h in history if "batch" in h]) if live else ([], [])
+            if not xs and not bx:
+                continue
             color = RUNNING_COLORS[running.index(t) % len(RUNNING_COLORS)] if live else ENDED_COLOR
-            marks.append(
-                bq.Lines(
-                    x=xs,
-                    y=ys,
-                    scales=scales,
-                    colors=[color],
-                    stroke_width=2 if live else 1,
-                    marker="circle" if live else None,
-                    opacities=[1.0 if live else 0.6],
+            if xs:
+                marks.append(
+                    bq.Lines(
+                        x=xs,
+                        y=ys,
+                        scales=scales,
+                        colors=[color],
+                        stroke_width=2 if live else 1,
+                        marker="circle" if live else None,
+                        opacities=[1.0 if live else 0.6],
+                    )
                 )
-            )
+            if bx:  # the epoch in progress, batch by batch, on from the last epoch's point
+                bx, by = xs[-1:] + bx, ys[-1:] + by
+                marks.append(bq.Lines(x=bx, y=by, scales=scales, colors=[color], stroke_width=2, line_style="dashed"))
             if live:
                 swatch = f"<span class='aibro-nb-swatch' style='background:{color}'></span>"
                 legend.append(f"<span class='aibro-nb-key'>{swatch}trial {html.escape(t.trial_id)}</span>")
-        last = max((int(h["epoch"]) for hs in self._histories.values() for h in hs), default=1)
+            else:
+                ended += 1
+        last = max((math.ceil(h["epoch"]) for hs in self._histories.values() for h in hs), default=1)
         axis.tick_values = whole_ticks(1, last)
-        ended = len(marks) - len(legend)
+        if any(m.line_style == "dashed" for m in marks):
+            legend.append("<span class='aibro-nb-key'>dashed: the epoch in progress, batch by batch</span>")
         if ended:
             swatch = f"<span class='aibro-nb-swatch' style='background:{ENDED_COLOR}'></span>"
             legend.append(f"<span class='aibro-nb-key'>{swatch}{ended} ended</span>")
@@ -359,6 +387,15 @@ class StudyPanel(FollowControls, w.VBox):
                 "stop the study).",
             )
         self.state.value = f"<div class='aibro-nb-banner aibro-nb-{kind}'>{text}</div>"
+
+
+def table_caption(trials: int) -> str:
+    """What the trials table holds, and, past the rows its box shows, that it scrolls and how many rows are out of
+    view."""
+    count = "1 trial" if trials == 1 else f"{trials} trials"
+    if trials <= SCROLL_ROWS:
+        return count
+    return f"{count}: {SCROLL_ROWS} in view, scroll the table for the other {trials - SCROLL_ROWS}"
 
 
 def _caption(text: str) -> str:

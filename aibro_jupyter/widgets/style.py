@@ -13,6 +13,10 @@ def text_class(kind: str) -> str:
     return f"aibro-nb-text-{kind}"
 
 
+SCROLL_ROWS = 8  # the rows a table's scroll box (.aibro-nb-scroll) shows whole; a longer table scrolls and says so
+ROW_PX, HEAD_PX = 25, 29  # a table row (20 px lines, padding, border) and its head, set below for every theme
+SCROLL_PX = HEAD_PX + round((SCROLL_ROWS + 0.5) * ROW_PX)  # the head, the rows shown, and half of the next one
+
 STYLE = """<style>
 .aibro-nb-panel, .aibro-nb-picker { color: var(--jp-ui-font-color1); font-family: var(--jp-ui-font-family);
   font-size: var(--jp-ui-font-size1); }
@@ -35,14 +39,14 @@ STYLE = """<style>
 .aibro-nb-step-todo { color: var(--jp-ui-font-color2); }
 .aibro-nb-step-canceled { color: var(--jp-error-color1); font-weight: bold; }
 .aibro-nb-caption { color: var(--jp-ui-font-color2); font-size: var(--jp-ui-font-size0); margin: 2px 0; }
-.aibro-nb-scroll { max-height: 230px; overflow-y: auto; border: 1px solid var(--jp-border-color2); }
+.aibro-nb-scroll { max-height: SCROLL_PXpx; overflow-y: auto; border: 1px solid var(--jp-border-color2); }
 .aibro-nb-table { border-collapse: collapse; font-family: var(--jp-code-font-family);
   font-size: var(--jp-code-font-size); }
 .aibro-nb-table th { position: sticky; top: 0; background: var(--jp-layout-color2); color: var(--jp-ui-font-color1);
   font-weight: 600; text-align: right; padding: 4px 10px; border-bottom: 1px solid var(--jp-border-color1);
-  white-space: nowrap; }
+  white-space: nowrap; line-height: 20px; }
 .aibro-nb-table td { text-align: right; padding: 2px 10px; border-bottom: 1px solid var(--jp-border-color3);
-  white-space: nowrap; }
+  white-space: nowrap; line-height: 20px; }
 .aibro-nb-table td:first-child, .aibro-nb-table th:first-child { text-align: left; }
 .aibro-nb-key { margin-right: 12px; white-space: nowrap; }
 .aibro-nb-swatch { display: inline-block; width: 14px; height: 3px; margin: 0 4px 3px 0; vertical-align: middle; }
@@ -59,4 +63,4 @@ STYLE = """<style>
 .aibro-nb-hint { color: var(--jp-ui-font-color2); }
 .aibro-nb-summary { padding: 4px 8px; background: var(--jp-layout-color2);
   border-left: 4px solid var(--jp-brand-color1); }
-</style>"""
+</style>""".replace("SCROLL_PX", str(SCROLL_PX))
