@@ -27,6 +27,9 @@ from aibro_core.models import (
     Machine,
     Machines,
     Policy,
+    Prediction,
+    PredictionRequest,
+    Predictions,
     Stats,
     Study,
     TokenInfo,
@@ -148,6 +151,11 @@ class BackendClient:
 
     def policy(self) -> Policy:
         return Policy.model_validate(self.t.json("GET", "/policy"))
+
+    def predict(self, request: PredictionRequest) -> list[Prediction]:
+        """The fit's predicted time and cost on each machine (or each one `request.machines` names)."""
+        body = request.model_dump(mode="json", exclude_none=True)
+        return Predictions.model_validate(self.t.json("POST", "/predictions", json=body)).predictions
 
     def counters(self) -> dict[str, int]:
         return Stats.model_validate(self.t.json("GET", "/stats")).counters

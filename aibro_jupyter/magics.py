@@ -19,7 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from aibro_core import vocabulary as v
-from aibro_core.models import Job, Study
+from aibro_core.models import Job, Prediction, Study
 
 from .cellfits import CellFits
 from .cellsplit import FitInBlock, SplitCell, fit_cell, split_cell
@@ -110,7 +110,7 @@ class CloudMagics(Magics):
         if machines is None and self.default_machines:
             machines = ",".join(self.default_machines)
         if machines is None:
-            machines, cool_down = await self._pick(cool_down)
+            machines, cool_down = await self._pick(cool_down, self._quiet_predictions(model, fit_args))
         job = self._submit(args, model, model_src, fit_args, machines, cool_down)
         job_id = job.job_id
         if args.detach:
@@ -254,10 +254,18 @@ class CloudMagics(Magics):
         src = ast.unparse(func.value)
         return keras_model(_eval(func.value, ns, split.filename), src), src
 
-    async def _pick(self, cool_down: float) -> tuple[str, float]:
+    def _quiet_predictions(self, model: Any, fit_args: dict[str, Any]) -> list[Prediction] | None:
+        """The fit's predicted time and cost on each machine, for the picker; None (its columns left out) when they
+        cannot be had: the fit's own checks name any problem of its arguments when it starts."""
+        try:
+            return self.trainer.predictions(_predicted_fit(model, fit_args), verbose=False)
+        except (AibroError, ValueError, TypeError):
+            return None
+
+    async def _pick(self, cool_down: float, predictions: list[Prediction] | None = None) -> tuple[str, float]:
         from .widgets.picker import MachinePicker
 
-        picker = MachinePicker(self.trainer.client.machines(), cool_down)
+        picker = MachinePicker(self.trainer.client.machines(), cool_down, predictions)
         display(picker)  # it says what to do, and folds into one line at Start
         await until(picker.started.is_set)
         assert picker.chosen is not None
@@ -360,10 +368,21 @@ class CloudMagics(Magics):
     @magic_arguments()
     @argument("--use", default=None, help="make this machine list the session default for %%cloud_fit")
     @argument("--cool-down", type=float, default=None, help="session default cool-down in seconds")
+    @argument(
+        "--predict",
+        metavar="FIT",
+        default=None,
+        help="last on the line: a fit call, e.g. model.fit(x, y, epochs=20, batch_size=64): its predicted time and "
+        "cost on each machine (on --use's machines if given)",
+    )
     @line_magic
     def cloud_machines(self, line: str) -> None:
-        """List the machines you can train on; `--use LIST` sets the session default."""
+        """List the machines you can train on; `--use LIST` sets the session default; `--predict FIT` says what
+        that fit would take on each of them."""
+        line, _, fit = line.partition("--predict")
         args = _parse(self.cloud_machines, line)
+        if _ and not fit.strip():
+            raise UsageError("--predict needs a fit call after it, e.g. %cloud_machines --predict model.fit(x, y)")
         offers = self.trainer.client.machines()
         if args.use:
             known = {o.machine_id for o in offers}
@@ -375,7 +394,27 @@ class CloudMagics(Magics):
             print(f"%%cloud_fit now defaults to {', '.join(chosen)}")
         if args.cool_down is not None:
             self.default_cool_down = args.cool_down
+        if fit.strip():
+            self._predict(fit.strip(), args.use)
+            return
         print(format_machines(offers))
+
+    def _predict(self, fit: str, machines: str | None) -> None:
+        """`%cloud_machines --predict model.fit(...)`: the fit's arguments evaluated here, as %%cloud_fit would."""
+        try:
+            call = ast.parse(fit, "<cloud_machines>", mode="eval").body
+        except SyntaxError as exc:
+            raise UsageError(f"--predict takes a fit call, e.g. model.fit(x, y, epochs=5): {exc.msg}") from None
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "fit"):
+            raise UsageError(f"--predict takes a fit call, e.g. model.fit(x, y, epochs=5), not {fit!r}")
+        ns = self.shell.user_ns
+        src = ast.unparse(call.func.value)
+        model = keras_model(_eval(call.func.value, ns, "<cloud_machines>"), src)
+        request = _predicted_fit(model, _bind_fit(call, ns, "<cloud_machines>"), machines)
+        try:
+            self.trainer.predictions(request)
+        except AibroError as exc:
+            raise UsageError(str(exc)) from None
 
     @line_magic
     def cloud_jobs(self, line: str) -> None:
@@ -561,6 +600,13 @@ def _exec_returning_last(stmts: list[ast.stmt], ns: dict[str, Any], filename: st
         return _eval(stmts[-1].value, ns, filename)
     _exec(stmts, ns, filename)
     return None
+
+
+def _predicted_fit(model: Any, fit_args: dict[str, Any], machines: str | None = None) -> FitRequest:
+    """The fit a prediction is for: the model, the fit call's bound arguments, the machines to predict on."""
+    args = dict(fit_args)
+    x, y, batch_size = args.pop("x", None), args.pop("y", None), args.pop("batch_size", None)
+    return FitRequest(model, x, y, machines, batch_size, args.pop("epochs", 1), fit_kwargs=args)
 
 
 def keras_model(value: Any, src: str) -> Any:

@@ -21,7 +21,7 @@ from aibro_core import vocabulary as v
 from aibro_core.bounds import MAX_EPOCHS
 from aibro_core.compat import keras as keras_compat
 from aibro_core.kerasfile import keras_notes_quiet
-from aibro_core.models import Data, Job, JobSpec, Machine, explain
+from aibro_core.models import Data, Job, JobSpec, Machine, Prediction, explain
 from aibro_core.requirements import runtime_versions
 
 from . import bundle as b
@@ -35,6 +35,8 @@ from .filereturn import FilesBack
 from .fitrequest import FitRequest
 from .gangcheck import check_model_code, check_workers
 from .kerasnames import attached_objects, keras_configs, plan_names
+from .modelprofile import model_profile
+from .predictions import effective_batch_size, format_predictions, prediction_request
 from .prices import hourly
 from .progress import JobView, TextProgress
 from .rebuildplan import plan_callbacks, plan_compile
@@ -108,6 +110,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(val) for k, val in value.items()}
     return value
+
+
+def _profile(model: Any, x: Any, batch_size: int | None) -> dict[str, Any] | None:
+    """The model's profile the job keeps for later predictions of the same model (modelprofile.py), as it travels;
+    None, and the fit goes on, for a model whose layers it cannot read (a prediction is worth less than the fit)."""
+    try:
+        return model_profile(model, x, effective_batch_size(batch_size, x)).model_dump(mode="json")
+    except Exception as exc:  # noqa: BLE001 - a layer's own get_config or shapes; the fit itself does not need them
+        warnings.warn(
+            f"this job will not teach later predictions: its model could not be profiled ({exc})", stacklevel=3
+        )
+        return None
 
 
 def job_spec(**fields: Any) -> JobSpec:
@@ -282,6 +296,7 @@ class Training:
                 compile=compile_args,
                 objects=names.refs,
                 cwd=str(Path.cwd()),
+                profile=_profile(model, train_X, batch_size) if build is None and not hypermodel_fit else None,
             )
         except BaseException:
             shutil.rmtree(bundle.workdir, ignore_errors=True)
@@ -390,6 +405,32 @@ class Training:
             last = {k: vals[-1] for k, vals in history.history.items()}
             print(f"[{job_id}] done: " + " - ".join(f"{k}: {val:.4f}" for k, val in last.items()), flush=True)
         return job_id, trained, history
+
+    @classmethod
+    def predict(
+        cls,
+        model: Any,
+        train_X: Any,
+        train_Y: Any = None,
+        machine_ids: str | list[str] | None = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        fit_kwargs: dict[str, Any] | None = None,
+        verbose: bool = True,
+    ) -> list[Prediction]:
+        """Before `online_fit`: the fit's predicted training time and cost on each machine (those of `machine_ids`,
+        or every one offered), each from the best source the backend has (earlier jobs of this model on that
+        machine type, else its FLOPs as a rough guess; nothing known: no numbers). Prints them as a table."""
+        return cls().predictions(FitRequest.of_call(locals()), verbose)
+
+    def predictions(self, request: FitRequest, verbose: bool = True) -> list[Prediction]:
+        """`predict` for a fit already described (the magic's)."""
+        offers = self.client.machines() if request.machine_ids else []
+        machines = _machine_list(request.machine_ids, offers) if request.machine_ids else None
+        predictions = self.client.predict(prediction_request(request, machines))
+        if verbose:
+            print(format_predictions(predictions), flush=True)
+        return predictions
 
     @classmethod
     def online_search(

@@ -240,10 +240,22 @@ def offer(mid, provider, price, gpus, vcpus, mem, spot, avail="available"):
                 memory_gib=mem, price_per_hour=price, spot=spot, availability=avail,
                 on_demand_price_per_hour=0.526 if provider == "aws" else 0.0)
 
+from aibro_core.models import Prediction
+# a digits CNN's 20 epochs: two earlier runs on local-cpu measured, a FLOPs guess on the T4, nothing for the Ray GPU
+predictions = [
+    Prediction(machine_id="local-cpu", seconds=14 * 60, cost=0.0, source="history",
+               basis="2 earlier jobs of this model on local-cpu: 1,510 samples/s over 38 epochs"),
+    Prediction(machine_id="g4dn.xlarge", seconds=170.0, cost=0.0075, source="flops",
+               basis="rough guess: 12.4 MFLOPs a sample at 20% of 8.1 TFLOP/s nominal (1x T4) and 4 ms a step"),
+    Prediction(machine_id="g4dn.xlarge.od", seconds=170.0, cost=0.0248, source="flops",
+               basis="rough guess: 12.4 MFLOPs a sample at 20% of 8.1 TFLOP/s nominal (1x T4) and 4 ms a step"),
+    Prediction(machine_id="ray-gpu", seconds=None, cost=None, source=None,
+               basis="nothing known: no earlier job of this model here, and no FLOPs or sample count to guess from"),
+]
 display(MachinePicker([
     offer("local-cpu", "local", 0.0, 0, 2, 8, False), offer("g4dn.xlarge", "aws", 0.158, 1, 4, 16, True),
     offer("g4dn.xlarge.od", "aws", 0.526, 1, 4, 16, False), offer("ray-gpu", "ray", 0.0, 1, 8, 32, False, "busy"),
-]))
+], predictions=predictions))
 import time
 # 12 epochs of a digits CNN on a g4dn.xlarge spot machine ($0.158/h) for 2 min 30 s, as a real job reports them
 view, panel = JobView("job-20261127-5f3a9c1e"), ProgressPanel("job-20261127-5f3a9c1e", "digits cnn", ["g4dn.xlarge"])
@@ -317,6 +329,10 @@ def test_picker_and_panel_read_in_both_themes(
         for machine in ("local-cpu", "ray-gpu"):  # one price story with the sidebar and %cloud_machines
             at = cells.index(machine)
             assert cells[at + 5 : at + 7] == ["free", "free"], f"{machine} costs nothing: {cells[at : at + 8]}"
+        local, ray = cells.index("local-cpu"), cells.index("ray-gpu")
+        assert cells[local + 7 : local + 9] == ["14 min", "free"] and cells[ray + 7 : ray + 9] == ["—", "—"], cells
+        tip = page.locator(".aibro-nb-picker .aibro-nb-cell span", has_text="14 min").get_attribute("title")
+        assert tip.startswith("history: 2 earlier jobs of this model"), tip
         for head in page.locator(".aibro-nb-picker .aibro-nb-head button").all():
             assert head.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), f"a cramped header: {head.inner_text()}"
         assert page.locator(".aibro-nb-panel .aibro-nb-result pre").count() == 1, "the fit panel shows the result"

@@ -56,6 +56,17 @@ print("STEPS", int(model.optimizer.iterations.numpy()))
     assert not any("$" in c for c in costs), costs
 
 
+def test_cloud_machines_predicts_a_fit_from_the_earlier_jobs_of_its_model(kernel) -> None:  # noqa: ANN001
+    """After the first test's job of this model (x_scaled has x_train's shape), the same fit is predicted from it."""
+    res = run_cell(kernel, "%cloud_machines --predict model.fit(x_train, y_train, epochs=5, batch_size=32)")
+    assert not res.error, res.error
+    (row,) = [line for line in res.stdout.splitlines() if line.startswith("local-cpu")]
+    assert re.search(r"free  history: \d+ earlier jobs? of this model on local-cpu", row), res.stdout
+    res = run_cell(kernel, "%cloud_machines --predict print(1)")
+    said = res.stdout + res.error
+    assert "UsageError: --predict takes a fit call, e.g. model.fit(x, y, epochs=5), not 'print(1)'" in said, said
+
+
 @pytest.mark.parametrize(
     "cell, message",
     [

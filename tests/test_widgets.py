@@ -9,13 +9,13 @@ import ipywidgets as w
 import pytest
 
 from aibro_core import vocabulary as v
-from aibro_core.models import Job, Machine, TimelineEntry
+from aibro_core.models import Job, Machine, Prediction, TimelineEntry
 from aibro_jupyter.client import BackendClient
 from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.prices import job_cost
 from aibro_jupyter.progress import JobView
 from aibro_jupyter.training import Training
-from aibro_jupyter.widgets.picker import MachinePicker, marketplace_rows
+from aibro_jupyter.widgets.picker import COLUMNS, MachinePicker, marketplace_rows
 from aibro_jupyter.widgets.progress_panel import ProgressPanel, epoch_ticks
 from aibro_jupyter.widgets.timeline import durations, timeline_chart
 
@@ -255,6 +255,36 @@ def test_picker_reads_like_a_marketplace() -> None:
     assert "$0.160" in cells and "$0.526" in cells and "$3.100" in cells, "spot and on-demand prices side by side"
     with pytest.raises(ValueError, match="sort by one of spot, on-demand, GPU"):
         picker.sort_by("colour")
+
+
+def test_the_picker_shows_a_fits_predicted_time_and_cost_and_sorts_by_them() -> None:
+    def predicted(mid: str, seconds: float | None, cost: float | None, source: str | None) -> Prediction:
+        return Prediction(machine_id=mid, seconds=seconds, cost=cost, source=source, basis=f"basis of {mid}")
+
+    predictions = [
+        predicted("g4dn.xlarge", 600.0, 0.027, "history"),
+        predicted("g4dn.xlarge.od", 600.0, 0.088, "history"),
+        predicted("p3.8xlarge", 130.0, 0.11, "flops"),
+        predicted("local-cpu", None, None, None),
+    ]
+    assert "time" not in COLUMNS and "time" not in MachinePicker(MARKET).sort_buttons, "no fit, no prediction column"
+    picker = MachinePicker(MARKET, predictions=predictions)
+    heads = [b.description for b in picker.sort_buttons.values()]
+    assert "time" in heads and "cost" in heads, heads
+    cells = [c.value for c in picker.grid.children if isinstance(c, w.HTML)]
+    gpu = cells.index("<code>g4dn.xlarge</code>")
+    assert cells[gpu + 7 : gpu + 9] == [
+        "<span title='history: basis of g4dn.xlarge'>10 min</span>",
+        "<span title='history: basis of g4dn.xlarge'>$0.03</span>",
+    ], "the spot variant's prediction, its source in the tooltip"
+    big = cells.index("<code>p3.8xlarge</code>")
+    assert [c.split(">")[1].split("<")[0] for c in cells[big + 7 : big + 9]] == ["~2 min", "~$0.11"], "a rough guess"
+    local = cells.index("<code>local-cpu</code>")
+    assert "basis of local-cpu'>—</span>" in cells[local + 7], "nothing known: a dash"
+    picker.sort_buttons["time"].click()
+    assert picker.visible_rows == ["p3.8xlarge", "g4dn.xlarge", "local-cpu"], "fastest first, unknown last"
+    picker.sort_buttons["cost"].click()
+    assert picker.visible_rows == ["g4dn.xlarge", "p3.8xlarge", "local-cpu"], "cheapest first, unknown last"
 
 
 def test_picker_orders_spot_and_on_demand() -> None:

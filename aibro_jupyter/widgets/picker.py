@@ -12,8 +12,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from aibro_core.models import Machine
+from aibro_core.models import Machine, Prediction
 
+from ..predictions import shown
 from ..prices import hourly
 from .style import STYLE, text_class
 
@@ -36,6 +37,7 @@ class Row:
     availability: str
     spot: tuple[str, float] | None = None
     on_demand: tuple[str, float] | None = None
+    prediction: Prediction | None = None  # the fit's, on the spot variant where there is one (issue 38)
 
     @property
     def free(self) -> bool:
@@ -46,20 +48,28 @@ class Row:
         return 0.0 if self.free else (variant[1] if variant else None)
 
 
-# A price column sorts the machines that have that price; the ones without it stay at the end either way.
+# A price column (or a predicted time or cost) sorts the machines that have one; the others stay at the end.
 PRICED: dict[str, Callable[[Row], float | None]] = {
     "spot": lambda r: r.cost(r.spot),
     "on-demand": lambda r: r.cost(r.on_demand),
+    "time": lambda r: r.prediction.seconds if r.prediction else None,
+    "cost": lambda r: r.prediction.cost if r.prediction else None,
 }
 SORTS: dict[str, Callable[[Row], Any]] = {
-    **PRICED,
+    "spot": PRICED["spot"],
+    "on-demand": PRICED["on-demand"],
     "GPU": lambda r: (r.gpu_count, r.gpu_type or ""),
     "vCPU": lambda r: r.vcpus,
     "memory": lambda r: r.memory_gib,
     "availability": lambda r: AVAILABILITY_RANK.get(r.availability, 0),
+    "time": PRICED["time"],
+    "cost": PRICED["cost"],
 }
 COLUMNS = ["machine", "provider", "GPU", "vCPU", "memory", "spot $/h", "on-demand $/h", "availability", "add to list"]
+PREDICTED = ["time", "cost"]  # with a fit's predictions: after the prices
 SORTABLE = {
+    "time": "time",
+    "cost": "cost",
     "GPU": "GPU",
     "vCPU": "vCPU",
     "memory": "memory",
@@ -95,16 +105,25 @@ def marketplace_rows(offers: list[Machine]) -> list[Row]:
 class MachinePicker(w.VBox):
     """Pick an ordered fallback list of machines; Start sets `chosen` (machine ids, cool-down seconds)."""
 
-    def __init__(self, offers: list[Machine], cool_down_s: float = 0) -> None:
+    def __init__(
+        self, offers: list[Machine], cool_down_s: float = 0, predictions: list[Prediction] | None = None
+    ) -> None:
+        """`predictions` (Training.predictions of the fit): a predicted time and cost column, each cell's tooltip
+        saying where its number came from."""
         self.offers = offers
         self.rows = marketplace_rows(offers)
+        self.columns = COLUMNS if predictions is None else [*COLUMNS[:7], *PREDICTED, *COLUMNS[7:]]
+        by_id = {p.machine_id: p for p in predictions or []}
+        for row in self.rows:
+            variants = [variant[0] for variant in (row.spot, row.on_demand) if variant]
+            row.prediction = next((by_id[m] for m in variants if m in by_id), None)
         self.sort_key, self.descending = "spot", False
         self.started = threading.Event()
         self.chosen: tuple[list[str], float] | None = None
         self.hint = w.HTML(f"{STYLE}<div class='aibro-nb-hint'>{html.escape(HINT)}</div>")
         self.grid = w.GridBox(
             layout=w.Layout(
-                grid_template_columns=f"repeat({len(COLUMNS)}, max-content)",
+                grid_template_columns=f"repeat({len(self.columns)}, max-content)",
                 width="max-content",
                 max_width="100%",
                 overflow="auto",  # a narrow notebook scrolls the table rather than cutting it off
@@ -144,8 +163,8 @@ class MachinePicker(w.VBox):
         return [r.machine for r in self._sorted()]
 
     def sort_by(self, key: str) -> None:
-        """Sort the table by spot or on-demand price, GPU, vCPU, memory or availability; the same key again
-        reverses it."""
+        """Sort the table by spot or on-demand price, GPU, vCPU, memory, availability, or the fit's predicted time or
+        cost; the same key again reverses it."""
         if key not in SORTS:
             raise ValueError(f"sort by one of {', '.join(SORTS)}, not {key!r}")
         self.descending = (
@@ -192,7 +211,7 @@ class MachinePicker(w.VBox):
 
     def _render_grid(self) -> None:
         cells: list[w.Widget] = []
-        for col in COLUMNS:
+        for col in self.columns:
             key = SORTABLE.get(col)
             if key:
                 arrow = (" ▼" if self.descending else " ▲") if key == self.sort_key else ""
@@ -216,6 +235,7 @@ class MachinePicker(w.VBox):
                 str(r.vcpus),
                 f"{r.memory_gib:g} GiB",
                 *(hourly(r.cost(variant)) if r.cost(variant) is not None else "—" for variant in (r.spot, r.on_demand)),
+                *self._predicted(r),
                 html.escape(r.availability),
             ]
             for t in texts:
@@ -230,6 +250,13 @@ class MachinePicker(w.VBox):
             box.add_class("aibro-nb-cell")
             cells.append(box)
         self.grid.children = cells
+
+    def _predicted(self, r: Row) -> list[str]:
+        """The row's predicted time and cost cells, each with where the number came from as its tooltip."""
+        if self.columns is COLUMNS:
+            return []
+        time_, cost, source = shown(r.prediction)
+        return [f"<span title='{html.escape(source, quote=True)}'>{html.escape(t)}</span>" for t in (time_, cost)]
 
     def _add_button(self, machine_id: str, label: str) -> w.Button:
         b = self.add_buttons.get(machine_id)

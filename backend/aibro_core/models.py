@@ -669,6 +669,26 @@ ObjectRefs = Annotated[
 ]
 
 
+FINGERPRINT_PATTERN = r"^[0-9a-f]{16,64}$"
+
+
+class ModelProfile(Request):
+    """What a time prediction knows of a fit before it runs (issue 38), and what a job keeps for the next one's:
+    the model's fingerprint and its training FLOPs per sample. Made in the kernel (aibro_jupyter/modelprofile.py)."""
+
+    fingerprint: described(
+        Annotated[str, Field(pattern=FINGERPRINT_PATTERN)],
+        "'fingerprint' must be 16 to 64 lowercase hex digits (the kernel's digest of the model's architecture, its "
+        "input shapes and the batch size)",
+        False,
+    ) = Field(description="a digest of the model's architecture, its input shapes and the batch size")
+    flops_per_sample: described(
+        Annotated[float, Field(ge=0, le=1e18, allow_inf_nan=False)] | None,
+        "'flops_per_sample' must be a number of FLOPs from 0 to 1e18, or null",
+        False,
+    ) = Field(None, description="one training step's floating-point operations per sample (forward and backward)")
+
+
 GANG_CALLBACKS = ("EarlyStopping", "ReduceLROnPlateau", "TerminateOnNaN", "LearningRateScheduler")
 """The callbacks a job of several workers runs: ones that only read an epoch's logs and set the model's state, so each
 worker runs its own and, the logs being the gang's, all decide alike (the others write files or hold state that one
@@ -688,6 +708,9 @@ class JobSpec(Request):
     fit: FitArgs = Field(default_factory=FitArgs)
     machines: MachineList
     description: Description = ""
+    profile: ModelProfile | None = Field(
+        None, description="the model's fingerprint and FLOPs: what later predictions of the same model learn from"
+    )
     cool_down_s: described(
         Annotated[float, Field(ge=0, le=MAX_COOL_DOWN_S, allow_inf_nan=False)],
         "'cool_down_s' must be a number of seconds between 0 and one week (604800)",
@@ -1209,6 +1232,49 @@ class Machine(Response):
 
 class Machines(Response):
     machines: list[Machine]
+
+
+class PredictionRequest(Request):
+    """A fit to predict on each machine before it starts (POST /predictions)."""
+
+    profile: ModelProfile
+    epochs: described(
+        Annotated[int, Field(ge=1, le=MAX_EPOCHS), INTEGRAL],
+        f"'epochs' must be an integer from 1 to {MAX_EPOCHS}",
+        False,
+    )
+    samples: described(
+        Annotated[int, Field(ge=1, le=2**53), INTEGRAL] | None,
+        "'samples' must be the number of samples in the fit's x (a positive integer), or null when unknown",
+        False,
+    ) = None
+    batch_size: described(
+        Annotated[int, Field(ge=1, le=2**31), INTEGRAL] | None,
+        "'batch_size' must be a positive integer, or null",
+        False,
+    ) = None
+    machines: described(
+        Annotated[list[Annotated[str, Field(min_length=1, max_length=100)]], Field(max_length=256)] | None,
+        "'machines' must be a list of machine ids (see GET /machines), or null for every one",
+        False,
+    ) = None
+
+
+class Prediction(Response):
+    """One machine's predicted training time and cost for a fit, and where the numbers came from."""
+
+    machine_id: str
+    seconds: float | None = Field(description="the fit's predicted training time; null where nothing is known")
+    cost: float | None = Field(description="USD at the machine's price for those seconds; null with them")
+    source: Literal[v.PREDICTION_SOURCES] | None = Field(  # type: ignore[valid-type]
+        description="where the step time came from, best first: history (earlier jobs of this model on this machine "
+        "type), flops (the model's FLOPs against the machine's nominal throughput: a rough guess); null: nothing"
+    )
+    basis: str = Field(description="what the number rests on, in words (the jobs, epochs or FLOPs it used)")
+
+
+class Predictions(Response):
+    predictions: list[Prediction]
 
 
 class Policy(Response):

@@ -46,6 +46,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("get", "/health", "who the token belongs to and the backend version", browser=True),
     Endpoint("get", "/machines", "the marketplace: every machine this backend can start", browser=True),
     Endpoint("get", "/policy", "per-user limits", browser=True),
+    Endpoint(
+        "post",
+        "/predictions",
+        "a fit's predicted training time and cost on each machine, from earlier jobs of its model or its FLOPs",
+    ),
     Endpoint("get", "/stats", "per-user counters (bytes received, ...)"),
     Endpoint("get", "/auth/tokens", "the caller's live tokens (ids and times, never a secret)"),
     Endpoint("post", "/auth/tokens", "a new token for the calling user"),

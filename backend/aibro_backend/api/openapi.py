@@ -69,6 +69,7 @@ ANSWERS: dict[str, Answer] = {
     "get /health": Answer(m.Health),
     "get /machines": Answer(m.Machines),
     "get /policy": Answer(m.Policy),
+    "post /predictions": Answer(m.Predictions, (400,), m.PredictionRequest),
     "get /stats": Answer(m.Stats),
     "get /auth/tokens": Answer(m.Tokens),
     "post /auth/tokens": Answer(m.TokenMinted, (400, 429), m.TokenMint, None, 201),

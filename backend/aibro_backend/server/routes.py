@@ -8,7 +8,7 @@ import tornado.web
 
 from aibro_core import routes as api_routes
 
-from ..api import studies, tokens, transfer, user, worker
+from ..api import predictions, studies, tokens, transfer, user, worker
 from ..api.base import BaseHandler
 from ..api.openapi import OpenApiHandler
 from .state import Backend
@@ -24,6 +24,7 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "/health": user.HealthHandler,
     "/machines": user.MachinesHandler,
     "/policy": user.PolicyHandler,
+    "/predictions": predictions.PredictionsHandler,
     "/stats": user.StatsHandler,
     "/auth/tokens": tokens.TokensHandler,
     "/auth/tokens/{token_id}": tokens.TokenHandler,
