@@ -15,10 +15,19 @@ class Greedy(keras.layers.Layer):
     file of that size; `chunks_mb` writes that many files of 1 MB, one per call (so an epoch end finds them);
     `hold_mb` keeps that much memory, written so that it is resident."""
 
-    def __init__(self, files: int = 0, write_mb: int = 0, chunks_mb: int = 0, hold_mb: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        files: int = 0,
+        write_mb: int = 0,
+        chunks_mb: int = 0,
+        hold_mb: int = 0,
+        on_backend: str = "",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.files, self.write_mb, self.chunks_mb, self.hold_mb = files, write_mb, chunks_mb, hold_mb
-        if not os.environ.get("AIBRO_WORKER_DIR"):
+        self.on_backend = on_backend  # only where Keras runs on this backend ("jax": a gang's members), if given
+        if not os.environ.get("AIBRO_WORKER_DIR") or on_backend not in ("", keras.backend.backend()):
             return
         self._held = [open(os.devnull) for _ in range(files)]  # noqa: SIM115 - held on purpose
         self._memory = b"x" * (hold_mb << 20)
@@ -38,5 +47,6 @@ class Greedy(keras.layers.Layer):
             "files": self.files,
             "write_mb": self.write_mb,
             "chunks_mb": self.chunks_mb,
+            "on_backend": self.on_backend,
             "hold_mb": self.hold_mb,
         }

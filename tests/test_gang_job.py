@@ -13,6 +13,8 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from backend_proc import own_backend
+from greedy_layer import Greedy
 from kernel_helpers import digits_setup, run_cell, start_kernel
 
 from aibro_core import vocabulary as v
@@ -270,3 +272,20 @@ def test_a_tf_data_pipeline_trains_on_two_workers_as_in_one_fit(client, digits) 
     odd = tf.data.Dataset.from_tensor_slices((x, y)).batch(33)
     with pytest.raises(ValidationError, match="batches of 33 are not a multiple of the 2 workers"):
         Training.online_fit(make_model(), odd, None, "local-cpu", None, 1, workers=2, verbose=False)
+
+
+def test_a_gang_over_its_memory_limit_ends_naming_it_and_is_not_started_again(tmp_path: Path, digits) -> None:  # noqa: ANN001
+    """The job's limit counts the agent and every member (their tree); over it, the members are killed, and the
+    job ends with the limit's message, not with a restart of a gang that would only hit it again."""
+    limit = 5 << 30
+    model = keras.Sequential([keras.Input((64,)), Greedy(hold_mb=2500, on_backend="jax"), *make_model().layers])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    with own_backend(tmp_path / "home", AIBRO_JOB_MAX_MEMORY_BYTES=str(limit)) as backend:
+        client = backend.client()
+        trainer = Training(client)
+        job = trainer.submit(FitRequest(model, digits[0], digits[1], "local-cpu", BATCH, 3, workers=2))
+        view = trainer.watch(job.job_id)
+        assert view.status == v.CANCELED
+        assert view.errors and re.search(r"held .* of memory .* over its limit of 5\.0 GiB", view.errors[-1])
+        said = [str(e["data"].get("message", "")) for e in client.events(job.job_id)["events"] if e["type"] == v.EV_LOG]
+        assert not any("start again" in m for m in said), said

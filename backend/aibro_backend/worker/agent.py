@@ -254,7 +254,8 @@ class Worker:
         memory.check()
         self._status(outbox, v.SUB_TRAINING)
         if spec.workers > 1:
-            return self._fit_gang(outbox, job_id, attempt, spec, model, model_path, (x, y, sw, validation_data), fit)
+            data = (x, y, sw, validation_data)
+            return self._fit_gang(outbox, job_id, attempt, spec, model, model_path, data, fit, memory)
         replicas = _replicas(model) if getattr(model, "distribute_strategy", None) is not None else 1
         if replicas > 1:
             batch = int(fit.get("batch_size") or 32)
@@ -355,6 +356,7 @@ class Worker:
         model_path: Path,
         data: tuple[Any, Any, Any, Any],
         fit: dict[str, Any],
+        memory: MemoryWatch,
     ) -> tuple[str, str | None]:
         """The fit by `spec.workers` processes of this machine on Keras-on-JAX (gangrun.py); checkpoints, events and
         the returned model go as a one-process fit's do."""
@@ -386,7 +388,15 @@ class Worker:
         scratch = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.workdir))
         pipeline = EpochPipeline(outbox, model, None, upload_checkpoint, scratch)
         try:
-            ended = fit_in_gang(job, model, pipeline, outbox.cancel, len(given.arrays["x"]))
+            ended = fit_in_gang(
+                job,
+                model,
+                pipeline,
+                outbox.cancel,
+                len(given.arrays["x"]),
+                check=memory.check,
+                at_epoch_end=lambda: self.limits.check_disk(self.workdir),
+            )
             pipeline.drain()
         finally:
             pipeline.close()

@@ -240,12 +240,15 @@ class GangFit:
         on_batch: Callable[[dict[str, Any]], None],
         cancel: threading.Event,
         on_end: Callable[[Path], None] = lambda _: None,
+        check: Callable[[], None] = lambda: None,
     ) -> bool:
-        """Follow the gang to its end; False when `cancel` ended it. A member that fails raises with its log."""
+        """Follow the gang to its end; False when `cancel` ended it. A member that fails raises with its log;
+        `check` raises what ended the job's processes from outside (its memory limit) before a lost member is
+        taken for a fault to recover from."""
         for _ in range(PORT_ATTEMPTS):
             self.start()
             try:
-                outcome = self._follow(on_epoch, on_batch, cancel, on_end)
+                outcome = self._follow(on_epoch, on_batch, cancel, on_end, check)
             finally:
                 self.end()
             if outcome is not None:
@@ -258,12 +261,14 @@ class GangFit:
         on_batch: Callable[[dict[str, Any]], None],
         cancel: threading.Event,
         on_end: Callable[[Path], None],
+        check: Callable[[], None],
     ) -> bool | None:
         """True when every member ended well, False on cancel, None when member 0 found its port taken."""
         pending = b""
         with contextlib.ExitStack() as stack:
             reader = None
             while True:
+                check()
                 if cancel.is_set():
                     return False
                 if reader is None and self.progress.exists():
@@ -280,6 +285,7 @@ class GangFit:
                     return None
                 failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
                 if failed:
+                    check()
                     lost = [i for i in failed if (codes[i] or 0) < 0]
                     first = lost[0] if lost else failed[0]
                     raise (GangLost if lost else RuntimeError)(self.failure(first, codes[first]))
@@ -338,6 +344,8 @@ def fit_in_gang(
     pipeline: EpochPipeline,
     cancel: threading.Event,
     samples: int,
+    check: Callable[[], None] = lambda: None,
+    at_epoch_end: Callable[[], None] = lambda: None,
 ) -> bool:
     """Run the gang and pass each of its epochs through `pipeline` as the agent's own fit would; False if canceled.
     A member lost (killed, or gone silent) ends the others; the gang then starts again from the last epoch this
@@ -352,6 +360,7 @@ def fit_in_gang(
 
     def on_epoch(e: Epoch) -> None:
         nonlocal done
+        at_epoch_end()
         put_values(model, e.snapshot)
         e.snapshot.unlink(missing_ok=True)
         data = {
@@ -373,7 +382,7 @@ def fit_in_gang(
     current = job
     for restart in range(MAX_RESTARTS + 1):
         try:
-            return GangFit(current).run(on_epoch, on_batch, cancel, lambda final: put_values(model, final))
+            return GangFit(current).run(on_epoch, on_batch, cancel, lambda final: put_values(model, final), check)
         except GangLost as exc:
             if restart == MAX_RESTARTS:
                 raise RuntimeError(f"{exc}\n(the gang was started again {MAX_RESTARTS} times)") from None
