@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 from backend_proc import own_backend
+from gang_layers import Doubled, scaled_crossentropy
 from greedy_layer import Greedy
 from kernel_helpers import digits_setup, run_cell, start_kernel
 
@@ -289,3 +290,22 @@ def test_a_gang_over_its_memory_limit_ends_naming_it_and_is_not_started_again(tm
         assert view.errors and re.search(r"held .* of memory .* over its limit of 5\.0 GiB", view.errors[-1])
         said = [str(e["data"].get("message", "")) for e in client.events(job.job_id)["events"] if e["type"] == v.EV_LOG]
         assert not any("start again" in m for m in said), said
+
+
+def test_the_users_own_layer_and_closure_loss_reach_every_worker(client, digits) -> None:  # noqa: ANN001
+    """Code of the user's that the model names (a keras.ops layer, a closure loss) travels as for any job, and each
+    member of the gang finds it (the objects the spec names, on the agent's import path)."""
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(6)
+        m = keras.Sequential([keras.Input((64,)), Doubled(), keras.layers.Dense(10, activation="softmax")])
+        m.compile(optimizer="adam", loss=scaled_crossentropy(0.5))
+        return m
+
+    x, y = digits[0], digits[1]
+    ref = build().fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = build()
+    _, _, history = Training.online_fit(
+        model, x, y, "local-cpu", BATCH, 2, fit_kwargs={"shuffle": False}, workers=2, verbose=False
+    )
+    np.testing.assert_allclose(history.history["loss"], ref.history["loss"], rtol=1e-3)
