@@ -309,3 +309,15 @@ def test_the_users_own_layer_and_closure_loss_reach_every_worker(client, digits)
         model, x, y, "local-cpu", BATCH, 2, fit_kwargs={"shuffle": False}, workers=2, verbose=False
     )
     np.testing.assert_allclose(history.history["loss"], ref.history["loss"], rtol=1e-3)
+
+
+@pytest.mark.fast
+def test_a_worker_without_jax_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from aibro_backend.worker import gangrun
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jax" else real(name, *a))
+    with pytest.raises(gangrun.GangRefused, match=r"no jax: install the worker extra \(pip install 'aibro-backend"):
+        gangrun.require_jax(2)
