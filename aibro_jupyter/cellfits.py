@@ -116,7 +116,7 @@ class CellFits:
             )
         label = f"fit {self.count} of this cell" + (f" — {job.description}" if job.description else "")
         view = await self.magics._follow(
-            job_id, label, job.machines, quiet=self.args.quiet, show=self._show, notes=self.notes
+            job_id, label, job.machines, quiet=self.args.quiet, show=self._show, notes=self.notes, workers=job.workers
         )
         where = f"the cell stopped at its fit on line {self.plan.line} (fit {self.count}); the rest of it did not run"
         if view is None:

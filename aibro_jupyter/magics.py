@@ -116,7 +116,7 @@ class CloudMagics(Magics):
         if args.detach:
             print(f"{job_id} started on {', '.join(job.machines)}; follow it with %cloud_attach {job_id}")
             return None
-        view = await self._follow(job_id, job.description, job.machines, quiet=args.quiet)
+        view = await self._follow(job_id, job.description, job.machines, quiet=args.quiet, workers=job.workers)
         if view is None:
             return None
         with self.last_panel.after_fit():  # what runs after the fit shows in the panel too (it survives a reload)
@@ -280,13 +280,14 @@ class CloudMagics(Magics):
         quiet: bool = False,
         show: Callable[[Any], Any] = display,
         notes: set[str] | None = None,
+        workers: int = 1,
     ) -> JobView | None:
         """Show the panel (`show`: displayed in the cell, or in the place of a fit's panel before it) and follow the
         job until it ends; None when the user detached. A worker's note already in `notes` is not printed again (the
         same warning from every job of a loop)."""
         from .widgets.progress_panel import ProgressPanel
 
-        panel = ProgressPanel(job_id, description, machines)
+        panel = ProgressPanel(job_id, description, machines, workers)
         panel.on_cancel(lambda: self.trainer.client.cancel(job_id))
         self.last_panel = panel
         show(panel)
@@ -456,7 +457,7 @@ class CloudMagics(Magics):
             return
         try:
             job = self.trainer.client.job(args.job_id)
-            view = await self._follow(args.job_id, job.description, job.machines)
+            view = await self._follow(args.job_id, job.description, job.machines, workers=job.workers)
             if view is not None:
                 with self.last_panel.after_fit():
                     self._bind(view, args.into or job.meta.get("variable"))

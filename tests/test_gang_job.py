@@ -169,6 +169,8 @@ print("BACK", id(model) == model_id, len(history.history["loss"]), int(model.opt
         )
         assert not res.error, res.error
         assert re.search(rf"BACK True 2 {STEPS * 2}\b", res.stdout), res.stdout
+        headers = [str(st.get("value", "")) for st in res.widgets.values() if "aibro-nb-header" in str(st.get("value"))]
+        assert any("on local-cpu · 2 workers" in h for h in headers), headers
         refused = run_cell(kc, "%%cloud_fit --machine local-cpu --workers 3\nmodel.fit(x_train, y_train)")
         assert "batch_size 32 is not a multiple of the 3 workers" in refused.stdout + refused.error
     finally:

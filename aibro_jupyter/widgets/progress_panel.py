@@ -31,13 +31,13 @@ class ProgressPanel(FollowControls, w.VBox):
     """Status → substatus stepper, epoch and batch bars, all epochs' metrics, live curves, cost, Cancel and Detach,
     and a state line that says whether the cell still runs, is done, or was detached."""
 
-    def __init__(self, job_id: str, description: str = "", machines: list[str] | None = None) -> None:
+    def __init__(self, job_id: str, description: str = "", machines: list[str] | None = None, workers: int = 1) -> None:
         self.job_id = job_id
         self.started = time.time()
         self._make_controls()
         self._ended_at: float | None = None
         self._last_view: JobView | None = None  # the final picture, for the result line
-        self.header = w.HTML(STYLE + self._header_html(description, machines or []))
+        self.header = w.HTML(STYLE + self._header_html(description, machines or [], workers))
         self.state = w.HTML()
         self.state.add_class("aibro-nb-state")
         self.stepper = w.HTML()
@@ -112,9 +112,10 @@ class ProgressPanel(FollowControls, w.VBox):
         sys.stdout, sys.stderr = out, err
         self.cell_done("".join(buf))
 
-    def _header_html(self, description: str, machines: list[str]) -> str:
+    def _header_html(self, description: str, machines: list[str], workers: int = 1) -> str:
         desc = f" — {html.escape(description)}" if description else ""
-        on = f" <small>on {html.escape(', '.join(machines))}</small>" if machines else ""
+        gang = f" · {workers} workers" if workers > 1 else ""
+        on = f" <small>on {html.escape(', '.join(machines))}{gang}</small>" if machines else ""
         return f"<div class='aibro-nb-header'><b>{html.escape(self.job_id)}</b>{desc}{on}</div>"
 
     def _render_state(self) -> None:
