@@ -271,9 +271,9 @@ class GangFit:
                 check()
                 if cancel.is_set():
                     return False
+                codes = [p.poll() for p in self.procs]  # before reading: an exit seen here wrote all it will
                 if reader is None and self.progress.exists():
                     reader = stack.enter_context(open(self.progress, "rb"))
-                codes = [p.poll() for p in self.procs]
                 chunk = reader.read() if reader is not None else b""
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
