@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aibro_core import vocabulary as v
-from aibro_core.backoff import Backoff, retry
+from aibro_core.backoff import S3_PART, Backoff, retry
 from aibro_core.errors import AibroError, ApiError, BackendUnreachable
 from aibro_core.models import (
     Artifact,
@@ -37,7 +37,7 @@ from aibro_core.models import (
     TokenRevoked,
     Tokens,
 )
-from aibro_core.presigned import ViewBody, upload_via_s3
+from aibro_core.presigned import S3_RETRY_S, ViewBody, again_later, upload_via_s3
 from aibro_core.transport import (
     EVENT_PORT_CONNECT_S,
     EVENT_PORT_RECHECK_S,
@@ -408,15 +408,28 @@ class BackendClient:
 
     def download_artifact(self, job_id: str, name: str, dest: Path) -> Path:
         """Stream an artifact to `dest`; a backend keeping bytes in S3 answers a redirect to a presigned URL, which
-        requests follows without the bearer token (another host or port)."""
+        requests follows without the bearer token (another host or port). A download that breaks off, or S3 failing
+        for now (a 5xx), starts again, for up to S3_RETRY_S (aibro_core/presigned.py)."""
+        import requests
+
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        resp = self.t.request("GET", f"/jobs/{job_id}/artifacts/{name}", stream=True)
         part = dest.with_name(f".{dest.name}.aibro-part")
-        try:
-            with open(part, "wb") as f:
+
+        def once() -> None:
+            resp = self.t.request("GET", f"/jobs/{job_id}/artifacts/{name}", stream=True)
+            with resp, open(part, "wb") as f:
                 for chunk in resp.iter_content(1 << 20):
                     f.write(chunk)
+
+        def broke(exc: BaseException) -> bool:  # an unreachable backend is the caller's to handle, as before
+            return again_later(exc) and not isinstance(exc, BackendUnreachable)
+
+        try:
+            try:
+                retry(once, retry_on=broke, within_s=S3_RETRY_S, backoff=S3_PART)
+            except requests.RequestException as exc:
+                raise BackendUnreachable(f"the download of {name} kept breaking off: {exc}") from None
             os.replace(part, dest)  # whoever reads dest (the next cell's load_model) never sees half a file
         finally:
             part.unlink(missing_ok=True)

@@ -29,7 +29,7 @@ class Backoff:
 
 
 WORKER = Backoff(0.2, 2.0)  # a worker calling its backend, which may be restarting
-S3_PART = Backoff(0.5, 4.0)  # one part of a presigned upload
+S3_PART = Backoff(0.5, 4.0, jitter=True)  # S3 transfers (and the backend's S3 calls): retriers out of step
 
 
 def retry(

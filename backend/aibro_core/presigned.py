@@ -5,6 +5,11 @@ straight to S3, PARALLEL_PARTS parts at a time (a single connection to S3 rarely
 its own round trips), and `finish` hands the parts' ETags back for the backend to complete, verify and index. A
 part is read where it is (`read` may answer a memoryview of an array's buffer), so memory in flight is at most
 PARALLEL_PARTS parts. The presigned requests carry no bearer token: the URL is the permission.
+
+S3 has bad minutes (500, 503 SlowDown, dropped connections): a part is sent again, and `start` and `finish` asked
+again when the backend answers that its bucket is not answering (503), with jittered backoff for up to S3_RETRY_S
+each; only then does the upload fail, saying so. `again_later` is the same judgement for a download that a backend
+keeping bytes in S3 redirects there.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from .errors import ApiError, BackendUnreachable
 from .files import sha256_file
 from .transport import Transport
 
-PUT_TRIES = 4
+S3_RETRY_S = 120.0  # how long one part, or the backend's start or finish, is tried again while S3 fails
 PUT_TIMEOUT_S = 300
 PARALLEL_PARTS = 4
 
@@ -54,7 +59,7 @@ def upload_via_s3(
     body: dict[str, Any] = {"size": size, **extra}
     if sha:
         body["sha256"] = sha
-    plan = t.json("POST", path, json={"action": "start", **body})
+    plan = _asked(t, path, {"action": "start", **body})
     along = None if sha else HashAlong(size, read)
     local = threading.local()
 
@@ -75,7 +80,16 @@ def upload_via_s3(
     finish = {"action": "finish", **body, "upload_id": plan.get("upload_id")}
     if plan.get("upload_id"):
         finish["parts"] = done
-    return t.json("POST", path, json=finish)
+    return _asked(t, path, finish)
+
+
+def _asked(t: Transport, path: str, body: dict[str, Any]) -> Any:
+    """POST `body` to the backend, again while it answers that its S3 bucket is not answering (503)."""
+    return retry(lambda: t.json("POST", path, json=body), retry_on=_bucket_down, within_s=S3_RETRY_S, backoff=S3_PART)
+
+
+def _bucket_down(exc: BaseException) -> bool:
+    return isinstance(exc, ApiError) and exc.status == 503
 
 
 class HashAlong:
@@ -118,11 +132,15 @@ def _put(s3: requests.Session, part: dict[str, Any], data: bytes | memoryview) -
             raise ApiError(resp.status_code, f"S3 refused part {part['number']}: {resp.text[:300]}")
         return resp.headers.get("ETag") or "-"
 
-    return retry(once, retry_on=_worth_again, attempts=PUT_TRIES, backoff=S3_PART)
+    return retry(once, retry_on=again_later, within_s=S3_RETRY_S, backoff=S3_PART)
 
 
-def _worth_again(exc: BaseException) -> bool:
-    return isinstance(exc, BackendUnreachable) or (isinstance(exc, ApiError) and exc.status >= 500)
+def again_later(exc: BaseException) -> bool:
+    """A transfer's failure worth another try in a moment: a connection that broke or timed out (on the way, or
+    halfway through a body), or a 5xx (S3's SlowDown and InternalError, a backend whose bucket is not answering)."""
+    return isinstance(exc, (BackendUnreachable, requests.RequestException)) or (
+        isinstance(exc, ApiError) and exc.status >= 500
+    )
 
 
 def upload_file_via_s3(t: Transport, path: str, source: Path, **extra: Any) -> dict[str, Any]:

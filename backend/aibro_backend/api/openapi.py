@@ -37,6 +37,7 @@ ERROR_TEXT = {
     411: "an upload without Content-Length",
     413: "over a size limit (per job, per chunk or per body)",
     429: "over a per-user limit (active jobs, tokens, uploads): the message says which and how to free one",
+    503: "the backend's S3 bucket is not answering now: try again in a moment",
     507: "the backend could not store the upload",
 }
 PATH_PARAMS: dict[str, dict[str, Any]] = {
@@ -64,6 +65,7 @@ class Answer:
 
 
 TRANSFER_ERRORS = (400, 403, 404, 409, 411, 413, 429, 507)
+S3_ERRORS = (400, 409, 413, 503, 507)  # an upload to S3 (start, finish): S3 failing for now, or for good
 # keyed "method path" as in aibro_core/routes.py; an endpoint without its answer here fails at import
 ANSWERS: dict[str, Answer] = {
     "get /health": Answer(m.Health),
@@ -102,7 +104,7 @@ ANSWERS: dict[str, Answer] = {
     "put /blobs/uploads/{upload_id}": Answer(m.BlobProgress, TRANSFER_ERRORS, "chunk", m.BlobQuery),
     "delete /blobs/uploads/{upload_id}": Answer(m.BlobDropped, (400, 409)),
     "post /blobs/uploads/{upload_id}/finish": Answer(m.BlobNamed, (400, 409, 413), m.NameUpload),
-    "post /blobs/uploads/{upload_id}/upload": Answer(m.UploadPlan, (400, 409, 413), m.S3Upload),
+    "post /blobs/uploads/{upload_id}/upload": Answer(m.UploadPlan, S3_ERRORS, m.S3Upload),
     "get /jobs": Answer(m.Jobs),
     "post /jobs": Answer(m.Job, (400, 413, 429), m.JobSpec, None, 201),
     "get /jobs/{job_id}": Answer(m.Job, (404,)),
@@ -137,7 +139,7 @@ ANSWERS: dict[str, Answer] = {
     "put /worker/jobs/{job_id}/artifacts/{name}": Answer(
         m.ArtifactStored, TRANSFER_ERRORS, "binary", m.ArtifactChunkQuery
     ),
-    "post /worker/jobs/{job_id}/uploads/{name}": Answer(m.UploadPlan, (400, 409, 413), m.S3Upload),
+    "post /worker/jobs/{job_id}/uploads/{name}": Answer(m.UploadPlan, S3_ERRORS, m.S3Upload),
     "post /worker/jobs/{job_id}/finish": Answer(m.Ok, (400, 409), m.WorkerFinish),
 }
 

@@ -39,7 +39,7 @@ from ..storage.blobs import (
     check_sha,
     check_upload_id,
 )
-from ..storage.s3blobs import S3Backing, S3BlobError
+from ..storage.s3blobs import S3Backing, S3BlobError, transient
 from .base import ApiError, BaseHandler, UserHandler, bearer_of
 from .worker import WorkerHandler
 
@@ -417,7 +417,9 @@ class S3UploadHandler(UserHandler):
         key = s3.upload_key(self.uid, check)
         if body.action == "start":
             _check_stored_room(self, body.size)
-            self.send(await _run(s3, s3.plan_upload, key, body.size, body.sha256))
+            plan = await _run(s3, s3.plan_upload, key, body.size, body.sha256)
+            claims.unfinished(self.backend.store, key, plan["upload_id"])
+            self.send(plan)
             return
         if body.sha256 is None:
             raise ApiError(400, "finishing an upload to S3 needs 'sha256': the SHA-256 (hex) of the bytes sent")
@@ -448,7 +450,9 @@ class WorkerUploadHandler(WorkerHandler):
         _check_size(self, body.size, "an artifact")
         key = s3.artifact_key(job_id, name)
         if body.action == "start":
-            self.send(await _run(s3, s3.plan_upload, key, body.size, body.sha256))
+            plan = await _run(s3, s3.plan_upload, key, body.size, body.sha256)
+            claims.unfinished(self.backend.store, key, plan["upload_id"])
+            self.send(plan)
             return
         if body.sha256 is None:
             raise ApiError(400, "finishing an artifact upload needs its 'sha256' (hex) to index it")
@@ -457,7 +461,9 @@ class WorkerUploadHandler(WorkerHandler):
             raise ApiError(409, f"S3 holds {size} bytes of {name}, not the {body.size} declared: upload it again")
         self.assigned_job(job_id, body.attempt)  # still this instance's, now that it is all there
         _check_name_free(self, job_id, name)  # and still free of another upload finished meanwhile
-        self.backend.store.artifacts.add(job_id, name, size, body.sha256)
+        with self.backend.store.transaction():
+            self.backend.store.artifacts.add(job_id, name, size, body.sha256)
+            self.backend.store.blobs.forget_doomed(key)
         self.send({"name": name, "size": size, "sha256": body.sha256, "complete": True, "received": size})
 
 
@@ -606,7 +612,8 @@ def _check_size(handler: UserHandler | WorkerHandler, size: int, what: str) -> N
 
 
 async def _run(s3: S3Backing, fn: Any, *args: Any) -> Any:
-    """A blocking S3 call in the backing's pool, off the event loop; a refusal is a 409 naming the fix."""
+    """A blocking S3 call in the backing's pool, off the event loop; a refusal is a 409 naming the fix, S3 failing
+    for now (past botocore's own retries) a 503 the client tries again on (aibro_core/presigned.py)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -615,6 +622,8 @@ async def _run(s3: S3Backing, fn: Any, *args: Any) -> Any:
         raise ApiError(409, str(exc)) from None
     except (BotoCoreError, ClientError) as exc:
         log.warning("S3 call %s failed: %s", getattr(fn, "__name__", fn), exc)
+        if transient(exc):
+            raise ApiError(503, f"the backend's S3 bucket is not answering now ({exc}): try again") from None
         raise ApiError(507, f"the backend could not reach its S3 bucket ({exc}): retry later") from None
 
 

@@ -42,18 +42,24 @@ class BlobIndex:
         rows = self.db.execute("SELECT sha, user_id, s3_key FROM blobs WHERE s3_key IS NOT NULL").fetchall()
         return [(r["sha"], int(r["user_id"]), r["s3_key"]) for r in rows]
 
-    def doom_s3_key(self, key: str, after: float) -> None:
-        """Delete `key` from the bucket once `after` (a time) has passed."""
-        write(self.db, "INSERT OR REPLACE INTO s3_doomed (key, after) VALUES (?, ?)", (key, after))
+    def doom_s3_key(self, key: str, after: float, upload_id: str | None = None) -> None:
+        """Delete `key` from the bucket once `after` (a time) has passed, and abort the multipart upload
+        `upload_id` that was writing it, if any (an upload started and never finished)."""
+        write(
+            self.db,
+            "INSERT OR REPLACE INTO s3_doomed (key, after, upload_id) VALUES (?, ?, ?)",
+            (key, after, upload_id),
+        )
 
-    def doomed_s3_keys(self, now: float) -> list[str]:
-        """Keys due for deletion, none of them read by any blob row (a key in use again is spared)."""
+    def doomed_s3_keys(self, now: float) -> list[tuple[str, str | None]]:
+        """(key, multipart upload id or None) due for deletion, none of them read by any blob row (a key in use
+        again is spared)."""
         rows = self.db.execute(
-            "SELECT key FROM s3_doomed WHERE after <= ? AND key NOT IN "
+            "SELECT key, upload_id FROM s3_doomed WHERE after <= ? AND key NOT IN "
             "(SELECT s3_key FROM blobs WHERE s3_key IS NOT NULL)",
             (now,),
         ).fetchall()
-        return [r["key"] for r in rows]
+        return [(r["key"], r["upload_id"]) for r in rows]
 
     def forget_doomed(self, key: str) -> None:
         write(self.db, "DELETE FROM s3_doomed WHERE key=?", (key,))

@@ -18,7 +18,9 @@ stored checksum is not its name (written by hand, or by an older backend) is mov
 someone asks whether it is held. A single PUT whose name the client knows beforehand is also signed with
 ChecksumSHA256, so real S3 refuses wrong bytes there (moto does not).
 
-Every call that reaches S3 is blocking: the handlers run them in this backing's own thread pool.
+Every call that reaches S3 is blocking: the handlers run them in this backing's own thread pool. botocore retries
+what fails for now (5xx, SlowDown, a dropped connection) MAX_ATTEMPTS times; what still fails is `transient`, and
+the handlers answer 503 so the client tries again (aibro_core/presigned.py), leaving what S3 already holds as it is.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ MIB = 1024 * 1024
 MAX_PARTS = 10_000
 MAX_COPY_BYTES = 5 * 1024 * MIB  # one CopyObject's limit: what can be verified server-side
 URL_TTL_S = 3600
+MAX_ATTEMPTS = 5  # botocore's tries of one call (its "standard" mode: jittered, doubling, about 15 s at most)
+_TRANSIENT_CODES = frozenset({"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"})
 
 
 class S3BlobError(ValueError):
@@ -56,9 +60,8 @@ class S3Backing:
     def __init__(self, session: Any, bucket: str, prefix: str, region: str, part_bytes: int | None = None) -> None:
         from botocore.config import Config
 
-        self.s3 = session.client(
-            "s3", region_name=region, config=Config(signature_version="s3v4", retries={"mode": "standard"})
-        )
+        retries = {"mode": "standard", "max_attempts": MAX_ATTEMPTS}
+        self.s3 = session.client("s3", region_name=region, config=Config(signature_version="s3v4", retries=retries))
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.part_bytes = part_bytes or part_bytes_from_env()
@@ -123,8 +126,12 @@ class S3Backing:
                     Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
                 )
             except self.s3.exceptions.ClientError as exc:
-                self.abort(key, upload_id)
-                raise S3BlobError(f"S3 could not complete the upload ({_code(exc)}): upload it again") from None
+                if transient(exc):
+                    raise  # the parts stay: the client finishes again once S3 answers
+                if _code(exc) != "NoSuchUpload" or self.size(key) is None:
+                    self.abort(key, upload_id)
+                    raise S3BlobError(f"S3 could not complete the upload ({_code(exc)}): upload it again") from None
+                # NoSuchUpload with the object there: an earlier finish completed it and its answer was lost
         size = self.size(key)
         if size is None:
             raise S3BlobError("nothing was uploaded to the URL(s) given: PUT the bytes there first, then finish")
@@ -178,12 +185,17 @@ class S3Backing:
         self.s3.delete_object(Bucket=self.bucket, Key=key)
         return None
 
-    def publish(self, source: str, sha: str) -> int:
+    def verify_key(self) -> str:
+        """A fresh key for `publish`'s frozen copy, which no URL is ever given for."""
+        return f"{self.prefix}verify/{uuid.uuid4().hex}"
+
+    def publish(self, source: str, sha: str, frozen: str | None = None) -> int:
         """Make `blobs/<sha>` hold `source`'s bytes, proven to hash to `sha`; returns their size. The bytes are first
-        copied to a key no URL was ever given for and hashed there by S3, and `blobs/<sha>` is written only from
-        that copy: an upload racing into `source` cannot change what was verified. `source` stays (its user's jobs
-        may be reading it); the frozen copy goes. Raises S3BlobError when the digest is not `sha`."""
-        frozen = f"{self.prefix}verify/{uuid.uuid4().hex}"
+        copied to a key no URL was ever given for (`frozen`, default a fresh `verify_key`) and hashed there by S3,
+        and `blobs/<sha>` is written only from that copy: an upload racing into `source` cannot change what was
+        verified. `source` stays (its user's jobs may be reading it); the frozen copy goes. Raises S3BlobError when
+        the digest is not `sha`."""
+        frozen = frozen or self.verify_key()
         try:
             size = self.size(source)
             if size is None:
@@ -204,13 +216,29 @@ class S3Backing:
         self.s3.delete_object(Bucket=self.bucket, Key=key)
 
     def abort(self, key: str, upload_id: str) -> None:
+        """End a multipart upload and free its parts; one S3 no longer holds is fine, S3 failing for now is not."""
         try:
             self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except self.s3.exceptions.ClientError:
-            pass
+        except self.s3.exceptions.ClientError as exc:
+            if transient(exc):
+                raise
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether an S3 call failed for now (5xx, SlowDown, throttling, a connection dropped or timed out) rather than
+    for good (a refusal, a missing key): worth trying again in a moment."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return int(status) >= 500 or _code(exc) in _TRANSIENT_CODES
+    return False
 
 
 def _code(exc: Exception) -> str:

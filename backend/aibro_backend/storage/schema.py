@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user_id INTEGER NOT NU
     id TEXT, expires REAL, last_used REAL);
 CREATE TABLE IF NOT EXISTS blobs (sha TEXT NOT NULL, user_id INTEGER NOT NULL, size INTEGER NOT NULL,
     created REAL NOT NULL, used REAL, s3_key TEXT, PRIMARY KEY (sha, user_id));
-CREATE TABLE IF NOT EXISTS s3_doomed (key TEXT PRIMARY KEY, after REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS s3_doomed (key TEXT PRIMARY KEY, after REAL NOT NULL, upload_id TEXT);
 CREATE TABLE IF NOT EXISTS counters (user_id INTEGER NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL,
     PRIMARY KEY (user_id, name));
 CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL, status TEXT NOT NULL,
@@ -110,6 +110,13 @@ def _v6_trial_executions(db: sqlite3.Connection) -> None:
     )
 
 
+def _v7_unfinished_s3_uploads(db: sqlite3.Connection) -> None:
+    """An S3 upload is due to go from its start (storage/claims.py): a key that was never finished (its client or
+    worker killed, S3 failing past the retries) and the multipart upload it began (its id) go once its presigned
+    URLs have expired; a finished one is kept."""
+    _add_columns(db, "s3_doomed", (("upload_id", "TEXT"),))
+
+
 # Schema version N is reached by MIGRATIONS[N - 1]; a new change appends a step (never edits one) and the SCHEMA
 # above says what a new database holds at the latest version.
 MIGRATIONS = (
@@ -119,6 +126,7 @@ MIGRATIONS = (
     _v4_blob_claims,
     _v5_studies,
     _v6_trial_executions,
+    _v7_unfinished_s3_uploads,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -29,7 +29,7 @@ from aibro_core.errors import ApiError, AuthError, BackendUnreachable
 from aibro_core.files import private_dir, write_private
 from aibro_core.kerasfile import KERAS_NOTES
 from aibro_core.models import JobSpec, ObjectRef
-from aibro_core.presigned import upload_file_via_s3
+from aibro_core.presigned import S3_RETRY_S, again_later, upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
 from . import heap, netbridge, version
@@ -46,7 +46,6 @@ POLL_AFTER_JOB_S = 0.05  # for the first seconds after a job: a study's next tri
 # (AIBRO_SHUTDOWN_ON_LOSS=1, set by its user data) it then shuts the machine down, so nothing runs up a bill.
 BACKEND_GONE_S = WorkerSettings.from_env().backend_gone_s
 UPLOAD_CHUNK = 8 * 1024 * 1024  # one PUT of an artifact upload (the backend takes up to 64 MiB per request)
-DOWNLOAD_TRIES = 5
 UPLOAD_TRIES = 10  # chunks in a row that fail before an upload gives up
 MAX_LINE = 4000  # a line the job's code printed, as one log event
 GLOBALS_MODULE = "__aibro_globals__"  # the notebook's arrays its travelling definitions import (aibro_jupyter/cellcode)
@@ -530,8 +529,9 @@ class Worker:
         return dest
 
     def _download(self, path: str, dest: Path, what: str) -> str:
-        """Stream `path` into `dest` piece by piece (never whole in memory); a connection that breaks mid-way is
-        tried again from the start, a few times. Returns the sha256 of what was written."""
+        """Stream `path` into `dest` piece by piece (never whole in memory); a connection that breaks mid-way, or S3
+        failing for now where the backend keeps bytes there (a 5xx after its redirect), is tried again from the
+        start for up to S3_RETRY_S. Returns the sha256 of what was written."""
 
         def once() -> str:
             resp = retrying(lambda: self.t.request("GET", path, stream=True), what)
@@ -545,10 +545,13 @@ class Worker:
         def again(exc: Exception, attempt: int) -> None:
             log.info("%s download broke off (%s); starting it again", what, exc)
 
+        def broke(exc: BaseException) -> bool:  # a backend that stays away was waited for above (`retrying`)
+            return again_later(exc) and not isinstance(exc, BackendUnreachable)
+
         try:
-            return backoff.retry(once, retry_on=requests.RequestException, attempts=DOWNLOAD_TRIES, on_retry=again)
+            return backoff.retry(once, retry_on=broke, within_s=S3_RETRY_S, backoff=backoff.S3_PART, on_retry=again)
         except requests.RequestException as exc:
-            raise BackendUnreachable(f"the {what} download broke off {DOWNLOAD_TRIES} times: {exc}") from None
+            raise BackendUnreachable(f"the {what} download kept breaking off for {S3_RETRY_S:g} s: {exc}") from None
 
     def _upload_model(self, model: Any, job_id: str, attempt: int, name: str, objects: dict[str, ObjectRef]) -> None:
         """The trained model as a .keras file that says which weights each optimizer steps and what the model
