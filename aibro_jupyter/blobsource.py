@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,11 @@ class ByteSource:
 
     def forget(self) -> None:
         """The name `known_sha` gave was wrong (the bytes changed): do not give it again."""
+
+    def upload_id(self) -> str:
+        """The id of a one-pass upload of these bytes (`maybe_new`): the same for the same bytes, in this kernel or
+        the next, so an upload cut off (its kernel killed mid-body) is resumed, not begun again beside it."""
+        return secrets.token_hex(16)
 
     def read(self, start: int, length: int) -> bytes:
         """`length` bytes from `start` (fewer at the end): one part of a multipart upload."""
@@ -133,6 +139,11 @@ class ArraySource(ByteSource):
         if self._print is None:
             self._print = fingerprint(self.chunks())
         return self._print
+
+    def upload_id(self) -> str:
+        """From the fingerprint `maybe_new` computed (every byte, at memory speed) and the size: the same array
+        resumes the upload a killed kernel began (an array changed since is another upload)."""
+        return hashlib.sha256(f"one-pass {self.size} {self.fingerprint()}".encode()).hexdigest()[:32]
 
     def remember(self, sha: str) -> None:
         CACHE.remember(self.arr, sha, self.fingerprint() if self.size >= FINGERPRINT_MIN else None)

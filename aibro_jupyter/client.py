@@ -220,13 +220,17 @@ class BackendClient:
     def _upload_one_pass(self, source: ByteSource) -> tuple[str, int]:
         """Send the bytes once, unnamed, and let the backend name them by the digest it computes as they arrive; to
         S3, the parts go in parallel while a thread hashes them, and the finish names them by that digest."""
-        path = f"/blobs/uploads/{secrets.token_hex(16)}"
+        path = f"/blobs/uploads/{source.upload_id()}"
         head = self.t.request("HEAD", path)
-        if head.headers.get("X-Upload-Via") == "s3":
-            named = upload_via_s3(self.t, f"{path}/upload", source.size, source.view, None)
+        if head.headers.get("X-Upload-Via") == "s3":  # an S3 upload is not resumed: each try has a key of its own
+            upload = f"/blobs/uploads/{secrets.token_hex(16)}/upload"
+            named = upload_via_s3(self.t, upload, source.size, source.view, None)
             return named["sha256"], source.size
-        total, offset = source.size, 0
-        for chunk in source.chunks(0, _send_size(source, head)):
+        total = source.size
+        offset = int(head.headers.get("X-Received") or 0)  # what a kernel killed mid-upload sent of the same bytes
+        if not 0 <= offset <= total:
+            offset = 0
+        for chunk in source.chunks(offset, _send_size(source, head)):
             offset = self._put_chunk(path, chunk, offset, total)
         named = self.t.json("POST", f"{path}/finish", json={"size": total})
         return named["sha256"], total
