@@ -464,6 +464,44 @@ def test_oracle_retry_queue_holds_reloaded_running_trials(tmp_path: Path) -> Non
 
 
 @fast
+def test_utils_save_json(tmp_path: Path) -> None:
+    """The oracle host's saves go through KerasTuner's utils.save_json (from Stateful.save): replaced, a save is a
+    rename of a whole file, and a save cut short leaves the last whole one, which reload() reads."""
+    import keras_tuner as kt
+    from keras_tuner.src import utils
+
+    original = utils.save_json
+    kt_compat.atomic_json_saves()
+    try:
+        oracle = kt.oracles.RandomSearchOracle(objective="loss", max_trials=3, seed=1)
+        oracle.hyperparameters.Int("units", 1, 4)
+        kt_compat.set_project_dir(oracle, str(tmp_path), "oracle")
+        trial = oracle.create_trial("slot-0")
+        oracle.save()
+        saved = tmp_path / "oracle" / "oracle.json"
+        before = saved.read_text()
+        assert json.loads(before) and not list(saved.parent.glob("*.part-*"))
+
+        def killed(part: str, path: str) -> None:
+            raise KeyboardInterrupt  # the process goes away between writing the new file and renaming it
+
+        real_replace, os.replace = os.replace, killed
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                oracle.create_trial("slot-1")  # saves the oracle and the new trial
+        finally:
+            os.replace = real_replace
+        assert saved.read_text() == before, "the last whole state stays"
+        again = kt.oracles.RandomSearchOracle(objective="loss", max_trials=3, seed=1)
+        again.hyperparameters.Int("units", 1, 4)
+        kt_compat.set_project_dir(again, str(tmp_path), "oracle")
+        again.reload()
+        assert trial.trial_id in again.trials
+    finally:
+        utils.save_json = original
+
+
+@fast
 def test_tuner_try_build_and_checkpoint_and_build_config_fnames(tmp_path: Path) -> None:
     import keras_tuner as kt
 

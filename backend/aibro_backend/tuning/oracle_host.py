@@ -102,7 +102,8 @@ def trial_state(trial: Any) -> TrialState:
 def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
     """One request against the oracle, as KerasTuner's own tuners call it. `resume` (sent first after a start)
     says which trials still run as jobs, and in which slot: KerasTuner's reload put them back in the queue, and
-    they must not be handed out a second time."""
+    they must not be handed out a second time. One the oracle had already ended (the host was killed after saving
+    its end, before the backend heard the answer) stays ended: the backend's end_trial, sent again, hears so."""
     if req.op == "resume":
         unknown = sorted(set(req.running) - set(oracle.trials))
         if unknown:
@@ -110,6 +111,8 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
         for trial_id, slot in req.running.items():
             kt_compat.forget_pending_retry(oracle, trial_id)
             trial = oracle.trials[trial_id]
+            if str(trial.status) in (TunerTrialStatus.COMPLETED, TunerTrialStatus.FAILED):
+                continue
             trial.status = TunerTrialStatus.RUNNING.value
             oracle.ongoing_trials[slot] = trial
         oracle.save()
@@ -148,7 +151,9 @@ def answer(oracle: Any, req: OracleRequest) -> OracleAnswer:
 
 
 def serve(directory: Path, out: Any) -> int:
-    """Answer requests on stdin, on `out`, until stdin closes."""
+    """Answer requests on stdin, on `out`, until stdin closes. The oracle's files are written whole or not at all:
+    a host killed while it saves leaves the last state it saved, which the next start reloads."""
+    kt_compat.atomic_json_saves()
     spec = OracleSpec.model_validate_json((directory / "oracle-spec.json").read_text())
     oracle = make_oracle(spec, directory)
     print(OracleAnswer().model_dump_json(), file=out, flush=True)  # ready

@@ -6,6 +6,8 @@ outside what KerasTuner's Tuner does from the inside, and a Tuner reaches these 
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 
@@ -36,6 +38,27 @@ def forget_pending_retry(oracle: Any, trial_id: str) -> None:
     trial."""
     if trial_id in oracle._retry_queue:
         oracle._retry_queue.remove(trial_id)
+
+
+def atomic_json_saves() -> None:
+    """From now on, KerasTuner writes its JSON files (the oracle's `oracle.json` and each `trial.json`, all through
+    `keras_tuner.src.utils.save_json`, which `Stateful.save` calls) whole or not at all: to a file beside, synced,
+    then renamed over the old one. KerasTuner truncates and rewrites them in place, so a process killed mid-write
+    leaves an empty or half file that its `reload()` cannot read, and the study could never go on. No public hook;
+    local paths only (the oracle host's own study folder)."""
+    from keras_tuner.src import utils
+
+    def save_json(path: str, obj: Any) -> str:
+        text = json.dumps(obj)
+        part = f"{path}.part-{os.getpid()}"
+        with open(part, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+        return text
+
+    utils.save_json = save_json
 
 
 def build_model(tuner: Any, hyperparameters: Any) -> Any:
