@@ -4,7 +4,7 @@ parts; at the end, checks that nothing was lost and nothing was left behind (iss
 Each fault alone has its own test; teams meet them together, under load. Here a real backend process on 127.0.0.1
 (the local provider, real sandboxed workers, real TensorFlow) serves N users (default 4). Each user is a loop that
 runs kernel-side clients as subprocesses, one at a time, as a notebook would: a fit followed to its end and
-collected (`Training.submit/watch/collect`), a detached job (submitted, not followed), and at most once a small
+collected (`Training.submit/watch/collect`), a detached job (submitted, not followed), and now and then a small
 KerasTuner study (`search.start_study` / `follow_to_end`, the `%%cloud_tune` path).
 
 The injector draws its schedule from the seed before the run starts (same seed, same schedule: times and kinds;
@@ -14,34 +14,56 @@ which worker or client a fault hits is whichever is there at that moment) and lo
 * ``kill_backend``: SIGKILL the backend and start it again, at once or after a pause (it comes back on its port);
 * ``kill_client``: SIGKILL the next kernel-side client once it has uploaded its first blob (mid-upload);
 * ``stop_worker``: SIGSTOP a training worker for a while, then SIGCONT it;
-* ``fill_disk``: a user's job fills its folder past the job disk limit (it must end naming the limit).
+* ``fill_disk``: a user's job fills its folder past the job disk limit (it must end naming the limit);
+* ``kill_oracle``: SIGKILL a running study's oracle host (the backend starts it again; the study goes on).
 
-Not here yet (next, on moto-backed AWS): an S3 endpoint answering 500/503/slow-down or dropping connections, a
-spot notice, a restart of the oracle host. The local provider has no heartbeat (a worker is alive while its pid
-is), so a stopped worker is not declared lost here: the check is that it carries on after SIGCONT.
+A user whose kernel was killed runs the same cell again (the same data), as a user would.
 
-Not checked yet: ports (a worker's port needs its process, which is checked), a kill inside one blob's upload (the
-client is killed between blobs: the job's upload is cut, no blob is), the oracle host's process.
+`--provider aws` runs the same users on moto-backed AWS (benchmarks/soak_aws.py): the AWS provider against moto's
+server, the tests' played EC2 instances running the real agent, every S3 request (the backend's, and the presigned
+ones of kernels and workers) through a fault-injecting proxy (tests/flaky_s3.py), each job on a spot machine of 5.6
+MB of data (a multipart upload). Its faults:
 
-Found so far: a study's follower (`search.follow`, behind `%%cloud_tune` and `Training.online_search`) raises
-BackendUnreachable at its first poll while a configured backend is down (the job follower retries with backoff);
-`tests/test_study_follow_restart.py` holds it alone. A `collect` (model download) finding a configured backend down
-raises too (the client's documented behaviour: only `follow` retries); both are counted in the report, and the
-soak's client follows again as a user would.
+* ``s3``: for 10 to 40 s, 30 to 100 % of the S3 requests meet a 500, a 503, a 503 SlowDown, a dropped connection
+  (before, during or after the request's body, or its answer lost) or an 8 s delay;
+* ``spot``: AWS's two-minute notice on a training machine's metadata service, and its termination 15 s later;
+* ``kill_backend``, ``kill_client`` and ``kill_oracle`` as above.
+
+kill_worker and stop_worker stay the local provider's: a played machine has no systemd to bring a killed agent
+back, and the backend has no heartbeat for a cloud worker (a frozen machine holds its job until
+max_instance_hours). The local provider has no heartbeat either (a worker is alive while its pid is), so a stopped
+worker is not declared lost: the check is that it carries on after SIGCONT. Not checked yet: ports (a worker's
+port needs its process, which is checked).
+
+Found so far: a study's follower (`search.follow`, behind `%%cloud_tune` and `Training.online_search`) raised
+BackendUnreachable at its first poll while a configured backend was down (tests/test_study_follow_restart.py). A
+`collect` (model download) finding a configured backend down raises (the client's documented behaviour: only
+`follow` retries); it is counted in the report. A study's oracle host killed while it started failed the study
+("the oracle host did not start"), and one killed while KerasTuner rewrote its oracle.json or a trial.json in place
+left a file no later start could reload (tests/test_study_oracle_restart.py, test_compat.test_utils_save_json). On
+AWS: ten seconds of S3 500s on a third of the requests failed a job (its checkpoint's finish ran out of the
+backend's S3 retries, 507, and the worker gave up the file); a kernel's upload failed after four refusals of one
+part in 3.5 s; the backend aborted a multipart upload whose completion S3 had answered 503; uploads never finished
+(a client killed, one given up), a publish cut short and a failed job's unindexed checkpoint left keys and
+multipart uploads in the bucket for good (tests/test_s3_faults.py holds each).
 
 At the end it waits (on states, bounded) for every job, study and instance to end, then checks and prints:
 every job COMPLETED or CANCELED with a reason a user can read; every epoch of every job exactly once, in order, in
 its History and its event log; every COMPLETED job's model.keras loads and equals its last checkpoint; each study
-trial ran once with a score or a reason; no worker process, instance folder or job upload left over for an ended
-job; the backend's RSS and open files flat between the first and last fifth of the run; no WARNING/ERROR line in
+trial ran once with a score or a reason; no worker process, instance folder or unfinished upload left over for an
+ended job (on AWS: no agent of a closed instance, and no S3 key or multipart upload that nothing accounts for:
+what the backend holds, what its index holds, or what is due to go once the URLs handed out for it expire); the
+backend's RSS and open files flat between the first and last fifth of the run; no WARNING/ERROR line in
 the backend log that the faults do not explain. Exit status 0 when every check passes.
 
     python benchmarks/soak.py --minutes 30 --users 4 --seed 1
+    python benchmarks/soak.py --provider aws --minutes 30 --users 2 --seed 1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -71,13 +93,27 @@ from aibro_core.vocabulary import (  # noqa: E402
 
 from helpers import find_worker_process  # noqa: E402 - tests/ is no package
 
-KINDS = ("kill_worker", "kill_backend", "kill_client", "stop_worker", "fill_disk")
+KINDS = ("kill_worker", "kill_backend", "kill_client", "stop_worker", "fill_disk", "kill_oracle")
+# On moto-backed AWS (--provider aws): the S3 endpoint misbehaving for a while, AWS's spot notice, and the faults of
+# the backend and the kernel that do not depend on where the worker runs. A played machine has no systemd to bring a
+# killed agent back and the backend no heartbeat for a cloud worker (a frozen machine holds its job until
+# max_instance_hours): kill_worker and stop_worker are the local provider's.
+AWS_KINDS = ("kill_backend", "kill_client", "s3", "spot", "kill_oracle")
+S3_FAULTS = ("500", "503", "slowdown", "drop", "slow")
+ROWS_AWS = 22_000  # 5.6 MB of data: over S3's smallest part (5 MiB), so it goes as a multipart upload
 DISK_LIMIT = 8 << 20
 
 # WARNING/ERROR lines of the backend log that the injected faults explain; any other such line fails the run. None
 # of the local faults should write one (a lost worker, a full disk, a restart are events of the job, not warnings:
 # none in three runs, 3 to 12 minutes); the S3 faults will add theirs here.
-EXPECTED_LOG: tuple[str, ...] = ()
+EXPECTED_LOG: tuple[str, ...] = (r"oracle_client WARNING oracle host of \S+ ended \(exit -9\); starting it again",)
+# What an S3 endpoint failing for a while explains on AWS: the backend's S3 calls that failed past botocore's
+# retries, answered 503 (the client tries again), and the bucket upkeep that tries again at its next round.
+EXPECTED_LOG_AWS = (
+    r"aibro\.backend WARNING S3 call \w+ failed",
+    r"tornado\.access ERROR 503 (POST|GET|HEAD) /api/v1/",
+    r"claims WARNING could not (publish user \d+'s upload|delete \S+ from the bucket) .*yet",
+)
 
 
 @dataclass
@@ -94,6 +130,17 @@ class Config:
     schedule: list[tuple[float, str]] | None = None  # fixed (seconds from start, kind): the short test's
     drain_s: float = 900.0  # bound on waiting for everything to end after the submissions stop
     root: Path | None = None  # where the home, logs and reports go (default: a fresh temporary folder)
+    provider: str = "local"  # or "aws": moto-backed, with its S3 through a fault-injecting proxy
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return AWS_KINDS if self.provider == "aws" else KINDS
+
+    @property
+    def machine(self) -> str:
+        from soak_aws import SPOT
+
+        return SPOT if self.provider == "aws" else "local-cpu"
 
 
 @dataclass
@@ -107,6 +154,7 @@ class Record:
     clients: list[tuple[str, str, int]] = field(default_factory=list)  # (user, kind, rc)
     lost_followers: list[str] = field(default_factory=list)  # study followers a backend restart ended
     unreachable: list[str] = field(default_factory=list)  # clients that found the backend down (submit, collect)
+    not_again: int = 0  # killed clients whose cell was not run again (the submissions had stopped)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -120,7 +168,7 @@ def schedule(cfg: Config) -> list[tuple[float, str]]:
         t += rng.expovariate(1 / cfg.mean_gap_s)
         if t >= end:
             return out
-        out.append((round(t, 1), rng.choice(KINDS)))
+        out.append((round(t, 1), rng.choice(cfg.kinds)))
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -133,6 +181,7 @@ class Backend:
 
     def __init__(self, home: Path, slots: int) -> None:
         self.home, self.log = home, home.with_name("backend.log")
+        self.args: list[str] = []  # what else `serve` is told (the AWS provider)
         self.env = _env(
             home,
             AIBRO_LOCAL_CAPACITY=str(slots),
@@ -147,7 +196,7 @@ class Backend:
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "aibro_backend", "--home", str(self.home), "--port", "0"],
+                [sys.executable, "-m", "aibro_backend", "--home", str(self.home), "--port", "0", *self.args],
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -225,6 +274,7 @@ class Soak:
         self.backend_up = threading.Event()
         self.running: dict[str, subprocess.Popen] = {}  # user -> its client now
         self.extra: list[threading.Thread] = []  # the injector's own clients (fill_disk)
+        self.aws: Any = None  # soak_aws.AwsWorld with --provider aws
 
     # -- logging ----------------------------------------------------------------------------------
     def log(self, line: str) -> None:
@@ -237,12 +287,12 @@ class Soak:
             f.write(stamp + "\n")
 
     # -- users ------------------------------------------------------------------------------------
-    def client(self, user: str, kind: str, seed: int) -> int:
+    def client(self, user: str, kind: str, seed: int, again: int = 0) -> int:
         """One kernel-side client as a subprocess; its JOB/STUDY lines are recorded; killed mid-upload when the
-        injector asked for it."""
+        injector asked for it. `again`: how many times the user ran this same cell before."""
         argv = [sys.executable, str(HERE / "soak.py"), "client", "--kind", kind, "--seed", str(seed)]
-        argv += ["--epochs", str(self.cfg.epochs), "--rows", str(self.cfg.rows)]
-        tmp = self.root / "clients" / f"{user}-{seed}"
+        argv += ["--epochs", str(self.cfg.epochs), "--rows", str(self.cfg.rows), "--machine", self.cfg.machine]
+        tmp = self.root / "clients" / (f"{user}-{seed}" + (f"-again{again}" if again else ""))
         tmp.mkdir(parents=True)
         env = _env(
             self.root / "users" / user,
@@ -292,32 +342,54 @@ class Soak:
 
     def user_loop(self, user: str, n: int) -> None:
         rng = random.Random(self.cfg.seed * 1000 + n)
-        studied = not self.cfg.study
         k = 0
         while not self.done.is_set():
             if self.active(user) >= 2:  # a user keeps at most two jobs going, as one notebook would
                 self.done.wait(1)
                 continue
-            kind = rng.choice(["fit", "fit", "detached"] + ([] if studied else ["study"]))
-            studied = studied or kind == "study"
+            kind = rng.choice(["fit", "fit", "fit", "detached", "detached"] + (["study"] if self.cfg.study else []))
             k += 1
-            self.client(user, kind, n * 1000 + k)
+            again = 0
+            while self.client(user, kind, n * 1000 + k, again) == -signal.SIGKILL:
+                if self.done.is_set():
+                    with self.rec.lock:
+                        self.rec.not_again += 1
+                    break
+                again += 1  # its kernel was killed mid-upload: the user runs the same cell again, same data
 
     # -- faults -----------------------------------------------------------------------------------
     def training_workers(self) -> list[tuple[str, int]]:
-        """(instance id, worker python pid) of every instance now running a TRAINING job."""
+        """(instance id, worker python pid) of every instance now running a TRAINING job (on AWS: the agent of its
+        played machine)."""
         rows = self.backend.db(
             "SELECT i.id, i.pid FROM instances i JOIN jobs j ON j.instance_id = i.id "
-            "WHERE j.status = ? AND i.status = ? AND i.pid IS NOT NULL ORDER BY i.id",
+            "WHERE j.status = ? AND i.status = ? ORDER BY i.id",
             JobStatus.TRAINING,
             InstanceStatus.EXECUTING,
         )
         out = []
         for iid, pid in rows:
-            wp = find_worker_process(int(pid))
+            wp = self.aws.agent(iid) if self.aws is not None else find_worker_process(int(pid)) if pid else None
             if wp:
                 out.append((iid, wp))
         return out
+
+    def oracle_hosts(self, within_s: float) -> list[int]:
+        """The pids of the running studies' oracle hosts, waiting for one to be there (bounded)."""
+        end = time.monotonic() + within_s
+        studies = str(self.backend.home / "state" / "studies").encode()
+        while time.monotonic() < end and not self.done.is_set():
+            found = []
+            for proc in Path("/proc").iterdir():
+                if proc.name.isdigit():
+                    with contextlib.suppress(OSError):
+                        argv = (proc / "cmdline").read_bytes().split(b"\0")
+                        if b"aibro_backend.tuning.oracle_host" in argv and any(a.startswith(studies) for a in argv):
+                            found.append(int(proc.name))
+            if found:
+                return found
+            time.sleep(0.5)
+        return []
 
     def pick_worker(self, rng: random.Random, within_s: float = 120) -> tuple[str, int] | None:
         """A training worker, waiting for one to be there (bounded)."""
@@ -364,6 +436,20 @@ class Soak:
         elif kind == "kill_client":
             self.kill_next_upload.set()
             self.log("fault kill_client: the next client to upload a blob is SIGKILLed")
+        elif kind == "kill_oracle":
+            hosts = self.oracle_hosts(within_s=120)
+            for pid in hosts:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.log(f"fault kill_oracle: {f'SIGKILLed oracle host(s) {hosts}' if hosts else 'no study running'}")
+        elif kind == "s3":
+            what, seconds = rng.choice(S3_FAULTS), rng.choice([10.0, 20.0, 40.0])
+            share = rng.choice([0.3, 0.6, 1.0])
+            self.aws.s3_fault(what, seconds, share)
+            self.log(f"fault s3: the S3 endpoint answers {what} to {share:.0%} of its requests for {seconds:.0f} s")
+        elif kind == "spot":
+            hit = self.pick_worker(rng)
+            self.log(f"fault spot: {self.aws.spot_notice(hit[0]) if hit else 'no training machine'}")
         elif kind == "fill_disk":
             user = f"user{rng.randrange(self.cfg.users)}"
             self.log(f"fault fill_disk: {user} submits a job that fills its folder past {DISK_LIMIT >> 20} MiB")
@@ -398,13 +484,31 @@ class Soak:
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> Report:
         sys.path.insert(0, str(HERE.parent / "backend"))
-        from aibro_backend.server.accounts import add_user
-
         self.t0 = time.monotonic()
-        self.log(f"soak: {self.cfg.users} users, {self.cfg.minutes} min, seed {self.cfg.seed}, root {self.root}")
+        self.log(
+            f"soak: {self.cfg.users} users, {self.cfg.minutes} min, seed {self.cfg.seed}, provider {self.cfg.provider}"
+            f", root {self.root}"
+        )
         for at, kind in schedule(self.cfg):
             self.log(f"  scheduled {kind} at {at:.1f} s")
+        if self.cfg.provider == "aws":
+            from soak_aws import AwsWorld
+
+            self.aws = AwsWorld(self.root, self.cfg.seed, self.log)
+            self.backend.args = self.aws.backend_args()
+            self.backend.env.update(self.aws.backend_env())
+        try:
+            return self._run()
+        finally:
+            if self.aws is not None:
+                self.aws.close()
+
+    def _run(self) -> Report:
+        from aibro_backend.server.accounts import add_user
+
         self.backend.start()
+        if self.aws is not None:
+            self.aws.start_machines(self.backend.url)
         self.backend_up.set()
         for n in range(self.cfg.users):
             self.tokens[f"user{n}"] = add_user(self.backend.home, f"user{n}")
@@ -572,18 +676,33 @@ def check(soak: Soak, bound: float) -> Report:
 
     # Leftovers of ended jobs.
     closed_ids = {i for (i,) in be.db("SELECT id FROM instances WHERE status = 'CLOSED'")}
-    procs = {pid: d for pid, d in workers_under(be.home).items() if Path(d).name in closed_ids}
-    rep.ok("no worker process of a closed instance", not procs, str(procs)[:300])
-    wdir = be.home / "state" / "workers"
-    folders = sorted(p.name for p in wdir.iterdir() if p.name in closed_ids) if wdir.exists() else []
-    rep.ok("no folder of a closed instance", not folders, str(folders[:5]))
-    partial = be.home / "state" / "partial"
+    if soak.aws is not None:  # a closed instance's machine is gone (terminated), its agent with it
+        procs = {i: soak.aws.agent(i) for i in closed_ids if soak.aws.agent(i)}
+        rep.ok("no agent of a closed instance", not procs, str(procs)[:300])
+        ended = {j for j, job in views.items() if job.status in JOB_FINAL}
+        left: dict[str, list[str]] = {}
+
+        def clean() -> bool:  # the backend's upkeep may still be at work: waited for, within the bound
+            left.update(soak.aws.leftovers(be.home / "state" / "aibro.db", ended))
+            return not any(left.values())
+
+        clean_now = bool(_until(clean, time.monotonic() + 60))
+        detail = "; ".join(f"{k}: {v[:3]} ({len(v)})" for k, v in left.items() if v)
+        rep.ok("no S3 key or multipart upload left over that belongs to an ended job", clean_now, detail)
+        rep.ok("S3 requests (info)", True, soak.aws.counts())
+    else:
+        procs = {pid: d for pid, d in workers_under(be.home).items() if Path(d).name in closed_ids}
+        rep.ok("no worker process of a closed instance", not procs, str(procs)[:300])
+        wdir = be.home / "state" / "workers"
+        folders = sorted(p.name for p in wdir.iterdir() if p.name in closed_ids) if wdir.exists() else []
+        rep.ok("no folder of a closed instance", not folders, str(folders[:5]))
+    partial = be.home / "state" / "blobs" / "partial"
     parts = sorted(str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file()) if partial.exists() else []
     killed = sum(1 for _, _, rc in soak.rec.clients if rc == -signal.SIGKILL)
     rep.ok(
-        "unfinished uploads only from killed clients",
-        not parts or killed > 0,
-        f"{len(parts)} partial files, {killed} clients killed",
+        "no unfinished upload left (a killed client's cell was run again: it resumes or finds the blob there)",
+        not parts or soak.rec.not_again > 0,
+        f"{len(parts)} partial files {parts[:3]}, {killed} clients killed, {soak.rec.not_again} not run again",
     )
     state = be.home / "state"
     tmps = [str(p.relative_to(state)) for p in state.rglob("*.tmp") if "workers" not in p.relative_to(state).parts]
@@ -609,7 +728,8 @@ def check(soak: Soak, bound: float) -> Report:
     # The backend log.
     text = be.log.read_text(errors="replace") if be.log.exists() else ""
     loud = [ln for ln in text.splitlines() if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", ln)]
-    unexpected = [ln for ln in loud if not any(re.search(p, ln, re.I) for p in EXPECTED_LOG)]
+    expected = EXPECTED_LOG + (EXPECTED_LOG_AWS if soak.aws is not None else ())
+    unexpected = [ln for ln in loud if not any(re.search(p, ln, re.I) for p in expected)]
     rep.ok(
         "no unexpected line in the backend log",
         not unexpected,
@@ -625,7 +745,7 @@ def check(soak: Soak, bound: float) -> Report:
 
 
 # -- the kernel-side client -------------------------------------------------------------------------
-def client_main(kind: str, seed: int, epochs: int, rows: int) -> int:
+def client_main(kind: str, seed: int, epochs: int, rows: int, machine: str = "local-cpu") -> int:
     """A notebook's kernel, as a process of its own: builds, uploads (saying after each blob), submits."""
     sys.path.insert(0, str(HERE))
     import soak_layers as sl
@@ -636,6 +756,7 @@ def client_main(kind: str, seed: int, epochs: int, rows: int) -> int:
     from aibro_jupyter.fitrequest import FitRequest
 
     client = BackendClient(os.environ["AIBRO_BACKEND_URL"], os.environ["AIBRO_TOKEN"])
+    cool = 0.0 if machine.startswith("local") else 30.0  # a cloud machine cools for its user's next job
     upload = client.upload_source
 
     def said(*a: Any, **kw: Any) -> Any:
@@ -652,7 +773,7 @@ def client_main(kind: str, seed: int, epochs: int, rows: int) -> int:
         from aibro_jupyter.search import follow_to_end, given_args, start_study
 
         tuner = kt.RandomSearch(sl.build_model, objective="loss", max_trials=2, seed=seed, directory="tuner")
-        req = FitRequest(None, x, y, machine_ids="local-cpu", epochs=2, batch_size=64)
+        req = FitRequest(None, x, y, machine_ids=machine, epochs=2, batch_size=64, cool_down_period_s=cool)
         try:
             sid = start_study(trainer, tuner, req, parallel=1, verbose=False, search_args=given_args(req))
         except BackendUnreachable as exc:  # started while the backend is down: refused, as a fit's submission is
@@ -667,7 +788,9 @@ def client_main(kind: str, seed: int, epochs: int, rows: int) -> int:
                 print("FOLLOW-LOST", str(exc).split(":")[0], flush=True)
                 time.sleep(2)  # then follows again, as a user would with Training.attach_study
     extra = [sl.DiskFill(mb=(DISK_LIMIT >> 20) + 4)] if kind == "disk" else None
-    req = FitRequest(sl.model(seed, extra), x, y, machine_ids="local-cpu", epochs=epochs, batch_size=32)
+    req = FitRequest(
+        sl.model(seed, extra), x, y, machine_ids=machine, epochs=epochs, batch_size=32, cool_down_period_s=cool
+    )
     try:
         job = trainer.submit(req)
     except BackendUnreachable as exc:  # a submission while the backend is down: refused, in words a user reads
@@ -693,28 +816,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--rows", type=int, default=3000)
+    ap.add_argument("--rows", type=int, default=None, help="rows of each job's data (3000; on AWS 22000: multipart)")
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--mean-gap", type=float, default=45.0, help="mean seconds between faults")
     ap.add_argument("--no-study", action="store_true")
     ap.add_argument("--schedule", default=None, help="a fixed schedule instead of the seed's: 30:kill_worker,60:...")
     ap.add_argument("--kind", default="fit")
+    ap.add_argument("--machine", default="local-cpu")
+    ap.add_argument("--provider", default="local", choices=["local", "aws"], help="aws: moto-backed, flaky S3")
     ap.add_argument("--keep", type=Path, default=None, help="put the home, logs and report here")
     a = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the checks load models here: no TensorFlow chatter
     if a.mode == "client":
-        return client_main(a.kind, a.seed, a.epochs, a.rows)
+        return client_main(a.kind, a.seed, a.epochs, a.rows or 3000, a.machine)
     cfg = Config(
         users=a.users,
         minutes=a.minutes,
         seed=a.seed,
         epochs=a.epochs,
-        rows=a.rows,
+        rows=a.rows or (ROWS_AWS if a.provider == "aws" else 3000),
         slots=a.slots,
         mean_gap_s=a.mean_gap,
         study=not a.no_study,
         schedule=[(float(t), k) for t, k in (x.split(":") for x in a.schedule.split(","))] if a.schedule else None,
         root=a.keep,
+        provider=a.provider,
     )
     rep = Soak(cfg).run()
     print(rep.text())
