@@ -1,5 +1,6 @@
 """The soak's short version (issue 39 item 2): two users train on one real backend for about three minutes while
-every local fault of benchmarks/soak.py strikes once, on a fixed schedule; then the same checks as the long run
+every local fault of benchmarks/soak.py strikes once, on a fixed schedule (the oracle host's last, once a study
+runs); then the same checks as the long run
 (every job ended with its epochs once and a readable reason, models equal their last checkpoints, nothing left
 behind, the backend's memory and descriptors flat, its log quiet but for what the faults explain)."""
 
@@ -16,7 +17,7 @@ import soak  # noqa: E402 - benchmarks/ is no package
 # The fixed schedule: each fault once, spaced so that each finds a worker training (a fit's worker needs ~20 s
 # to start here); the injector waits (bounded) for a training worker and for the next upload when there is none.
 SCHEDULE = [(30.0, "kill_worker"), (60.0, "kill_client"), (80.0, "kill_backend"), (110.0, "stop_worker")]
-SCHEDULE += [(140.0, "fill_disk")]
+SCHEDULE += [(140.0, "fill_disk"), (160.0, "kill_oracle")]  # a study runs by then (users start one now and then)
 
 pytestmark = pytest.mark.backend_log(*soak.EXPECTED_LOG)
 
