@@ -1,8 +1,8 @@
 """The soak's short version (issue 39 item 2): two users train on one real backend for about three minutes while
 every local fault of benchmarks/soak.py strikes once, on a fixed schedule (the oracle host's last, once a study
-runs); then the same checks as the long run
-(every job ended with its epochs once and a readable reason, models equal their last checkpoints, nothing left
-behind, the backend's memory and descriptors flat, its log quiet but for what the faults explain)."""
+runs); then the same checks as the long run (every job ended with its epochs once and a readable reason, models
+equal their last checkpoints, nothing left behind, the backend's memory and descriptors flat, its log quiet but for
+what the faults explain)."""
 
 from __future__ import annotations
 
