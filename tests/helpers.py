@@ -96,6 +96,20 @@ def slow_data(n: int = 6000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def pids_where(argv_test: Callable[[list[bytes]], bool]) -> list[int]:
+    """The pids of this host's processes whose command line (argv, as bytes) passes `argv_test`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv_test(argv):
+                found.append(int(proc.name))
+    return found
+
+
 def find_worker_process(pid: int) -> int | None:
     """The worker's own Python process: `pid` itself, or, when the worker is sandboxed, the process bubblewrap
     (whose pid the backend keeps) started inside its namespaces; None when there is none (yet)."""

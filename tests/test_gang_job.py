@@ -25,7 +25,7 @@ from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.gangcheck import check_model_code, check_workers, tensorflow_use
 
 from conftest import make_model
-from helpers import wait_for
+from helpers import pids_where, wait_for
 
 BATCH = 64  # 1400 rows: 21 full batches and 56 rows, split 28 + 28: every step the one a single fit takes
 EPOCHS = 3
@@ -181,17 +181,11 @@ print("BACK", id(model) == model_id, len(history.history["loss"]), int(model.opt
 
 
 def _member(process_id: int, job_id: str) -> int | None:
-    """The pid of the gang member `process_id` of `job_id`'s gang (its spec file, member-I.json, is on its command
-    line; the job's folder is named after nothing the test knows, so the job's log line is the check below)."""
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"aibro_backend.worker.gangfit" in cmd and cmd[-2].endswith(f"member-{process_id}.json".encode()):
-                return int(proc.name)
-    return None
+    """The pid of the gang member `process_id` of the one gang running (its spec file, member-I.json, is on its
+    command line; the job's folder is named after nothing the test knows)."""
+    spec = f"member-{process_id}.json".encode()
+    found = pids_where(lambda argv: b"aibro_backend.worker.gangfit" in argv and argv[-2].endswith(spec))
+    return found[0] if found else None
 
 
 def test_a_worker_killed_mid_fit_and_the_job_completes_every_epoch_once(client, digits) -> None:  # noqa: ANN001

@@ -24,7 +24,7 @@ from aibro_jupyter import Training
 from aibro_jupyter.fitrequest import FitRequest
 from aibro_jupyter.search import follow, given_args, start_study
 
-from helpers import slow_data
+from helpers import pids_where, slow_data
 
 TRIALS = 6
 pytestmark = pytest.mark.backend_log(r"oracle_client WARNING oracle host of \S+ ended \(exit -9\)")
@@ -32,16 +32,7 @@ pytestmark = pytest.mark.backend_log(r"oracle_client WARNING oracle host of \S+ 
 
 def _oracle_hosts(study_dir: Path) -> list[int]:
     """The pids of the study's oracle host processes."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"aibro_backend.tuning.oracle_host" in argv and str(study_dir).encode() in argv:
-                found.append(int(proc.name))
-    return found
+    return pids_where(lambda argv: b"aibro_backend.tuning.oracle_host" in argv and str(study_dir).encode() in argv)
 
 
 def test_a_study_goes_on_while_its_oracle_host_is_killed_again_and_again(tmp_path: Path) -> None:
