@@ -37,7 +37,7 @@ from aibro_core.models import (
     TokenRevoked,
     Tokens,
 )
-from aibro_core.presigned import S3_RETRY_S, ViewBody, again_later, upload_via_s3
+from aibro_core.presigned import S3_RETRY_S, ViewBody, broke_off, upload_via_s3
 from aibro_core.transport import (
     EVENT_PORT_CONNECT_S,
     EVENT_PORT_RECHECK_S,
@@ -426,12 +426,9 @@ class BackendClient:
                 for chunk in resp.iter_content(1 << 20):
                     f.write(chunk)
 
-        def broke(exc: BaseException) -> bool:  # an unreachable backend is the caller's to handle, as before
-            return again_later(exc) and not isinstance(exc, BackendUnreachable)
-
         try:
-            try:
-                retry(once, retry_on=broke, within_s=S3_RETRY_S, backoff=S3_PART)
+            try:  # an unreachable backend is the caller's to handle, as before
+                retry(once, retry_on=broke_off, within_s=S3_RETRY_S, backoff=S3_PART)
             except requests.RequestException as exc:
                 raise BackendUnreachable(f"the download of {name} kept breaking off: {exc}") from None
             os.replace(part, dest)  # whoever reads dest (the next cell's load_model) never sees half a file

@@ -91,7 +91,7 @@ from aibro_core.vocabulary import (  # noqa: E402
     TrialStatus,
 )
 
-from helpers import find_worker_process  # noqa: E402 - tests/ is no package
+from helpers import find_worker_process, pids_where  # noqa: E402 - tests/ is no package
 
 KINDS = ("kill_worker", "kill_backend", "kill_client", "stop_worker", "fill_disk", "kill_oracle")
 # On moto-backed AWS (--provider aws): the S3 endpoint misbehaving for a while, AWS's spot notice, and the faults of
@@ -378,14 +378,12 @@ class Soak:
         """The pids of the running studies' oracle hosts, waiting for one to be there (bounded)."""
         end = time.monotonic() + within_s
         studies = str(self.backend.home / "state" / "studies").encode()
+
+        def host(argv: list[bytes]) -> bool:
+            return b"aibro_backend.tuning.oracle_host" in argv and any(a.startswith(studies) for a in argv)
+
         while time.monotonic() < end and not self.done.is_set():
-            found = []
-            for proc in Path("/proc").iterdir():
-                if proc.name.isdigit():
-                    with contextlib.suppress(OSError):
-                        argv = (proc / "cmdline").read_bytes().split(b"\0")
-                        if b"aibro_backend.tuning.oracle_host" in argv and any(a.startswith(studies) for a in argv):
-                            found.append(int(proc.name))
+            found = pids_where(host)
             if found:
                 return found
             time.sleep(0.5)

@@ -8,8 +8,8 @@ PARALLEL_PARTS parts. The presigned requests carry no bearer token: the URL is t
 
 S3 has bad minutes (500, 503 SlowDown, dropped connections): a part is sent again, and `start` and `finish` asked
 again when the backend answers that its bucket is not answering (503), with jittered backoff for up to S3_RETRY_S
-each; only then does the upload fail, saying so. `again_later` is the same judgement for a download that a backend
-keeping bytes in S3 redirects there.
+each; only then does the upload fail, saying so. `broke_off` is the same judgement for a download (which a backend
+keeping bytes in S3 redirects there).
 """
 
 from __future__ import annotations
@@ -136,11 +136,16 @@ def _put(s3: requests.Session, part: dict[str, Any], data: bytes | memoryview) -
 
 
 def again_later(exc: BaseException) -> bool:
-    """A transfer's failure worth another try in a moment: a connection that broke or timed out (on the way, or
-    halfway through a body), or a 5xx (S3's SlowDown and InternalError, a backend whose bucket is not answering)."""
-    return isinstance(exc, (BackendUnreachable, requests.RequestException)) or (
-        isinstance(exc, ApiError) and exc.status >= 500
-    )
+    """A part's failure worth another try in a moment: S3 out of reach (`_put` says BackendUnreachable), or what
+    `broke_off` says."""
+    return isinstance(exc, BackendUnreachable) or broke_off(exc)
+
+
+def broke_off(exc: BaseException) -> bool:
+    """A download's failure worth starting it again: a connection that broke or timed out (halfway through the
+    body too), or a 5xx (S3's SlowDown and InternalError after the backend's redirect, a backend whose bucket is not
+    answering). A backend out of reach is not one: its callers wait for it their own way."""
+    return isinstance(exc, requests.RequestException) or (isinstance(exc, ApiError) and exc.status >= 500)
 
 
 def upload_file_via_s3(t: Transport, path: str, source: Path, **extra: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from aibro_core.errors import ApiError, AuthError, BackendUnreachable
 from aibro_core.files import private_dir, write_private
 from aibro_core.kerasfile import KERAS_NOTES
 from aibro_core.models import JobSpec, ObjectRef
-from aibro_core.presigned import S3_RETRY_S, again_later, upload_file_via_s3
+from aibro_core.presigned import S3_RETRY_S, broke_off, upload_file_via_s3
 from aibro_core.transport import Transport, UntrustedCertificate
 
 from . import heap, netbridge, version
@@ -545,11 +545,8 @@ class Worker:
         def again(exc: Exception, attempt: int) -> None:
             log.info("%s download broke off (%s); starting it again", what, exc)
 
-        def broke(exc: BaseException) -> bool:  # a backend that stays away was waited for above (`retrying`)
-            return again_later(exc) and not isinstance(exc, BackendUnreachable)
-
-        try:
-            return backoff.retry(once, retry_on=broke, within_s=S3_RETRY_S, backoff=backoff.S3_PART, on_retry=again)
+        try:  # a backend that stays away was waited for in `once` (`retrying`)
+            return backoff.retry(once, retry_on=broke_off, within_s=S3_RETRY_S, backoff=backoff.S3_PART, on_retry=again)
         except requests.RequestException as exc:
             raise BackendUnreachable(f"the {what} download kept breaking off for {S3_RETRY_S:g} s: {exc}") from None
 
