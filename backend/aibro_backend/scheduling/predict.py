@@ -75,6 +75,7 @@ def measured(store: Store, user_id: int, fingerprint: str) -> dict[str, Measured
         if profile is None or profile.fingerprint != fingerprint or not job.machine_id:
             continue
         epochs = [ev["data"] for ev in store.events.typed(job.id, (v.EV_EPOCH,))]
+        epochs = [e for e in epochs if isinstance(e.get("seconds"), (int, float))]  # a log's own rows may lack it
         if not epochs:
             continue
         seen = out.setdefault(machine_type(job.machine_id), Measured())
