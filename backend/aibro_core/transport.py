@@ -127,12 +127,14 @@ class Transport:
             )
         except requests.exceptions.SSLError as exc:
             raise UntrustedCertificate(untrusted_message(self.url, _ssl_reason(exc), self.ca_bundle)) from None
-        except requests.ConnectionError:
-            raise BackendUnreachable(
-                f"cannot reach the aibro backend at {self.url}: start it with `aibro backend start`, "
-                "or unset AIBRO_BACKEND_URL to use the embedded one"
-            ) from None
-        except requests.Timeout:
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            if _elsewhere(exc, base or self.url):
+                raise  # where the backend redirected it (a presigned S3 URL) failed: not the backend
+            if isinstance(exc, requests.ConnectionError):
+                raise BackendUnreachable(
+                    f"cannot reach the aibro backend at {self.url}: start it with `aibro backend start`, "
+                    "or unset AIBRO_BACKEND_URL to use the embedded one"
+                ) from None
             raise BackendUnreachable(f"the aibro backend at {self.url} did not answer in time") from None
 
     def json(self, method: str, path: str, **kw: Any) -> Any:
@@ -143,6 +145,12 @@ def _ssl_reason(exc: BaseException) -> str:
     """The SSL error's own words, out of the several layers requests wraps it in."""
     m = re.search(r"certificate verify failed: ([^(']+?) \(", str(exc))
     return m.group(1) if m else "the TLS handshake failed"
+
+
+def _elsewhere(exc: requests.RequestException, url: str) -> bool:
+    """Whether the request that failed went to another host than `url`: a redirect's target."""
+    failed = getattr(getattr(exc, "request", None), "url", None)
+    return bool(failed) and urlsplit(str(failed)).netloc != urlsplit(url).netloc
 
 
 def _message(resp: requests.Response) -> str:
